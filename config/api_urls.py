@@ -1,0 +1,29 @@
+"""The admin REST API under /api/v1/: one router for every app's resources."""
+
+from rest_framework.routers import DefaultRouter
+
+from deployments.api import CatalogModelViewSet, DeploymentViewSet, NodeViewSet, OperationViewSet
+from metering.api import PriceViewSet, UsageEventViewSet
+from tenants.api import (
+    AdminTokenViewSet,
+    ApiKeyViewSet,
+    AuditLogViewSet,
+    MembershipViewSet,
+    TenantViewSet,
+    UserViewSet,
+)
+
+router = DefaultRouter()
+router.register("tenants", TenantViewSet, basename="tenant")
+router.register("keys", ApiKeyViewSet, basename="apikey")
+router.register("members", MembershipViewSet, basename="membership")
+router.register("users", UserViewSet, basename="user")
+router.register("tokens", AdminTokenViewSet, basename="admintoken")
+router.register("models", CatalogModelViewSet, basename="catalogmodel")
+router.register("prices", PriceViewSet, basename="price")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("deployments", DeploymentViewSet, basename="deployment")
+router.register("operations", OperationViewSet, basename="operation")
+router.register("usage", UsageEventViewSet, basename="usageevent")
+router.register("audit", AuditLogViewSet, basename="auditlog")
+urlpatterns = router.urls

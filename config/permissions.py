@@ -1,0 +1,56 @@
+"""Who may do what on the admin API.
+
+Objects outside a user's tenants are filtered out of querysets (so they answer 404);
+these classes then decide between reading and changing (403 for tenant members).
+"""
+
+from typing import Any
+
+from rest_framework import permissions
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from tenants.choices import Role
+
+
+class IsPlatformAdmin(permissions.BasePermission):
+    """Platform admins (staff users) only."""
+
+    message = "Only platform admins can do this."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return bool(request.user and request.user.is_staff)
+
+
+class PlatformAdminWrites(permissions.BasePermission):
+    """Anyone authenticated may read what their queryset shows; only platform admins write."""
+
+    message = "Only platform admins can change this."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return request.method in permissions.SAFE_METHODS or request.user.is_staff
+
+
+class TenantAdminWrites(permissions.BasePermission):
+    """Members read; tenant admins (and platform admins) change objects of their tenant."""
+
+    message = "Only tenant admins can do this."
+
+    def has_object_permission(self, request: Request, view: APIView, obj: Any) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return is_tenant_admin(request.user, obj.tenant_id)
+
+
+def admin_tenant_ids(user: Any) -> set[int]:
+    """Ids of the tenants a (non-staff) user administers."""
+    return set(user.memberships.filter(role=Role.ADMIN).values_list("tenant_id", flat=True))
+
+
+def member_tenant_ids(user: Any) -> set[int]:
+    """Ids of every tenant a (non-staff) user belongs to."""
+    return set(user.memberships.values_list("tenant_id", flat=True))
+
+
+def is_tenant_admin(user: Any, tenant_id: int) -> bool:
+    return user.is_staff or tenant_id in admin_tenant_ids(user)

@@ -1,0 +1,252 @@
+"""Tollgate settings: everything comes from environment variables (see .env.example).
+
+``TOLLGATE_ENV`` selects the profile: ``development`` (default; local PostgreSQL and
+Redis, DEBUG on), ``test``, or ``production`` (no defaults for secrets or services;
+refuses to start on an unsafe configuration).
+"""
+
+import hashlib
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_float, env_int, env_list, env_secret, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+TOLLGATE_ENV = env_str("TOLLGATE_ENV", "development")
+if TOLLGATE_ENV not in {"development", "test", "production"}:
+    raise ImproperlyConfigured(
+        f"TOLLGATE_ENV={TOLLGATE_ENV!r}: use development, test or production"
+    )
+PRODUCTION = TOLLGATE_ENV == "production"
+
+
+def _required_in_production(name: str, dev_default: str, secret: bool = False) -> str:
+    value = env_secret(name) if secret else env_str(name)
+    if value:
+        return value
+    if PRODUCTION:
+        raise ImproperlyConfigured(f"{name} must be set when TOLLGATE_ENV=production")
+    return dev_default
+
+
+SECRET_KEY = _required_in_production(
+    "DJANGO_SECRET_KEY", "dev-insecure-secret-key-do-not-use-in-production", secret=True
+)
+DEBUG = env_bool("DJANGO_DEBUG", not PRODUCTION)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DJANGO_DEBUG must be off when TOLLGATE_ENV=production")
+if PRODUCTION and len(SECRET_KEY) < 50:
+    raise ImproperlyConfigured("DJANGO_SECRET_KEY must be at least 50 characters")
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "tenants",
+    "deployments",
+    "metering",
+    "gateway",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Services -------------------------------------------------------------------------
+
+DATABASE_URL = _required_in_production(
+    "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tollgate", secret=True
+)
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://…)")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = _required_in_production("REDIS_URL", "redis://127.0.0.1:6379/0", secret=True)
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env_str("TOLLGATE_REDIS_PREFIX", "tollgate"),
+    }
+}
+# Every Redis key Tollgate writes starts with this, so one Redis can serve several stacks
+# (and the test suite can work in its own namespace).
+TOLLGATE_REDIS_PREFIX = env_str("TOLLGATE_REDIS_PREFIX", "tollgate")
+
+# --- Celery ---------------------------------------------------------------------------
+
+CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True  # a task survives a worker killed mid-run; tasks are idempotent
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TIMEZONE = "UTC"
+
+# --- Auth and security ----------------------------------------------------------------
+
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+
+# HMAC pepper for API-key hashes. Kept apart from SECRET_KEY so that rotating one does not
+# silently invalidate the other; derived from SECRET_KEY only when not set.
+TOLLGATE_KEY_PEPPER = (
+    env_secret("TOLLGATE_KEY_PEPPER")
+    or hashlib.sha256(b"tollgate-key-pepper:" + SECRET_KEY.encode()).hexdigest()
+)
+
+# Served over HTTPS (directly or behind a TLS-terminating proxy): secure cookies, HSTS.
+TOLLGATE_HTTPS = env_bool("TOLLGATE_HTTPS", False)
+SESSION_COOKIE_SECURE = TOLLGATE_HTTPS
+CSRF_COOKIE_SECURE = TOLLGATE_HTTPS
+SECURE_SSL_REDIRECT = TOLLGATE_HTTPS and env_bool("TOLLGATE_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = env_int("TOLLGATE_HSTS_SECONDS", 31536000) if TOLLGATE_HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = TOLLGATE_HTTPS
+SECURE_HSTS_PRELOAD = TOLLGATE_HTTPS and env_bool("TOLLGATE_HSTS_PRELOAD", False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+if env_bool("TOLLGATE_TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = env_int("TOLLGATE_SESSION_SECONDS", 12 * 3600)
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the cookie for partial updates
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if PRODUCTION and not TOLLGATE_HTTPS:
+    # Plain-HTTP appliances on a trusted LAN are supported; tollgate.W001 says so instead.
+    SILENCED_SYSTEM_CHECKS = ["security.W004", "security.W008", "security.W012", "security.W016"]
+
+# --- REST API ---------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.auth.AdminTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tollgate admin API",
+    "DESCRIPTION": (
+        "Manage tenants, API keys, members, models, prices, nodes, deployments and usage. "
+        "Authenticate with an admin API token (`Authorization: Bearer tga-…`) or a console "
+        "session. Inference (`/v1/…`) uses tenant API keys and is documented separately."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Engines and deployments ------------------------------------------------------------
+
+# Engine images a deployment may use (fnmatch patterns). Nothing else is ever started.
+TOLLGATE_ENGINE_IMAGES = env_list(
+    "TOLLGATE_ENGINE_IMAGES",
+    ["vllm/vllm-openai:*", "nvcr.io/nvidia/vllm:*", "tollgate/engine-sim:*"],
+)
+TOLLGATE_DOCKER_URL = env_str("TOLLGATE_DOCKER_URL", "unix:///var/run/docker.sock")
+TOLLGATE_LOCAL_NODE_NAME = env_str("TOLLGATE_LOCAL_NODE_NAME", "local")
+TOLLGATE_ENGINE_NETWORK = env_str("TOLLGATE_ENGINE_NETWORK", "tollgate-engines")
+TOLLGATE_DEFAULT_CURRENCY = env_str("TOLLGATE_DEFAULT_CURRENCY", "USD")
+TOLLGATE_GATEWAY_FAIL_OPEN = env_bool("TOLLGATE_GATEWAY_FAIL_OPEN", False)
+TOLLGATE_QUEUE_TIMEOUT_SECONDS = env_float("TOLLGATE_QUEUE_TIMEOUT_SECONDS", 30.0)
+TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
+
+# --- I18N, static ---------------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+
+# --- Logging ----------------------------------------------------------------------------
+
+LOG_LEVEL = env_str("TOLLGATE_LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact_keys": {"()": "config.logging.RedactSecretsFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact_keys"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,14 @@
+"""URL map: console pages, the admin REST API and its schema, health."""
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from config.views import healthz
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("api/v1/", include("config.api_urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+]

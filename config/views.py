@@ -1,0 +1,25 @@
+"""Process-level views: the container health check."""
+
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+from config.redis import get_redis
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 when PostgreSQL and Redis answer, 503 naming what does not."""
+    failures = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
+        failures["database"] = exc.__class__.__name__
+    try:
+        get_redis().ping()
+    except Exception as exc:  # noqa: BLE001
+        failures["redis"] = exc.__class__.__name__
+    if failures:
+        return JsonResponse({"status": "unhealthy", "failures": failures}, status=503)
+    return JsonResponse({"status": "ok"})

@@ -1,0 +1,86 @@
+"""Names of model tasks, node, deployment, replica and operation states."""
+
+from django.db import models
+
+
+class Task(models.TextChoices):
+    GENERATE = "generate", "Chat / completion"
+    EMBED = "embed", "Embedding"
+
+
+class Visibility(models.TextChoices):
+    PUBLIC = "public", "Public: every tenant"
+    PRIVATE = "private", "Private: granted tenants only"
+
+
+class Quantization(models.TextChoices):
+    NONE = "", "None (checkpoint dtype)"
+    BF16 = "bf16", "BF16"
+    FP16 = "fp16", "FP16"
+    FP8 = "fp8", "FP8"
+    NVFP4 = "nvfp4", "NVFP4"
+    MXFP4 = "mxfp4", "MXFP4"
+    AWQ = "awq", "AWQ (4-bit)"
+    GPTQ = "gptq", "GPTQ (4-bit)"
+    INT8 = "int8", "INT8"
+    GGUF = "gguf", "GGUF"
+
+
+class Arch(models.TextChoices):
+    ARM64 = "arm64", "arm64"
+    AMD64 = "amd64", "amd64"
+
+
+class NodeStatus(models.TextChoices):
+    ONLINE = "online", "Online"
+    UNREACHABLE = "unreachable", "Unreachable"
+    DRAINING = "draining", "Draining"
+    DISABLED = "disabled", "Disabled"
+
+
+class DesiredState(models.TextChoices):
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"
+
+
+class DeploymentState(models.TextChoices):
+    """What the reconciler observed for the deployment as a whole."""
+
+    PENDING = "pending", "Pending"
+    DEPLOYING = "deploying", "Deploying"
+    READY = "ready", "Ready"
+    DEGRADED = "degraded", "Degraded"
+    STOPPING = "stopping", "Stopping"
+    STOPPED = "stopped", "Stopped"
+    FAILED = "failed", "Failed"
+
+
+class ReplicaState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PULLING = "pulling", "Pulling image"
+    STARTING = "starting", "Starting container"
+    LOADING = "loading", "Loading weights"
+    WARMING = "warming", "Warming up"
+    READY = "ready", "Ready"
+    DRAINING = "draining", "Draining"
+    STOPPED = "stopped", "Stopped"
+    CRASHED = "crashed", "Crashed"
+    FAILED = "failed", "Failed"
+
+
+class OperationKind(models.TextChoices):
+    DEPLOY = "deploy", "Deploy"
+    SCALE = "scale", "Scale"
+    STOP = "stop", "Stop"
+    RESTART = "restart", "Restart"
+    REMOVE = "remove", "Remove"
+    PULL = "pull", "Pull image"
+    STAGE = "stage", "Stage weights"
+
+
+class OperationStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"

@@ -1,0 +1,228 @@
+"""The model catalogue, Docker nodes, deployments (desired state), replicas and operations."""
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+from deployments.choices import (
+    Arch,
+    DeploymentState,
+    DesiredState,
+    NodeStatus,
+    OperationKind,
+    OperationStatus,
+    Quantization,
+    ReplicaState,
+    Task,
+    Visibility,
+)
+
+served_name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+    "Use letters, digits and . _ : / - (max 128 characters), starting with a letter or digit.",
+)
+source_validator = RegexValidator(
+    r"^(?:[A-Za-z0-9][\w.-]*/[\w.-]+|/(?!.*\.\.)[\w./-]+)$",
+    "Give a Hugging Face repo id (org/name) or an absolute path inside the model cache.",
+)
+
+
+class CatalogModel(models.Model):
+    """A model tenants can call by its served name, and how to load it."""
+
+    served_name = models.CharField(max_length=128, unique=True, validators=[served_name_validator])
+    source = models.CharField(max_length=255, validators=[source_validator])
+    revision = models.CharField(max_length=64, blank=True)
+    task = models.CharField(max_length=16, choices=Task, default=Task.GENERATE)
+    params_billions = models.DecimalField(
+        max_digits=8,
+        decimal_places=2,
+        validators=[MinValueValidator(0)],
+        help_text="Total parameters, in billions.",
+    )
+    active_params_billions = models.DecimalField(
+        max_digits=8,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Active parameters per token for mixture-of-experts models, in billions.",
+    )
+    quantization = models.CharField(max_length=8, choices=Quantization, blank=True, default="")
+    context_length = models.PositiveIntegerField(validators=[MinValueValidator(16)])
+    visibility = models.CharField(max_length=8, choices=Visibility, default=Visibility.PUBLIC)
+    granted_tenants = models.ManyToManyField(
+        "tenants.Tenant", through="ModelGrant", blank=True, related_name="granted_models"
+    )
+    trust_remote_code = models.BooleanField(
+        default=False, help_text="Admin allow-list: engines may run this model's own code."
+    )
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["served_name"]
+        verbose_name = "model"
+
+    def __str__(self) -> str:
+        return self.served_name
+
+
+class ModelGrant(models.Model):
+    """Permission for one tenant to use one private model."""
+
+    model = models.ForeignKey(CatalogModel, on_delete=models.CASCADE, related_name="grants")
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="model_grants"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "tenant"], name="modelgrant_unique_model_tenant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} → {self.tenant}"
+
+
+class Node(models.Model):
+    """A Docker host that runs engines; its Celery worker consumes ``queue``."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    docker_url = models.CharField(max_length=255, help_text="e.g. tcp://docker-proxy:2375")
+    queue = models.CharField(max_length=100, unique=True)
+    engine_host = models.CharField(
+        max_length=255, blank=True, help_text="Address the gateway reaches this node's engines at."
+    )
+    arch = models.CharField(max_length=8, choices=Arch, default=Arch.ARM64)
+    gpu_description = models.CharField(max_length=200, blank=True)
+    gpu_count = models.PositiveSmallIntegerField(default=0)
+    total_memory_bytes = models.PositiveBigIntegerField(default=0)
+    unified_memory = models.BooleanField(
+        default=False, help_text="GPU and CPU share one memory pool (e.g. DGX Spark)."
+    )
+    status = models.CharField(max_length=16, choices=NodeStatus, default=NodeStatus.ONLINE)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Deployment(models.Model):
+    """What should run: a model on a node with an engine image, arguments and replicas."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    model = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="deployments")
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="deployments",
+        help_text="Empty: Tollgate places replicas on the node with the most free memory.",
+    )
+    image = models.CharField(max_length=255)
+    engine_args = models.JSONField(default=dict, blank=True)
+    replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(16)])
+    desired_state = models.CharField(
+        max_length=16, choices=DesiredState, default=DesiredState.RUNNING
+    )
+    state = models.CharField(
+        max_length=16, choices=DeploymentState, default=DeploymentState.PENDING
+    )
+    state_message = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The engine's concurrency budget per replica (vLLM's default when not set)."""
+        return int(self.engine_args.get("max-num-seqs", 256))
+
+
+class Replica(models.Model):
+    """One engine container of a deployment, as last observed."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replica_set")
+    index = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas"
+    )
+    container_id = models.CharField(max_length=64, blank=True)
+    container_name = models.CharField(max_length=128, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=ReplicaState, default=ReplicaState.PENDING)
+    healthy = models.BooleanField(default=False)
+    restart_count = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    last_health_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["deployment__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "index"], name="replica_unique_index")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment.name}#{self.index}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}" if self.host and self.port else ""
+
+
+class Operation(models.Model):
+    """A long-running action (deploy, stop, pull, …) and its progress, for the console."""
+
+    kind = models.CharField(max_length=16, choices=OperationKind)
+    status = models.CharField(
+        max_length=16, choices=OperationStatus, default=OperationStatus.QUEUED
+    )
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="operations"
+    )
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="operations"
+    )
+    model = models.ForeignKey(
+        CatalogModel, null=True, blank=True, on_delete=models.CASCADE, related_name="operations"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    phase = models.CharField(max_length=64, blank=True)
+    progress = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0), MaxValueValidator(100)]
+    )
+    message = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.status}"

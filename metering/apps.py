@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class MeteringConfig(AppConfig):
+    name = "metering"
+    verbose_name = "Prices and usage"

@@ -1,0 +1,15 @@
+"""Names of usage outcomes and endpoints."""
+
+from django.db import models
+
+
+class UsageStatus(models.TextChoices):
+    OK = "ok", "Completed"
+    ERROR = "error", "Failed"
+    CLIENT_CLOSED = "client_closed", "Client disconnected"
+
+
+class Endpoint(models.TextChoices):
+    CHAT = "chat", "/v1/chat/completions"
+    COMPLETIONS = "completions", "/v1/completions"
+    EMBEDDINGS = "embeddings", "/v1/embeddings"

@@ -1,0 +1,71 @@
+"""Admin API representations of prices and usage."""
+
+from rest_framework import serializers
+
+from deployments.models import CatalogModel
+from metering.models import Price, UsageEvent
+
+
+class PriceSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(
+        slug_field="served_name", queryset=CatalogModel.objects.all()
+    )
+    cached_input_per_mtok = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=0,
+        required=False,
+        help_text="Defaults to the input price.",
+    )
+    effective_from = serializers.DateTimeField(
+        required=False, help_text="Defaults to now; never in the past."
+    )
+
+    class Meta:
+        model = Price
+        fields = [
+            "id",
+            "model",
+            "currency",
+            "input_per_mtok",
+            "cached_input_per_mtok",
+            "output_per_mtok",
+            "effective_from",
+            "created_at",
+        ]
+        read_only_fields = ["created_at"]
+        validators = []  # uniqueness is checked by the service with a readable message
+
+
+class UsageEventSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True)
+    model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = UsageEvent
+        fields = [
+            "request_id",
+            "occurred_at",
+            "tenant",
+            "api_key",
+            "model",
+            "deployment",
+            "endpoint",
+            "priority",
+            "prompt_tokens",
+            "cached_tokens",
+            "completion_tokens",
+            "reasoning_tokens",
+            "status",
+            "http_status",
+            "latency_ms",
+            "ttft_ms",
+            "currency",
+            "input_per_mtok",
+            "cached_input_per_mtok",
+            "output_per_mtok",
+            "cost",
+        ]
+        read_only_fields = fields

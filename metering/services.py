@@ -1,0 +1,78 @@
+"""Rules for prices: versioned, never edited, looked up by the time of a request."""
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from deployments.models import CatalogModel
+from gateway.invalidation import publish_change
+from metering.models import Price
+from tenants.audit import Actor, record
+from tenants.choices import AuditAction
+
+# A price may start slightly in the past (clock skew between the admin and the box),
+# never far enough back to re-price requests that were already billed.
+BACKDATE_GRACE = timedelta(minutes=5)
+
+
+def set_price(
+    actor: Actor,
+    model: CatalogModel,
+    input_per_mtok: Decimal,
+    cached_input_per_mtok: Decimal | None,
+    output_per_mtok: Decimal,
+    currency: str = "USD",
+    effective_from: datetime | None = None,
+) -> Price:
+    """A new price version for a model; the previous version stays for history."""
+    now = timezone.now()
+    effective_from = effective_from or now
+    if effective_from < now - BACKDATE_GRACE:
+        raise ValidationError(
+            {"effective_from": "Prices cannot be backdated: billed requests keep their price."}
+        )
+    price = Price(
+        model=model,
+        currency=currency,
+        input_per_mtok=input_per_mtok,
+        cached_input_per_mtok=input_per_mtok
+        if cached_input_per_mtok is None
+        else cached_input_per_mtok,
+        output_per_mtok=output_per_mtok,
+        effective_from=effective_from,
+        created_by=actor if actor is not None and actor.is_authenticated else None,
+    )
+    price.full_clean(validate_constraints=False)
+    try:
+        with transaction.atomic():
+            price.save()
+    except IntegrityError:
+        raise ValidationError(
+            {"effective_from": "A price for this model starts at that moment already."}
+        ) from None
+    record(
+        actor,
+        AuditAction.CREATE,
+        price,
+        changes={
+            "currency": currency,
+            "input_per_mtok": str(price.input_per_mtok),
+            "cached_input_per_mtok": str(price.cached_input_per_mtok),
+            "output_per_mtok": str(price.output_per_mtok),
+            "effective_from": effective_from.isoformat(),
+        },
+    )
+    publish_change("price", model.pk)
+    return price
+
+
+def price_at(model: CatalogModel, currency: str, when: datetime) -> Price | None:
+    """The price version in force for a model and currency at a moment."""
+    return (
+        Price.objects.filter(model=model, currency=currency, effective_from__lte=when)
+        .order_by("-effective_from")
+        .first()
+    )

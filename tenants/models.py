@@ -1,0 +1,183 @@
+"""Tenants, their members, inference API keys, admin API tokens and the audit log."""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from tenants.choices import AuditAction, ModelAccess, Priority, QuotaPeriod, Role, TenantStatus
+
+currency_validator = RegexValidator(r"^[A-Z]{3}$", "Use a three-letter ISO 4217 code, e.g. USD.")
+
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
+
+
+class Tenant(models.Model):
+    """A customer of the appliance: its limits, quota, priority and model access."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=64, unique=True)
+    status = models.CharField(max_length=16, choices=TenantStatus, default=TenantStatus.ACTIVE)
+    priority = models.CharField(max_length=2, choices=Priority, default=Priority.STANDARD)
+    # Limits: None means unlimited.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True, default=600)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True, default=1_000_000)
+    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True, default=32)
+    # Quota per period: None means no quota of that kind.
+    quota_period = models.CharField(max_length=16, choices=QuotaPeriod, default=QuotaPeriod.MONTHLY)
+    quota_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    quota_amount = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+    )
+    currency = models.CharField(max_length=3, default="USD", validators=[currency_validator])
+    model_access = models.CharField(max_length=8, choices=ModelAccess, default=ModelAccess.ALL)
+    allowed_models = models.ManyToManyField(
+        "deployments.CatalogModel", blank=True, related_name="listed_by_tenants"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == TenantStatus.ACTIVE
+
+
+class Membership(models.Model):
+    """A console user's role in one tenant."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def usable(self) -> "ApiKeyQuerySet":
+        """Keys that authenticate now: not revoked, not expired, tenant active."""
+        now = timezone.now()
+        return self.filter(revoked_at__isnull=True, tenant__status=TenantStatus.ACTIVE).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        )
+
+
+class ApiKey(models.Model):
+    """A tenant's inference key; only its public prefix and HMAC hash are stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    # Optional per-key limits, never looser than the tenant's.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
+    # Empty means every model the tenant may use.
+    allowed_models = models.ManyToManyField(
+        "deployments.CatalogModel", blank=True, related_name="+"
+    )
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (tg-{self.prefix}-…)"
+
+    @property
+    def masked(self) -> str:
+        return f"tg-{self.prefix}-…"
+
+    @property
+    def status(self) -> str:
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+    def clean(self) -> None:
+        errors = {}
+        for field in LIMIT_FIELDS:
+            mine, theirs = getattr(self, field), getattr(self.tenant, field)
+            if mine is not None and theirs is not None and mine > theirs:
+                errors[field] = f"Must not exceed the tenant's limit of {theirs}."
+        if errors:
+            raise ValidationError(errors)
+
+
+class AdminToken(models.Model):
+    """A user's token for the admin REST API; separate from tenant inference keys."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="admin_tokens"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (tga-{self.prefix}-…)"
+
+
+class AuditLog(models.Model):
+    """One change someone made: who, what, to which object, before and after."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_label = models.CharField(max_length=150, blank=True)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
+    )
+    action = models.CharField(max_length=16, choices=AuditAction)
+    object_type = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    changes = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id"])]
+
+    def __str__(self) -> str:
+        return f"{self.actor_label} {self.action} {self.object_type} {self.object_repr}"

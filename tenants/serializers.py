@@ -1,0 +1,207 @@
+"""Admin API representations of tenants, members, users, keys, tokens and audit rows."""
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from deployments.models import CatalogModel
+from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, AuditLog, Membership, Tenant
+
+User = get_user_model()
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    allowed_models = serializers.SlugRelatedField(
+        slug_field="served_name",
+        many=True,
+        required=False,
+        queryset=CatalogModel.objects.all(),
+        help_text="With model_access 'listed': the served names this tenant may call.",
+    )
+
+    class Meta:
+        model = Tenant
+        fields = [
+            "id",
+            "name",
+            "slug",
+            "status",
+            "priority",
+            *LIMIT_FIELDS,
+            "quota_period",
+            "quota_tokens",
+            "quota_amount",
+            "currency",
+            "model_access",
+            "allowed_models",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["status", "created_at", "updated_at"]
+        extra_kwargs = {"slug": {"required": False}}
+
+
+class TenantSlugField(serializers.SlugRelatedField):
+    """A tenant by slug, limited to the tenants the requesting user belongs to.
+
+    Another tenant's slug is "not found"; whether the user may change things in their own
+    tenant is the view's question (403).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(slug_field="slug", queryset=Tenant.objects.all(), **kwargs)
+
+    def get_queryset(self) -> Any:
+        from config.permissions import member_tenant_ids
+
+        user = self.context["request"].user
+        if user.is_staff:
+            return Tenant.objects.all()
+        return Tenant.objects.filter(pk__in=member_tenant_ids(user))
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    tenant = TenantSlugField()
+    key_hint = serializers.CharField(source="masked", read_only=True)
+    status = serializers.CharField(read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    allowed_models = serializers.SlugRelatedField(
+        slug_field="served_name",
+        many=True,
+        required=False,
+        queryset=CatalogModel.objects.all(),
+        help_text="Empty: every model the tenant may use.",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id",
+            "tenant",
+            "name",
+            "prefix",
+            "key_hint",
+            "status",
+            "created_by",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+            *LIMIT_FIELDS,
+            "allowed_models",
+        ]
+        read_only_fields = ["prefix", "created_at", "revoked_at", "last_used_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        tenant = attrs.get("tenant") or (self.instance.tenant if self.instance else None)
+        if self.instance and "tenant" in attrs and attrs["tenant"] != self.instance.tenant:
+            raise serializers.ValidationError({"tenant": "A key cannot move to another tenant."})
+        errors = {}
+        for field in LIMIT_FIELDS:
+            mine, theirs = attrs.get(field), getattr(tenant, field) if tenant else None
+            if mine is not None and theirs is not None and mine > theirs:
+                errors[field] = f"Must not exceed the tenant's limit of {theirs}."
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(
+        read_only=True, help_text="The key itself. Shown only in this response."
+    )
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    tenant = TenantSlugField()
+    user = serializers.SlugRelatedField(
+        slug_field="username", queryset=User.objects.filter(is_active=True)
+    )
+
+    class Meta:
+        model = Membership
+        fields = ["id", "tenant", "user", "role", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class UserSerializer(serializers.ModelSerializer):
+    password = serializers.CharField(
+        write_only=True, required=False, style={"input_type": "password"}
+    )
+    tenants = serializers.SerializerMethodField()
+
+    class Meta:
+        model = User
+        fields = [
+            "id",
+            "username",
+            "email",
+            "first_name",
+            "last_name",
+            "is_staff",
+            "is_active",
+            "password",
+            "tenants",
+            "date_joined",
+            "last_login",
+        ]
+        read_only_fields = ["date_joined", "last_login"]
+
+    def get_tenants(self, user: Any) -> list[dict[str, str]]:
+        return [
+            {"tenant": m.tenant.slug, "role": m.role}
+            for m in user.memberships.select_related("tenant")
+        ]
+
+
+class AdminTokenSerializer(serializers.ModelSerializer):
+    token_hint = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AdminToken
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "token_hint",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+        ]
+        read_only_fields = ["prefix", "created_at", "revoked_at", "last_used_at"]
+
+    def get_token_hint(self, token: AdminToken) -> str:
+        return f"tga-{token.prefix}-…"
+
+
+class AdminTokenCreatedSerializer(AdminTokenSerializer):
+    token = serializers.CharField(
+        read_only=True, help_text="The token itself. Shown only in this response."
+    )
+
+    class Meta(AdminTokenSerializer.Meta):
+        fields = [*AdminTokenSerializer.Meta.fields, "token"]
+
+
+class AuditLogSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = AuditLog
+        fields = [
+            "id",
+            "at",
+            "actor_label",
+            "tenant",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "changes",
+        ]
+        read_only_fields = fields

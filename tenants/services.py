@@ -1,0 +1,364 @@
+"""Rules for tenants, members, API keys and admin tokens. Every view and command calls these."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.text import slugify
+
+from gateway.invalidation import publish_change
+from tenants.audit import Actor, diff, record, snapshot
+from tenants.choices import AuditAction, Role, TenantStatus
+from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key
+from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, Membership, Tenant
+
+TENANT_FIELDS = [
+    "name",
+    "slug",
+    "status",
+    "priority",
+    *LIMIT_FIELDS,
+    "quota_period",
+    "quota_tokens",
+    "quota_amount",
+    "currency",
+    "model_access",
+]
+KEY_FIELDS = ["name", "expires_at", *LIMIT_FIELDS]
+
+
+# --- Tenants ----------------------------------------------------------------------------
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name)[:56] or "tenant"
+    slug, n = base, 1
+    while Tenant.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+@transaction.atomic
+def create_tenant(
+    actor: Actor, name: str, allowed_models: list | None = None, **fields: Any
+) -> Tenant:
+    """A new tenant with the default limits unless given; slug derived from the name."""
+    fields.setdefault("slug", _unique_slug(name))
+    tenant = Tenant(name=name, **fields)
+    tenant.full_clean()
+    tenant.save()
+    if allowed_models is not None:
+        tenant.allowed_models.set(allowed_models)
+    record(
+        actor, AuditAction.CREATE, tenant, tenant=tenant, changes=snapshot(tenant, TENANT_FIELDS)
+    )
+    return tenant
+
+
+@transaction.atomic
+def update_tenant(
+    actor: Actor, tenant: Tenant, allowed_models: list | None = None, **changes: Any
+) -> Tenant:
+    """Change a tenant's settings; keys whose limits are now looser are tightened to match."""
+    before = snapshot(tenant, TENANT_FIELDS)
+    for name, value in changes.items():
+        setattr(tenant, name, value)
+    tenant.full_clean()
+    tenant.save()
+    if allowed_models is not None:
+        tenant.allowed_models.set(allowed_models)
+    _clamp_key_limits(tenant)
+    record(
+        actor,
+        AuditAction.UPDATE,
+        tenant,
+        tenant=tenant,
+        changes=diff(before, snapshot(tenant, TENANT_FIELDS)),
+    )
+    publish_change("tenant", tenant.pk)
+    return tenant
+
+
+def _clamp_key_limits(tenant: Tenant) -> None:
+    # A key may never be looser than its tenant: lower any key limit above the new ceiling.
+    for field in LIMIT_FIELDS:
+        ceiling = getattr(tenant, field)
+        if ceiling is not None:
+            tenant.api_keys.filter(**{f"{field}__gt": ceiling}).update(**{field: ceiling})
+
+
+def set_tenant_status(actor: Actor, tenant: Tenant, status: str) -> Tenant:
+    """Suspend or reactivate a tenant; a suspended tenant's keys stop working at once."""
+    if status not in TenantStatus.values:
+        raise ValidationError({"status": f"Unknown status {status!r}."})
+    updated = Tenant.objects.filter(pk=tenant.pk).exclude(status=status).update(status=status)
+    tenant.refresh_from_db()
+    if updated:
+        action = AuditAction.SUSPEND if status == TenantStatus.SUSPENDED else AuditAction.ACTIVATE
+        record(actor, action, tenant, tenant=tenant)
+        publish_change("tenant", tenant.pk)
+    return tenant
+
+
+def tenants_of(user: AbstractBaseUser) -> QuerySet[Tenant]:
+    """The tenants a user may see: all for platform admins, else their memberships."""
+    if user.is_staff:
+        return Tenant.objects.all()
+    return Tenant.objects.filter(memberships__user=user)
+
+
+def role_in(user: AbstractBaseUser, tenant: Tenant) -> str | None:
+    """The user's role in the tenant (platform admins act as tenant admins), or None."""
+    if user.is_staff:
+        return Role.ADMIN
+    membership = Membership.objects.filter(user=user, tenant=tenant).first()
+    return membership.role if membership else None
+
+
+# --- Members ----------------------------------------------------------------------------
+
+
+def add_member(
+    actor: Actor, tenant: Tenant, user: AbstractBaseUser, role: str = Role.MEMBER
+) -> Membership:
+    """Give a user a role in a tenant."""
+    if role not in Role.values:
+        raise ValidationError({"role": f"Unknown role {role!r}."})
+    try:
+        with transaction.atomic():
+            membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+    except IntegrityError:
+        raise ValidationError({"user": f"{user} is already a member of {tenant}."}) from None
+    record(actor, AuditAction.CREATE, membership, tenant=tenant, changes={"role": role})
+    return membership
+
+
+def change_role(actor: Actor, membership: Membership, role: str) -> Membership:
+    """Change a member's role, keeping at least one tenant admin."""
+    if role not in Role.values:
+        raise ValidationError({"role": f"Unknown role {role!r}."})
+    if membership.role == Role.ADMIN and role != Role.ADMIN:
+        _ensure_another_admin(membership)
+    before = membership.role
+    membership.role = role
+    membership.save(update_fields=["role"])
+    record(
+        actor,
+        AuditAction.UPDATE,
+        membership,
+        tenant=membership.tenant,
+        changes={"role": [before, role]},
+    )
+    return membership
+
+
+def remove_member(actor: Actor, membership: Membership) -> None:
+    """Take a user out of a tenant, keeping at least one tenant admin."""
+    if membership.role == Role.ADMIN:
+        _ensure_another_admin(membership)
+    record(actor, AuditAction.DELETE, membership, tenant=membership.tenant)
+    membership.delete()
+
+
+def _ensure_another_admin(membership: Membership) -> None:
+    others = Membership.objects.filter(tenant=membership.tenant, role=Role.ADMIN).exclude(
+        pk=membership.pk
+    )
+    if not others.exists():
+        raise ValidationError({"role": "A tenant must keep at least one tenant admin."})
+
+
+# --- API keys ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A stored key and its plaintext, which exists only in this object and the response."""
+
+    key: ApiKey
+    plaintext: str
+
+
+@transaction.atomic
+def issue_api_key(
+    actor: Actor,
+    tenant: Tenant,
+    name: str,
+    expires_at: datetime | None = None,
+    allowed_models: list | None = None,
+    **limits: Any,
+) -> IssuedKey:
+    """A new inference key for the tenant; the plaintext is returned once and never stored."""
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "The expiry must be in the future."})
+    new = generate_key(TENANT_KEY)
+    user = actor if actor is not None and actor.is_authenticated else None
+    key = ApiKey(
+        tenant=tenant,
+        name=name,
+        prefix=new.prefix,
+        secret_hash=new.secret_hash,
+        created_by=user,
+        expires_at=expires_at,
+        **limits,
+    )
+    key.full_clean()
+    key.save()
+    if allowed_models:
+        _check_models_allowed(tenant, allowed_models)
+        key.allowed_models.set(allowed_models)
+    record(actor, AuditAction.CREATE, key, tenant=tenant, changes=snapshot(key, KEY_FIELDS))
+    return IssuedKey(key=key, plaintext=new.plaintext)
+
+
+def _check_models_allowed(tenant: Tenant, models: list) -> None:
+    from deployments.services import models_for_tenant
+
+    allowed = set(models_for_tenant(tenant).values_list("pk", flat=True))
+    refused = [str(m) for m in models if m.pk not in allowed]
+    if refused:
+        raise ValidationError(
+            {"allowed_models": f"Not available to this tenant: {', '.join(refused)}."}
+        )
+
+
+@transaction.atomic
+def update_api_key(
+    actor: Actor, key: ApiKey, allowed_models: list | None = None, **changes: Any
+) -> ApiKey:
+    """Rename a key or change its expiry, limits or model restriction."""
+    before = snapshot(key, KEY_FIELDS)
+    for name, value in changes.items():
+        setattr(key, name, value)
+    key.full_clean()
+    key.save()
+    if allowed_models is not None:
+        _check_models_allowed(key.tenant, allowed_models)
+        key.allowed_models.set(allowed_models)
+    record(
+        actor,
+        AuditAction.UPDATE,
+        key,
+        tenant=key.tenant,
+        changes=diff(before, snapshot(key, KEY_FIELDS)),
+    )
+    publish_change("api_key", key.prefix)
+    return key
+
+
+def revoke_api_key(actor: Actor, key: ApiKey) -> ApiKey:
+    """Revoke a key for good; a second revoke changes nothing."""
+    now = timezone.now()
+    updated = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=now)
+    key.refresh_from_db()
+    if updated:
+        record(actor, AuditAction.REVOKE, key, tenant=key.tenant)
+        publish_change("api_key", key.prefix)
+    return key
+
+
+# --- Admin API tokens ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: AdminToken
+    plaintext: str
+
+
+def issue_admin_token(
+    actor: AbstractBaseUser, name: str, expires_at: datetime | None = None
+) -> IssuedToken:
+    """A new admin API token for the acting user; shown once."""
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "The expiry must be in the future."})
+    new = generate_key(ADMIN_TOKEN)
+    token = AdminToken.objects.create(
+        user=actor, name=name, prefix=new.prefix, secret_hash=new.secret_hash, expires_at=expires_at
+    )
+    record(actor, AuditAction.CREATE, token)
+    return IssuedToken(token=token, plaintext=new.plaintext)
+
+
+def revoke_admin_token(actor: Actor, token: AdminToken) -> AdminToken:
+    """Revoke an admin API token; a second revoke changes nothing."""
+    updated = AdminToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    token.refresh_from_db()
+    if updated:
+        record(actor, AuditAction.REVOKE, token)
+    return token
+
+
+# --- Users ------------------------------------------------------------------------------
+
+
+def create_user(
+    actor: Actor,
+    username: str,
+    password: str | None,
+    email: str = "",
+    is_staff: bool = False,
+    **extra: Any,
+) -> AbstractBaseUser:
+    """A console user; platform admins are staff users. The password is validated."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.password_validation import validate_password
+
+    User = get_user_model()
+    user = User(username=username, email=email, is_staff=is_staff, **extra)
+    if password:
+        try:
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise ValidationError({"password": exc.messages}) from None
+        user.set_password(password)
+    else:
+        user.set_unusable_password()
+    user.full_clean(exclude=["password"])
+    user.save()
+    record(actor, AuditAction.CREATE, user, changes={"username": username, "is_staff": is_staff})
+    return user
+
+
+def update_user(
+    actor: Actor, user: AbstractBaseUser, password: str | None = None, **changes: Any
+) -> AbstractBaseUser:
+    """Change a console user's details, role flags or password."""
+    from django.contrib.auth.password_validation import validate_password
+
+    before = snapshot(user, ["username", "email", "is_staff", "is_active"])
+    for name, value in changes.items():
+        setattr(user, name, value)
+    if password:
+        try:
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise ValidationError({"password": exc.messages}) from None
+        user.set_password(password)
+    user.full_clean(exclude=["password"])
+    user.save()
+    after = snapshot(user, ["username", "email", "is_staff", "is_active"])
+    record(
+        actor,
+        AuditAction.UPDATE,
+        user,
+        changes={**diff(before, after), **({"password": "changed"} if password else {})},
+    )
+    return user
+
+
+def delete_tenant(actor: Actor, tenant: Tenant) -> None:
+    """Remove a tenant that was never billed; one with usage is suspended instead."""
+    if tenant.usage_events.exists():
+        raise ValidationError({"detail": "The tenant has usage on record; suspend it instead."})
+    record(actor, AuditAction.DELETE, tenant)
+    publish_change("tenant", tenant.pk)
+    tenant.delete()
