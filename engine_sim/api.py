@@ -1,0 +1,152 @@
+"""Routing and the small endpoints: /health, /v1/models, /version, /metrics, /load,
+/tokenize, /detokenize; auth and JSON error rendering for all of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from engine_sim import VLLM_VERSION, tokenizer
+from engine_sim.cli import Config
+from engine_sim.engine import Engine
+from engine_sim.errors import ApiError, bad_request, model_not_found
+from engine_sim.generation import Generator, new_request_id
+from engine_sim.http import Connection, Request
+
+NOT_FOUND = b'{"detail":"Not Found"}'
+METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+
+
+class App:
+    """The HTTP application: what `vllm serve`'s FastAPI app answers."""
+
+    def __init__(self, cfg: Config, engine: Engine) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.gen = Generator(cfg, engine, self._request_done)
+        self.created = int(time.time())
+        self.names = set(cfg.served_names)
+        self.server_load = 0
+        self.requests_done = 0
+        self.on_request_done = lambda n: None  # fault injection hooks in here
+        self.auth = {f"Bearer {k}" for k in cfg.api_keys}
+        gen_routes = {"/v1/embeddings": self.gen.embeddings} if cfg.embedding else {
+            "/v1/chat/completions": self.gen.chat, "/v1/completions": self.gen.completions}
+        self.post_model_routes = gen_routes
+        self.get_routes = {"/health": self.health, "/v1/models": self.models, "/version": self.version,
+                           "/metrics": self.metrics, "/load": self.load, "/ping": self.health}
+        self.post_routes = {"/tokenize": self.tokenize, "/detokenize": self.detokenize,
+                            "/ping": self.health}
+        self._models_body = json.dumps(self._model_list(), separators=(",", ":")).encode()
+
+    def _request_done(self) -> None:
+        self.requests_done += 1
+        self.on_request_done(self.requests_done)
+
+    async def __call__(self, req: Request, conn: Connection) -> None:
+        if self.engine.hung:
+            await self.engine.pause_if_hung()
+        path = req.path
+        if self.auth and path.startswith("/v1") and req.headers.get("authorization") not in self.auth:
+            conn.send(401, b'{"error":"Unauthorized"}')
+            return
+        try:
+            await self._route(req, conn, path)
+        except ApiError as err:
+            conn.send(err.status, json.dumps(err.body()).encode())
+
+    async def _route(self, req: Request, conn: Connection, path: str) -> None:
+        method = req.method
+        if method == "POST" and path in self.post_model_routes:
+            await self._generate(req, conn, self.post_model_routes[path])
+        elif method == "GET" and path in self.get_routes:
+            await self.get_routes[path](req, conn)
+        elif method == "POST" and path in self.post_routes:
+            await self.post_routes[path](req, conn)
+        elif path in self.get_routes or path in self.post_routes or path in self.post_model_routes:
+            conn.send(405, METHOD_NOT_ALLOWED)
+        else:
+            conn.send(404, NOT_FOUND)
+
+    def _body(self, req: Request) -> dict:
+        try:
+            body = json.loads(req.body)
+        except ValueError as exc:
+            raise bad_request(f"JSON decode error: {exc}") from None
+        if not isinstance(body, dict):
+            raise bad_request("Input should be a valid dictionary or object")
+        return body
+
+    def _model(self, body: dict) -> str:
+        """The served name the request addresses; vLLM defaults to the first one."""
+        model = body.get("model")
+        if model is None:
+            return self.cfg.served_names[0]
+        if not isinstance(model, str) or model not in self.names:
+            raise model_not_found(str(model))
+        return model
+
+    async def _generate(self, req: Request, conn: Connection, handler) -> None:
+        body = self._body(req)
+        model = self._model(body)
+        self.server_load += 1
+        try:
+            await handler(req, conn, body, model, new_request_id(req))
+        finally:
+            self.server_load -= 1
+
+    # --- small endpoints -------------------------------------------------------------------
+
+    async def health(self, req: Request, conn: Connection) -> None:
+        conn.send(503 if self.engine.dead else 200, b"", "application/json")
+
+    def _model_list(self) -> dict:
+        cards = []
+        for name in self.cfg.served_names:
+            perm = {"id": "modelperm-" + os.urandom(16).hex(), "object": "model_permission",
+                    "created": self.created, "allow_create_engine": False, "allow_sampling": True,
+                    "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                    "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}
+            cards.append({"id": name, "object": "model", "created": self.created, "owned_by": "vllm",
+                          "root": self.cfg.model, "parent": None, "max_model_len": self.cfg.max_model_len,
+                          "permission": [perm]})
+        return {"object": "list", "data": cards}
+
+    async def models(self, req: Request, conn: Connection) -> None:
+        conn.send(200, self._models_body)
+
+    async def version(self, req: Request, conn: Connection) -> None:
+        conn.send(200, b'{"version":"%b"}' % VLLM_VERSION.encode())
+
+    async def metrics(self, req: Request, conn: Connection) -> None:
+        conn.send(200, self.engine.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    async def load(self, req: Request, conn: Connection) -> None:
+        conn.send(200, b'{"server_load":%d}' % self.server_load)
+
+    async def tokenize(self, req: Request, conn: Connection) -> None:
+        body = self._body(req)
+        self._model(body)
+        if "messages" in body:
+            msgs = body["messages"]
+            if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+                raise bad_request("messages: Input should be a valid list", "messages")
+            text = tokenizer.chat_prompt(msgs, body.get("tools"), body.get("add_generation_prompt", True))
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            raise bad_request("prompt or messages: Field required", "prompt")
+        toks = tokenizer.split(text)
+        ids = [tokenizer.token_id(t) for t in toks]
+        conn.send(200, json.dumps({"count": len(ids), "max_model_len": self.cfg.max_model_len,
+                                   "tokens": ids,
+                                   "token_strs": toks if body.get("return_token_strs") else None}).encode())
+
+    async def detokenize(self, req: Request, conn: Connection) -> None:
+        body = self._body(req)
+        self._model(body)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise bad_request("tokens: Input should be a valid list of integers", "tokens")
+        conn.send(200, json.dumps({"prompt": tokenizer.decode(ids)}).encode())

@@ -1,0 +1,200 @@
+"""Command line: vLLM's `serve` flags (accepted, most ignored) plus the `--sim-*` knobs.
+
+Every knob is also read from an environment variable `SIM_<NAME>` so an orchestrator can
+configure the simulator without changing the vLLM-shaped command line; a flag wins over
+the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+DEFAULT_MAX_MODEL_LEN = 32768
+
+
+def human_int(value: str) -> int:
+    """vLLM's human-readable ints: `32k` = 32000, `32K` = 32768 (same for m/M, g/G)."""
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", value)
+    if not m:
+        if value.strip().lower() == "auto":
+            return -1
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: expected e.g. 4096, 32k or 32K")
+    num, suffix = float(m.group(1)), m.group(2)
+    power = {"k": 1, "m": 2, "g": 3}.get(suffix.lower(), 0)
+    base = 1024 if suffix.isupper() else 1000
+    return int(num * base**power)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One simulation knob: `--sim-<name>` flag and `SIM_<NAME>` env var."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+
+
+KNOBS = [
+    Knob("load-seconds", float, 1.0, "time to 'load weights' before listening"),
+    Knob("shards", int, 4, "checkpoint shards shown in the load progress lines"),
+    Knob("slow-start-seconds", float, 0.0, "extra start-up time after loading (compile/graph capture)"),
+    Knob("load-fail-exit-code", int, None, "die during load with this exit code (CUDA OOM)"),
+    Knob("ttft-ms", float, 20.0, "prefill time per request, fixed part"),
+    Knob("ttft-per-token-ms", float, 0.05, "prefill time per uncached prompt token"),
+    Knob("first-request-delay-ms", float, 0.0, "extra delay of the first request (JIT warm-up)"),
+    Knob("decode-tps", float, 50.0, "decode tokens/s of one sequence running alone; 0 = no delay"),
+    Knob("bandwidth-alpha", float, 0.15,
+         "per-seq rate = decode_tps / (1 + alpha*(running-1)): memory bandwidth is shared"),
+    Knob("output-tokens-min", int, 16, "shortest natural reply (before max_tokens cuts)"),
+    Knob("output-tokens-max", int, 128, "longest natural reply; length is picked from the prompt"),
+    Knob("reasoning", bool, False, "emit `reasoning` tokens before content (also on with --reasoning-parser)"),
+    Knob("reasoning-tokens", int, 16, "reasoning tokens per reply"),
+    Knob("tool-calls", bool, False,
+         "answer with a tool call when the request has tools (implies --enable-auto-tool-choice)"),
+    Knob("kv-cache-tokens", int, 0, "KV cache size in tokens; 0 = max_num_seqs * max_model_len"),
+    Knob("embedding-dim", int, 384, "embedding vector size (pooling runner)"),
+    Knob("crash-after-requests", int, 0, "engine dies after this many finished requests; 0 = never"),
+    Knob("crash-after-seconds", float, 0.0, "engine dies this long after start-up; 0 = never"),
+    Knob("crash-exit-code", int, 1, "exit code when the engine dies (vLLM sometimes exits 0)"),
+    Knob("crash-grace-seconds", float, 1.0, "/health answers 503 for this long before the process exits"),
+    Knob("hang-after-requests", int, 0, "stop answering (sockets stay open) after this many requests"),
+    Knob("hang-after-seconds", float, 0.0, "stop answering this long after start-up; 0 = never"),
+]
+
+
+def _env_default(knob: Knob) -> object:
+    raw = os.environ.get("SIM_" + knob.name.upper().replace("-", "_"))
+    if raw is None or raw == "":
+        return knob.default
+    if knob.type is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return knob.type(raw)
+    except ValueError:
+        sys.exit(f"engine_sim: invalid SIM_{knob.name.upper().replace('-', '_')}={raw!r}")
+
+
+def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
+    b = argparse.BooleanOptionalAction
+    p.add_argument("model_tag", nargs="?", default=None, help="model name or path")
+    p.add_argument("--model", default=None)
+    p.add_argument("--served-model-name", nargs="+", action="extend", default=None)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", nargs="+", action="extend", default=None)
+    p.add_argument("--max-model-len", type=human_int, default=-1)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=human_int, default=None)
+    p.add_argument("--max-num-queued-reqs", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
+    p.add_argument("--task", default=None)
+    p.add_argument("--convert", default=None)
+    p.add_argument("--reasoning-parser", default=None)
+    p.add_argument("--enable-auto-tool-choice", action=b, default=False)
+    p.add_argument("--tool-call-parser", default=None)
+    p.add_argument("--enable-prompt-tokens-details", action=b, default=False)
+    p.add_argument("--enable-force-include-usage", action=b, default=False)
+    p.add_argument("--enable-prefix-caching", action=b, default=True)
+    p.add_argument("--shutdown-timeout", type=float, default=0.0)
+    # Accepted for compatibility, no effect on a simulator.
+    for flag in ("--dtype", "--seed", "--quantization", "--load-format", "--download-dir",
+                 "--tokenizer", "--tokenizer-mode", "--revision", "--generation-config",
+                 "--uvicorn-log-level", "--kv-cache-dtype", "--gpu-memory-utilization",
+                 "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
+                 "--distributed-executor-backend", "--chat-template", "--hf-overrides",
+                 "--limit-mm-per-prompt", "--compilation-config", "--swap-space",
+                 "--cpu-offload-gb", "--max-logprobs", "--root-path", "--allowed-origins",
+                 "--data-parallel-address", "--data-parallel-rpc-port", "--nnodes",
+                 "--node-rank", "--speculative-config", "--override-generation-config",
+                 "--config", "--log-config-file", "--middleware", "-O"):
+        p.add_argument(flag, default=None)
+    for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests",
+                 "--enable-log-requests", "--disable-log-stats", "--disable-frontend-multiprocessing",
+                 "--enable-chunked-prefill", "--enable-request-id-headers", "--headless",
+                 "--disable-custom-all-reduce", "--enable-expert-parallel", "--disable-fastapi-docs",
+                 "--enable-server-load-tracking", "--async-scheduling"):
+        p.add_argument(flag, action=b, default=None)
+
+
+def _add_knobs(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulation knobs (also env SIM_<NAME>)")
+    for k in KNOBS:
+        dest = "sim_" + k.name.replace("-", "_")
+        if k.type is bool:
+            g.add_argument("--sim-" + k.name, dest=dest, action=argparse.BooleanOptionalAction,
+                           default=_env_default(k), help=k.help)
+        else:
+            g.add_argument("--sim-" + k.name, dest=dest, type=k.type, default=_env_default(k), help=k.help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_vllm_flags(p)
+    _add_knobs(p)
+    return p
+
+
+@dataclass
+class Config:
+    """Everything the simulator needs, resolved from flags and environment."""
+
+    model: str
+    served_names: list[str]
+    host: str
+    port: int
+    api_keys: list[str]
+    max_model_len: int
+    max_num_seqs: int
+    max_num_queued: int | None
+    block_size: int
+    embedding: bool
+    reasoning: bool
+    reasoning_details: bool
+    auto_tool_choice: bool
+    prompt_tokens_details: bool
+    force_include_usage: bool
+    prefix_caching: bool
+    shutdown_timeout: float
+    sim: argparse.Namespace = field(repr=False)
+
+
+def _is_embedding(a: argparse.Namespace) -> bool:
+    return a.runner == "pooling" or a.task in ("embed", "embedding") or a.convert == "embed"
+
+
+def parse(argv: list[str] | None = None) -> Config:
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.enable_auto_tool_choice and not a.tool_call_parser:
+        # vLLM refuses this combination at start-up, before loading anything.
+        p.exit(1, "ValueError: When `--enable-auto-tool-choice` is set, `--tool-call-parser` must be set\n")
+    model = a.model_tag or a.model or DEFAULT_MODEL
+    max_len = a.max_model_len if a.max_model_len > 0 else DEFAULT_MAX_MODEL_LEN
+    return Config(
+        model=model,
+        served_names=a.served_model_name or [model],
+        host=a.host,
+        port=a.port,
+        api_keys=a.api_key or [],
+        max_model_len=max_len,
+        max_num_seqs=max(1, a.max_num_seqs),
+        max_num_queued=a.max_num_queued_reqs,
+        block_size=max(1, a.block_size),
+        embedding=_is_embedding(a),
+        reasoning=bool(a.sim_reasoning or a.reasoning_parser),
+        reasoning_details=bool(a.reasoning_parser),
+        auto_tool_choice=bool(a.enable_auto_tool_choice or a.sim_tool_calls),
+        prompt_tokens_details=a.enable_prompt_tokens_details,
+        force_include_usage=a.enable_force_include_usage,
+        prefix_caching=a.enable_prefix_caching,
+        shutdown_timeout=a.shutdown_timeout,
+        sim=a,
+    )

@@ -1,0 +1,442 @@
+"""/v1/chat/completions, /v1/completions and /v1/embeddings: request checks, the decode
+loop, and vLLM's JSON and SSE shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import random
+import time
+from array import array
+from collections.abc import Callable
+
+from engine_sim import VLLM_VERSION, replies, tokenizer
+from engine_sim.cli import Config
+from engine_sim.engine import Engine, EngineDead, QueueFull, Sequence
+from engine_sim.errors import ApiError, bad_request, context_error, engine_dead, queue_full
+from engine_sim.http import Connection, Request
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+DONE = b"data: [DONE]\n\n"
+
+
+def _int_field(body: dict, name: str, minimum: int = 1) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise bad_request(f"{name}: Input should be an integer greater than or equal to {minimum}", name)
+    return v
+
+
+def check_common(body: dict) -> None:
+    """Checks shared by chat and completions (vLLM's pydantic validators)."""
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise bad_request("stream: Input should be a valid boolean", "stream")
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad_request("stream_options: Input should be a valid dictionary", "stream_options")
+        if not body.get("stream"):
+            raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise bad_request("n: the simulator generates one choice per request (n=1)", "n")
+
+
+def stop_list(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return stop
+    raise bad_request("stop: Input should be a valid string or list of strings", "stop")
+
+
+def budget(cfg: Config, prompt_tokens: int, max_tokens: int | None) -> int:
+    """max_tokens after vLLM's context checks: too long prompts fail, the rest is clamped."""
+    limit = cfg.max_model_len
+    if prompt_tokens >= limit:
+        raise context_error(
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.")
+    if max_tokens is not None and max_tokens > limit:
+        raise context_error(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {limit} tokens and your request has {prompt_tokens} input "
+            f"tokens ({max_tokens} > {limit} - {prompt_tokens}).", "max_tokens")
+    room = limit - prompt_tokens
+    return room if max_tokens is None else min(max_tokens, room)
+
+
+def usage(cfg: Config, seq: Sequence, reasoning: int, stream: bool) -> dict:
+    u: dict = {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + seq.generated,
+               "completion_tokens": seq.generated}
+    if cfg.prompt_tokens_details:
+        u["prompt_tokens_details"] = {"cached_tokens": seq.cached_tokens}
+    elif not stream:
+        u["prompt_tokens_details"] = None
+    if cfg.reasoning_details:
+        u["completion_tokens_details"] = {"reasoning_tokens": min(reasoning, seq.generated)}
+    return u
+
+
+class Generator:
+    """Runs generation requests against the engine and renders vLLM's responses."""
+
+    def __init__(self, cfg: Config, engine: Engine, on_done: Callable[[], None]) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.on_done = on_done
+        self.fingerprint = f"vllm-{VLLM_VERSION}-{tokenizer.seed_of(cfg.model):08x}"
+
+    # --- the decode loop -----------------------------------------------------------------
+
+    async def run(self, conn: Connection, seq: Sequence, n: int,
+                  on_start: Callable[[], None] | None, on_token: Callable[[int], bytes] | None) -> None:
+        """Admit, prefill, then release `n` tokens at the engine's pace.
+
+        `on_start` runs once prefill is done (when vLLM sends its first byte); `on_token(i)`
+        returns the bytes to stream for token i. Raises EngineDead if the engine dies.
+        """
+        eng = self.engine
+        await eng.admit(seq)
+        seq.finish_reason = "abort"
+        try:
+            loop = asyncio.get_running_loop()
+            delay = eng.prefill_delay(seq)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            due = loop.time()
+            for i in range(n):
+                if i:
+                    step = eng.token_delay()
+                    if step:
+                        due += step
+                        wait = due - loop.time()
+                        if wait > 0.0005:  # below timer resolution: let the deficit accrue
+                            await asyncio.sleep(wait)
+                if eng.hung:
+                    await eng.pause_if_hung()
+                if eng.dead:
+                    seq.finish_reason = "error"
+                    raise EngineDead()
+                if i == 0:
+                    eng.on_first_token(seq)
+                    if on_start is not None:
+                        on_start()
+                eng.on_token(seq)
+                if on_token is not None:
+                    conn.write_chunk(on_token(i))
+                    if conn._drain is not None:
+                        await conn.drain()
+            if n == 0:  # pooling: prefill only, no generated token
+                eng.on_first_token(seq)
+            seq.finish_reason = "done"
+        finally:
+            eng.release(seq)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = "stop" if reason == "tool_calls" else reason
+        self.engine.on_finish(seq)
+        self.on_done()
+
+    def _abort(self, seq: Sequence) -> None:
+        if seq.finish_reason in ("abort", "error"):
+            self.engine.on_finish(seq)
+
+    async def _admit_errors(self, coro) -> None:
+        try:
+            await coro
+        except QueueFull:
+            raise queue_full(self.cfg.max_num_queued) from None
+        except EngineDead:
+            raise engine_dead() from None
+
+    # --- chat ----------------------------------------------------------------------------
+
+    def _chat_prompt(self, body: dict) -> str:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise bad_request("messages: Field required (a non-empty list of message objects)", "messages")
+        for m in msgs:
+            if not isinstance(m.get("role"), str):
+                raise bad_request("messages: every message needs a string 'role'", "messages")
+            c = m.get("content")
+            if c is not None and not isinstance(c, (str, list)):
+                raise bad_request("messages: content must be a string or a list of parts", "messages")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise bad_request("tools: Input should be a valid list", "tools")
+        return tokenizer.chat_prompt(msgs, tools)
+
+    def _chat_tool(self, body: dict) -> dict | None:
+        tools = body.get("tools") or []
+        if not tools:
+            return None
+        choice = body.get("tool_choice", "auto")
+        if choice == "auto" and not self.cfg.auto_tool_choice:
+            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
+                              "--tool-call-parser to be set", "tool_choice")
+        return replies.pick_tool(tools, choice)
+
+    def _reasoning_tokens(self, body: dict) -> int:
+        if not self.cfg.reasoning:
+            return 0
+        kwargs = body.get("chat_template_kwargs") or {}
+        if kwargs.get("enable_thinking") is False:
+            return 0
+        return max(0, self.cfg.sim.sim_reasoning_tokens)
+
+    def _plan(self, body: dict, prompt_text: str, n_prompt: int, max_key: tuple[str, ...],
+              reasoning: int = 0, tool: dict | None = None) -> replies.Reply:
+        max_tokens = None
+        for key in max_key:
+            max_tokens = _int_field(body, key) if max_tokens is None else max_tokens
+        limit = budget(self.cfg, n_prompt, max_tokens)
+        s = self.cfg.sim
+        seed = tokenizer.seed_of(prompt_text)
+        natural = replies.natural_length(seed, s.sim_output_tokens_min, s.sim_output_tokens_max)
+        if body.get("ignore_eos"):
+            natural = limit
+        natural = max(natural, _int_field(body, "min_tokens", 0) or 0)
+        return replies.plan(seed, max_tokens=limit, natural=natural, reasoning_tokens=reasoning,
+                            tool=tool, stop=stop_list(body))
+
+    def _stream_opts(self, body: dict) -> tuple[bool, bool]:
+        so = body.get("stream_options") or {}
+        include = bool(so.get("include_usage")) or self.cfg.force_include_usage
+        continuous = include and (bool(so.get("continuous_usage_stats")) or self.cfg.force_include_usage)
+        return include, continuous
+
+    async def chat(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
+        check_common(body)
+        prompt = self._chat_prompt(body)
+        tool = self._chat_tool(body)
+        ids = tokenizer.encode(prompt)
+        reasoning = self._reasoning_tokens(body)
+        reply = self._plan(body, prompt, len(ids), ("max_completion_tokens", "max_tokens"), reasoning, tool)
+        seq = Sequence(len(ids))
+        seq.cached_tokens = self.engine.lookup_prefix(ids)
+        cid = "chatcmpl-" + rid
+        headers = [("x-request-id", rid)]
+        if body.get("stream"):
+            await self._chat_stream(conn, body, model, cid, seq, reply, headers)
+        else:
+            await self._chat_full(conn, model, cid, seq, reply, headers)
+
+    async def _chat_full(self, conn: Connection, model: str, cid: str, seq: Sequence,
+                         reply: replies.Reply, headers: list) -> None:
+        try:
+            await self._admit_errors(self.run(conn, seq, len(reply), None, None))
+        except BaseException:
+            self._abort(seq)
+            raise
+        msg: dict = {"role": "assistant",
+                     "content": "".join(reply.content) if (reply.content or not reply.tool) else None,
+                     "reasoning": "".join(reply.reasoning) if reply.reasoning else None}
+        if reply.tool is not None:
+            msg["tool_calls"] = [{"id": reply.tool.id, "type": "function", "function": {
+                "name": reply.tool.name, "arguments": "".join(reply.tool.args)}}]
+        self._finish(seq, reply.finish_reason)
+        conn.send(200, _dumps({
+            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": msg, "logprobs": None,
+                         "finish_reason": reply.finish_reason, "stop_reason": reply.stop_reason}],
+            "system_fingerprint": self.fingerprint,
+            "usage": usage(self.cfg, seq, len(reply.reasoning), False)}).encode(), extra=headers)
+
+    def _chat_deltas(self, reply: replies.Reply) -> list[bytes]:
+        """The delta object of each generated token, in order, as JSON bytes."""
+        out = [b'{"reasoning":%b}' % _dumps(t).encode() for t in reply.reasoning]
+        out += [b'{"content":%b}' % _dumps(t).encode() for t in reply.content]
+        if reply.tool is not None:
+            t = reply.tool
+            out.append(b'{"tool_calls":[{"index":0,"id":"%b","type":"function","function":{"name":%b,'
+                       b'"arguments":""}}]}' % (t.id.encode(), _dumps(t.name).encode()))
+            out += [b'{"tool_calls":[{"index":0,"function":{"arguments":%b}}]}' % _dumps(a).encode()
+                    for a in t.args]
+        return out
+
+    async def _chat_stream(self, conn: Connection, body: dict, model: str, cid: str, seq: Sequence,
+                           reply: replies.Reply, headers: list) -> None:
+        include, continuous = self._stream_opts(body)
+        head = (b'data: {"id":"%b","object":"chat.completion.chunk","created":%d,"model":%b,"choices":'
+                % (cid.encode(), int(time.time()), _dumps(model).encode()))
+        deltas = self._chat_deltas(reply)
+        p = seq.prompt_tokens
+
+        def usage_of(k: int) -> bytes:
+            if not continuous:
+                return b""
+            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (p, p + k, k)
+
+        def frame(delta: bytes, k: int) -> bytes:
+            return (head + b'[{"index":0,"delta":%b,"logprobs":null,"finish_reason":null}]%b}\n\n'
+                    % (delta, usage_of(k)))
+
+        def on_start() -> None:
+            conn.start_stream(200, "text/event-stream; charset=utf-8", headers)
+            conn.write_chunk(frame(b'{"role":"assistant","content":""}', 0))
+
+        try:
+            await self._admit_errors(self.run(conn, seq, len(deltas), on_start,
+                                              lambda i: frame(deltas[i], i + 1)))
+        except ApiError as err:
+            self._abort(seq)
+            if not conn.started:
+                raise
+            conn.write_chunk(b"data: %b\n\n" % _dumps(err.body()).encode() + DONE)
+            conn.end_stream()
+            return
+        except BaseException:
+            self._abort(seq)
+            raise
+        self._finish(seq, reply.finish_reason)
+        fin = (head + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"%b",'
+               b'"stop_reason":%b}]%b}\n\n' % (reply.finish_reason.encode(), _dumps(reply.stop_reason).encode(),
+                                               usage_of(seq.generated)))
+        tail = b""
+        if include:
+            tail = head + b"[],\"usage\":%b}\n\n" % _dumps(usage(self.cfg, seq, len(reply.reasoning), True)).encode()
+        conn.write_chunk(fin + tail + DONE)
+        conn.end_stream()
+
+    # --- completions ----------------------------------------------------------------------
+
+    def _completion_prompt(self, body: dict) -> tuple[str, list[int]]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str) and prompt:
+            return prompt, tokenizer.encode(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return tokenizer.decode(prompt), list(prompt)
+        if isinstance(prompt, list) and len(prompt) > 1:
+            raise bad_request("prompt: the simulator takes one prompt per request", "prompt")
+        raise bad_request("prompt: Field required (a non-empty string or list of token ids)", "prompt")
+
+    async def completions(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
+        check_common(body)
+        text, ids = self._completion_prompt(body)
+        reply = self._plan(body, text, len(ids), ("max_tokens",))
+        seq = Sequence(len(ids))
+        seq.cached_tokens = self.engine.lookup_prefix(ids)
+        cid = "cmpl-" + rid
+        headers = [("x-request-id", rid)]
+        if body.get("stream"):
+            await self._completion_stream(conn, body, model, cid, seq, reply, headers)
+            return
+        try:
+            await self._admit_errors(self.run(conn, seq, len(reply), None, None))
+        except BaseException:
+            self._abort(seq)
+            raise
+        self._finish(seq, reply.finish_reason)
+        conn.send(200, _dumps({
+            "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": "".join(reply.content), "logprobs": None,
+                         "finish_reason": reply.finish_reason, "stop_reason": reply.stop_reason,
+                         "prompt_logprobs": None}],
+            "usage": usage(self.cfg, seq, 0, False)}).encode(), extra=headers)
+
+    async def _completion_stream(self, conn: Connection, body: dict, model: str, cid: str,
+                                 seq: Sequence, reply: replies.Reply, headers: list) -> None:
+        include, continuous = self._stream_opts(body)
+        head = (b'data: {"id":"%b","object":"text_completion","created":%d,"model":%b,"choices":'
+                % (cid.encode(), int(time.time()), _dumps(model).encode()))
+        texts = [_dumps(t).encode() for t in reply.content]
+        p = seq.prompt_tokens
+
+        def usage_of(k: int) -> bytes:
+            if not continuous:
+                return b""
+            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (p, p + k, k)
+
+        def frame(i: int) -> bytes:
+            return (head + b'[{"index":0,"text":%b,"logprobs":null,"finish_reason":null}]%b}\n\n'
+                    % (texts[i], usage_of(i + 1)))
+
+        def on_start() -> None:
+            conn.start_stream(200, "text/event-stream; charset=utf-8", headers)
+
+        try:
+            await self._admit_errors(self.run(conn, seq, len(texts), on_start, frame))
+        except ApiError as err:
+            self._abort(seq)
+            if not conn.started:
+                raise
+            conn.write_chunk(b"data: %b\n\n" % _dumps(err.body()).encode() + DONE)
+            conn.end_stream()
+            return
+        except BaseException:
+            self._abort(seq)
+            raise
+        self._finish(seq, reply.finish_reason)
+        fin = (head + b'[{"index":0,"text":"","logprobs":null,"finish_reason":"%b","stop_reason":%b}]%b}\n\n'
+               % (reply.finish_reason.encode(), _dumps(reply.stop_reason).encode(), usage_of(seq.generated)))
+        tail = b""
+        if include:
+            tail = head + b"[],\"usage\":%b}\n\n" % _dumps(usage(self.cfg, seq, 0, True)).encode()
+        conn.write_chunk(fin + tail + DONE)
+        conn.end_stream()
+
+    # --- embeddings -----------------------------------------------------------------------
+
+    def _embedding_inputs(self, body: dict) -> list[list[int]]:
+        inp = body.get("input")
+        if isinstance(inp, str):
+            return [tokenizer.encode(inp)]
+        if isinstance(inp, list) and inp and all(isinstance(t, int) for t in inp):
+            return [list(inp)]
+        if isinstance(inp, list) and inp and all(isinstance(x, str) for x in inp):
+            return [tokenizer.encode(x) for x in inp]
+        if isinstance(inp, list) and inp and all(isinstance(x, list) for x in inp):
+            return [list(x) for x in inp]
+        raise bad_request("input: Field required (a string, a list of strings or token ids)", "input")
+
+    def vector(self, ids: list[int]) -> list[float]:
+        """A unit vector fixed by the token ids: same input, same embedding."""
+        rnd = random.Random(hash(tuple(ids)) if ids else 0)
+        v = [rnd.gauss(0.0, 1.0) for _ in range(self.cfg.sim.sim_embedding_dim)]
+        norm = sum(x * x for x in v) ** 0.5 or 1.0
+        return [x / norm for x in v]
+
+    async def embeddings(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
+        inputs = self._embedding_inputs(body)
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise bad_request("encoding_format: Input should be 'float' or 'base64'", "encoding_format")
+        dims = body.get("dimensions")
+        if dims is not None and dims != self.cfg.sim.sim_embedding_dim:
+            raise bad_request(f"Model \"{model}\" does not support matryoshka representation, "
+                              "changing output dimensions will lead to poor results.", "dimensions")
+        total = 0
+        for ids in inputs:
+            budget(self.cfg, len(ids), None)
+            total += len(ids)
+        seq = Sequence(total)
+        try:
+            await self._admit_errors(self.run(conn, seq, 0, None, None))
+        except BaseException:
+            self._abort(seq)
+            raise
+        self._finish(seq, "stop")
+        data = []
+        for i, ids in enumerate(inputs):
+            vec = self.vector(ids)
+            emb: object = vec if fmt == "float" else base64.b64encode(array("f", vec).tobytes()).decode()
+            data.append({"index": i, "object": "embedding", "embedding": emb})
+        conn.send(200, _dumps({
+            "id": "embd-" + rid, "object": "list", "created": int(time.time()), "model": model,
+            "data": data, "usage": {"prompt_tokens": total, "total_tokens": total,
+                                    "completion_tokens": 0, "prompt_tokens_details": None}}).encode(),
+            extra=[("x-request-id", rid)])
+
+
+def new_request_id(req: Request) -> str:
+    return req.headers.get("x-request-id") or os.urandom(8).hex()

@@ -1,0 +1,112 @@
+"""Prometheus text exposition of vLLM's `vllm:*` metrics, written by hand (stdlib only)."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+               5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+def buckets_1_2_5(limit: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit`, as vLLM sizes its token-count histograms."""
+    out: list[float] = []
+    exp = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exp
+            if v > limit:
+                return tuple(out)
+            out.append(float(v))
+        exp += 1
+
+
+class Histogram:
+    """Cumulative-on-render histogram: observe() is one bisect and two adds."""
+
+    __slots__ = ("name", "help", "bounds", "counts", "sum", "count")
+
+    def __init__(self, name: str, help_text: str, bounds: tuple[float, ...]) -> None:
+        self.name, self.help, self.bounds = name, help_text, bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def render(self, labels: str) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        acc = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            acc += n
+            out.append(f'{self.name}_bucket{{{labels},le="{bound}"}} {float(acc)}')
+        out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {float(self.count)}')
+        out.append(f"{self.name}_count{{{labels}}} {float(self.count)}")
+        out.append(f"{self.name}_sum{{{labels}}} {self.sum}")
+        return out
+
+
+class Metrics:
+    """Counters and histograms the engine updates; gauges are read from the engine at scrape."""
+
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        self.labels = f'engine="0",model_name="{model_name}"'
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prompt_tokens_cached = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.preemptions = 0
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        tok = buckets_1_2_5(max_model_len)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = Histogram("vllm:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
+        self.queue = Histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS)
+        self.req_prompt = Histogram("vllm:request_prompt_tokens",
+                                    "Number of prefill tokens processed.", tok)
+        self.req_gen = Histogram("vllm:request_generation_tokens",
+                                 "Number of generation tokens processed.", tok)
+
+    def _counter(self, name: str, help_text: str, value: float) -> list[str]:
+        return [f"# HELP {name} {help_text}", f"# TYPE {name} counter",
+                f"{name}{{{self.labels}}} {float(value)}"]
+
+    def _gauge(self, name: str, help_text: str, value: float) -> list[str]:
+        return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
+                f"{name}{{{self.labels}}} {float(value)}"]
+
+    def render(self, running: int, waiting: int, kv_usage: float) -> str:
+        out: list[str] = []
+        out += self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.", running)
+        out += self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting)
+        out += self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage)
+        out += self._counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+                             self.preemptions)
+        out += self._counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", self.prompt_tokens)
+        out += self._counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
+                             self.generation_tokens)
+        out += self._counter("vllm:prompt_tokens_cached_total", "Number of cached prompt tokens.",
+                             self.prompt_tokens_cached)
+        out += self._counter("vllm:prefix_cache_queries_total",
+                             "Prefix cache queries, in terms of number of queried tokens.", self.prefix_cache_queries)
+        out += self._counter("vllm:prefix_cache_hits_total",
+                             "Prefix cache hits, in terms of number of cached tokens.", self.prefix_cache_hits)
+        name = "vllm:request_success_total"
+        out += [f"# HELP {name} Count of successfully processed requests.", f"# TYPE {name} counter"]
+        out += [f'{name}{{{self.labels},finished_reason="{r}"}} {float(n)}' for r, n in self.success.items()]
+        for h in (self.ttft, self.itl, self.e2e, self.queue, self.req_prompt, self.req_gen):
+            out += h.render(self.labels)
+        return "\n".join(out) + "\n"
