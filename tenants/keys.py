@@ -49,7 +49,7 @@ def generate_key(kind: str = TENANT_KEY) -> NewKey:
 
 def parse_key(presented: str, kind: str = TENANT_KEY) -> str | None:
     """The prefix of a well-formed key of ``kind``, or None."""
-    match = _KEY_RE.match(presented)
+    match = _KEY_RE.fullmatch(presented)
     if not match or match.group(1) != kind:
         return None
     return match.group(2)

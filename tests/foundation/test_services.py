@@ -1,0 +1,188 @@
+"""The business rules in services.py, exercised against PostgreSQL and Redis."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import orjson
+import pytest
+import time_machine
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from config.redis import get_redis
+from deployments import services as deployment_services
+from deployments.choices import DesiredState
+from deployments.models import CatalogModel, Node
+from gateway.invalidation import channel
+from metering import services as metering_services
+from tenants import services
+from tenants.choices import ModelAccess, Role, TenantStatus
+from tenants.keys import verify_key
+from tenants.models import ApiKey, AuditLog, Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def test_new_tenant_gets_defaults_and_a_unique_slug() -> None:
+    first = services.create_tenant(None, name="Acme Research")
+    second = services.create_tenant(None, name="Acme Research")
+    assert (first.slug, second.slug) == ("acme-research", "acme-research-2")
+    assert first.priority == "P1" and first.quota_period == "monthly" and first.currency == "USD"
+    assert first.requests_per_minute == 600 and first.is_active
+
+
+def test_issued_key_verifies_and_only_its_hash_is_stored(tenant_a: Tenant, alice: object) -> None:
+    issued = services.issue_api_key(alice, tenant_a, name="ci")
+    stored = ApiKey.objects.get(pk=issued.key.pk)
+    assert verify_key(issued.plaintext, stored.secret_hash)
+    assert issued.plaintext.split("-")[2] not in stored.secret_hash
+    assert stored.created_by == alice
+    audit = AuditLog.objects.get(object_type="apikey", action="create")
+    assert issued.plaintext not in orjson.dumps(audit.changes).decode() + audit.object_repr
+    assert f"tg-{stored.prefix}-" in audit.object_repr
+
+
+def test_key_limits_can_only_be_tighter_than_the_tenant(tenant_a: Tenant) -> None:
+    with pytest.raises(ValidationError) as error:
+        services.issue_api_key(None, tenant_a, name="greedy", requests_per_minute=601)
+    assert "requests_per_minute" in error.value.message_dict
+    key = services.issue_api_key(None, tenant_a, name="modest", requests_per_minute=60).key
+    assert key.requests_per_minute == 60
+
+
+def test_lowering_a_tenant_limit_tightens_its_keys(tenant_a: Tenant) -> None:
+    key = services.issue_api_key(None, tenant_a, name="k", tokens_per_minute=500_000).key
+    services.update_tenant(None, tenant_a, tokens_per_minute=100_000)
+    key.refresh_from_db()
+    assert key.tokens_per_minute == 100_000
+
+
+def test_key_expiry_must_be_in_the_future(tenant_a: Tenant) -> None:
+    with pytest.raises(ValidationError, match="future"):
+        services.issue_api_key(None, tenant_a, name="old", expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_usable_keys_exclude_revoked_expired_and_suspended(tenant_a: Tenant, tenant_b: Tenant) -> None:
+    live = services.issue_api_key(None, tenant_a, name="live").key
+    revoked = services.revoke_api_key(None, services.issue_api_key(None, tenant_a, name="gone").key)
+    expiring = services.issue_api_key(
+        None, tenant_a, name="soon", expires_at=timezone.now() + timedelta(hours=1)
+    ).key
+    suspended = services.issue_api_key(None, tenant_b, name="b").key
+    services.set_tenant_status(None, tenant_b, TenantStatus.SUSPENDED)
+    assert set(ApiKey.objects.usable()) == {live, expiring}
+    with time_machine.travel(timezone.now() + timedelta(hours=2)):
+        assert set(ApiKey.objects.usable()) == {live}
+    assert revoked.status == "revoked" and suspended not in ApiKey.objects.usable()
+
+
+def test_revoking_twice_keeps_the_first_time_and_one_audit_row(tenant_a: Tenant) -> None:
+    key = services.issue_api_key(None, tenant_a, name="k").key
+    first = services.revoke_api_key(None, key).revoked_at
+    again = services.revoke_api_key(None, key).revoked_at
+    assert first is not None and again == first
+    assert AuditLog.objects.filter(action="revoke", object_id=str(key.pk)).count() == 1
+
+
+def test_a_tenant_keeps_at_least_one_admin(tenant_a: Tenant, alice: object, bob: object) -> None:
+    admin = alice.memberships.get()
+    with pytest.raises(ValidationError, match="at least one tenant admin"):
+        services.change_role(None, admin, Role.MEMBER)
+    with pytest.raises(ValidationError, match="at least one tenant admin"):
+        services.remove_member(None, admin)
+    services.change_role(None, bob.memberships.get(), Role.ADMIN)
+    services.change_role(None, admin, Role.MEMBER)
+    assert admin.role == Role.MEMBER
+
+
+def test_model_access_public_granted_listed_and_per_key(
+    tenant_a: Tenant, tenant_b: Tenant, public_model: CatalogModel, private_model_a: CatalogModel
+) -> None:
+    from deployments.services import models_for_key, models_for_tenant
+
+    assert set(models_for_tenant(tenant_a)) == {public_model, private_model_a}
+    assert set(models_for_tenant(tenant_b)) == {public_model}
+    services.update_tenant(None, tenant_a, model_access=ModelAccess.LISTED, allowed_models=[private_model_a])
+    assert set(models_for_tenant(tenant_a)) == {private_model_a}
+    services.update_tenant(None, tenant_a, model_access=ModelAccess.ALL)
+    key = services.issue_api_key(None, tenant_a, name="narrow", allowed_models=[public_model]).key
+    assert set(models_for_key(key)) == {public_model}
+    with pytest.raises(ValidationError, match="Not available to this tenant"):
+        services.issue_api_key(None, tenant_b, name="sneaky", allowed_models=[private_model_a])
+
+
+def test_prices_are_versioned_and_never_backdated(public_model: CatalogModel) -> None:
+    start = timezone.now()
+    v1 = metering_services.set_price(None, public_model, Decimal("0.20"), None, Decimal("0.60"))
+    later = start + timedelta(days=30)
+    v2 = metering_services.set_price(
+        None, public_model, Decimal("0.10"), Decimal("0.02"), Decimal("0.30"), effective_from=later
+    )
+    assert v1.cached_input_per_mtok == Decimal("0.20")  # defaults to the input price
+    assert metering_services.price_at(public_model, "USD", start + timedelta(days=1)) == v1
+    assert metering_services.price_at(public_model, "USD", later + timedelta(seconds=1)) == v2
+    assert metering_services.price_at(public_model, "EUR", later) is None
+    with pytest.raises(ValidationError, match="cannot be backdated"):
+        metering_services.set_price(
+            None, public_model, Decimal("1"), None, Decimal("1"), effective_from=start - timedelta(days=1)
+        )
+
+
+def test_cost_is_exact_decimal_with_cached_tokens_at_the_cached_rate(public_model: CatalogModel) -> None:
+    price = metering_services.set_price(
+        None, public_model, Decimal("0.15"), Decimal("0.075"), Decimal("0.60")
+    )
+    # 1,000 prompt tokens of which 400 cached, 250 completion tokens.
+    expected = (Decimal(600) * Decimal("0.15") + Decimal(400) * Decimal("0.075") + Decimal(250) * Decimal("0.60")) / 1_000_000
+    assert price.cost(1000, 400, 250) == expected == Decimal("0.00027")
+
+
+def next_message(pubsub: object, timeout: float = 2.0) -> dict | None:
+    """The next published message; subscribe confirmations are skipped."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=deadline - time.monotonic())
+        if message is not None:
+            return message
+    return None
+
+
+def test_changes_are_announced_to_gateways_after_commit(
+    tenant_a: Tenant, django_capture_on_commit_callbacks: object
+) -> None:
+    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel())
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.set_tenant_status(None, tenant_a, TenantStatus.SUSPENDED)
+        message = next_message(pubsub)
+    finally:
+        pubsub.close()
+    assert message is not None
+    assert orjson.loads(message["data"]) == {"kind": "tenant", "id": str(tenant_a.pk)}
+
+
+def test_deployment_desired_state_is_compare_and_set(public_model: CatalogModel, local_node: Node) -> None:
+    deployment = deployment_services.create_deployment(
+        None, name="qwen", model=public_model, node=local_node, image="vllm/vllm-openai:v0.33.0",
+        engine_args={"max-num-seqs": "4", "max-model-len": "32k"},
+    )
+    assert deployment.engine_args == {"max-num-seqs": 4, "max-model-len": 32768}
+    assert deployment.max_num_seqs == 4
+    deployment_services.set_desired_state(None, deployment, DesiredState.STOPPED)
+    deployment_services.set_desired_state(None, deployment, DesiredState.STOPPED)
+    assert AuditLog.objects.filter(object_type="deployment", action="action").count() == 1
+    with pytest.raises(ValidationError, match="Stop the deployment"):
+        deployment.state = "ready"
+        deployment.save()
+        deployment_services.delete_deployment(None, deployment)
+
+
+def test_deployment_images_come_only_from_the_allow_list(public_model: CatalogModel, local_node: Node) -> None:
+    with pytest.raises(ValidationError) as error:
+        deployment_services.create_deployment(
+            None, name="evil", model=public_model, node=local_node, image="evil/miner:latest"
+        )
+    assert "not an allowed engine image" in str(error.value.message_dict["image"])
