@@ -1,0 +1,49 @@
+"""The usage event: what the gateway writes to the Redis stream for each request.
+
+One event per request (finished, failed or cut off), keyed by a unique request id. The
+gateway appends it with ``XADD <stream> * e <json>``; the metering consumer reads it with
+a consumer group and stores it in PostgreSQL idempotently on ``request_id``.
+"""
+
+from dataclasses import asdict, dataclass
+
+import orjson
+
+from config.redis import rkey
+
+FIELD = b"e"
+
+
+def stream_key() -> str:
+    """The Redis stream of usage events."""
+    return rkey("usage", "events")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """One request's usage as the gateway saw it. Times are Unix seconds (UTC)."""
+
+    request_id: str
+    occurred_at: float
+    tenant_id: int
+    api_key_id: int | None
+    model_id: int
+    deployment_id: int | None
+    endpoint: str  # metering.choices.Endpoint value
+    priority: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    status: str  # metering.choices.UsageStatus value
+    http_status: int
+    latency_ms: int
+    ttft_ms: int | None
+    price_id: int | None  # the price version the gateway saw in force; None: look it up
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> "UsageRecord":
+        return cls(**orjson.loads(raw))
