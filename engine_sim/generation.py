@@ -119,8 +119,10 @@ class Generator:
                         due += step
                         wait = due - loop.time()
                         if wait > 0.0005:  # below timer resolution: let the deficit accrue
+                            conn.flush()
                             await asyncio.sleep(wait)
                 if eng.hung:
+                    conn.flush()
                     await eng.pause_if_hung()
                 if eng.dead:
                     seq.finish_reason = "error"
@@ -133,6 +135,7 @@ class Generator:
                 if on_token is not None:
                     conn.write_chunk(on_token(i))
                     if conn._drain is not None:
+                        conn.flush()
                         await conn.drain()
             if n == 0:  # pooling: prefill only, no generated token
                 eng.on_first_token(seq)

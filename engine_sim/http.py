@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -50,11 +51,18 @@ class Connection(asyncio.Protocol):
         self._drain: asyncio.Future | None = None
         self.busy = False
         self.keep_alive = True
+        self.started = False
+        self.pending: list[bytes] = []
 
     # --- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # asyncio only sets this when the listening socket says proto=IPPROTO_TCP; without
+            # it a stream's small writes wait for delayed ACKs (40 ms each).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connections.add(self)
         self.task = asyncio.get_running_loop().create_task(self._serve())
 
@@ -187,16 +195,25 @@ class Connection(asyncio.Protocol):
     def start_stream(self, status: int, content_type: str,
                      extra: list[tuple[str, str]] | None = None) -> None:
         self.started = True
-        if not self.closed:
-            self.transport.write(self._head(status, content_type, extra, None))
+        self.pending.append(self._head(status, content_type, extra, None))
 
     def write_chunk(self, data: bytes) -> None:
-        if not self.closed and data:
-            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        """Queue one chunk; it goes out at the next flush() (before any wait, and at the end).
+
+        Coalescing matters when tokens come faster than the timer resolution: one send
+        instead of one per token."""
+        if data:
+            self.pending.append(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def flush(self) -> None:
+        if self.pending:
+            if not self.closed:
+                self.transport.write(b"".join(self.pending))
+            self.pending.clear()
 
     def end_stream(self) -> None:
-        if not self.closed:
-            self.transport.write(b"0\r\n\r\n")
+        self.pending.append(b"0\r\n\r\n")
+        self.flush()
 
     async def drain(self) -> None:
         """Wait while the client reads slower than we write (backpressure)."""
