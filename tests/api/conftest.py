@@ -203,6 +203,12 @@ def router_endpoints() -> set[tuple[str, str]]:
     return endpoints
 
 
+def router_lookup_count(route: str) -> int:
+    """How many URL arguments a router route takes (0 for lists, 1 for details/actions)."""
+    pattern = next(p for p in router.urls if p.name == route)
+    return len(set(pattern.pattern.regex.groupindex) - {"format"})
+
+
 # --- Database state ---------------------------------------------------------------------
 
 # Columns a read bumps on its own (token use, logins); everything else must stay put.
