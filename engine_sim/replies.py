@@ -117,12 +117,11 @@ def plan(seed: int, *, max_tokens: int, natural: int, reasoning_tokens: int = 0,
         else:
             r.finish_reason = "length"
         return r
-    want = natural
-    r.content, _ = _cut(tokenizer.generate(seed >> 3, want), budget)
+    # The end-of-sequence token comes after `natural` tokens; if it does not fit in the
+    # budget the reply was cut, which vLLM reports as 'length' (ignore_eos always is).
+    r.content, _ = _cut(tokenizer.generate(seed >> 3, natural), budget)
     if stop:
         _apply_stop(r, stop)
-    if r.stop_reason is None and (len(r.content) < want or (reasoning_tokens and budget < 0)):
-        r.finish_reason = "length"
-    if len(r.reasoning) < reasoning_tokens:
+    if r.stop_reason is None and natural >= budget:
         r.finish_reason = "length"
     return r

@@ -1,0 +1,97 @@
+"""Continuous batching as a client and the appliance see it: a bounded running set, a
+waiting queue beyond it, slower decode as the batch grows, abort on disconnect."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+
+from tests.engine_sim.conftest import wait_until
+
+MSGS = [{"role": "user", "content": "Count slowly."}]
+
+
+def stream_in_background(url: str, n: int, max_tokens: int) -> list[threading.Thread]:
+    def go() -> None:
+        httpx.post(url + "/v1/chat/completions", timeout=30,
+                   json={"messages": MSGS, "max_tokens": max_tokens, "ignore_eos": True, "stream": True})
+    threads = [threading.Thread(target=go) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_requests_beyond_max_num_seqs_wait(start_sim):
+    sim = start_sim("m", "--max-num-seqs", "2", "--sim-load-seconds", "0", "--sim-ttft-ms", "0",
+                    "--sim-decode-tps", "40", "--sim-bandwidth-alpha", "0")
+    threads = stream_in_background(sim.url, 5, 12)
+    wait_until(lambda: sim.metric("vllm:num_requests_waiting") == 3, what="3 waiting")
+    assert sim.metric("vllm:num_requests_running") == 2
+    assert 0 < sim.metric("vllm:kv_cache_usage_perc") <= 1
+    assert httpx.get(sim.url + "/load").json() == {"server_load": 5}
+    for t in threads:
+        t.join()
+    assert sim.metric("vllm:num_requests_waiting") == 0 and sim.metric("vllm:num_requests_running") == 0
+    assert sim.metric("vllm:request_success_total", 'finished_reason="length"') == 5
+    assert sim.metric("vllm:kv_cache_usage_perc") == 0
+
+
+def test_queue_full_is_503(start_sim):
+    sim = start_sim("m", "--max-num-seqs", "1", "--max-num-queued-reqs", "1", "--sim-load-seconds", "0",
+                    "--sim-ttft-ms", "0", "--sim-decode-tps", "20")
+    threads = stream_in_background(sim.url, 2, 20)
+    wait_until(lambda: sim.metric("vllm:num_requests_waiting") == 1, what="one waiting")
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": MSGS})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "Service Unavailable"
+    for t in threads:
+        t.join()
+
+
+def timed_request(url: str) -> float:
+    start = time.monotonic()
+    httpx.post(url + "/v1/chat/completions", timeout=30,
+               json={"messages": MSGS, "max_tokens": 20, "ignore_eos": True})
+    return time.monotonic() - start
+
+
+def test_decode_slows_down_as_the_batch_grows(start_sim):
+    """20 tokens at 200 tok/s take ~0.1 s alone; with 4 in the batch and alpha=1 each step
+    costs 4x, so every request takes ~0.4 s."""
+    sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-decode-tps", "200",
+                    "--sim-bandwidth-alpha", "1")
+    alone = timed_request(sim.url)
+    times: list[float] = []
+    threads = [threading.Thread(target=lambda: times.append(timed_request(sim.url))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert alone < 0.25
+    assert min(times) > 2 * alone
+
+
+def test_client_disconnect_aborts_the_request(start_sim):
+    sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-decode-tps", "10")
+    body = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":100,"stream":true}'
+    s = socket.create_connection(("127.0.0.1", sim.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    assert b"data: " in s.recv(65536)  # the stream has started
+    assert sim.metric("vllm:num_requests_running") == 1
+    s.close()
+    wait_until(lambda: sim.metric("vllm:num_requests_running") == 0, what="the slot to be freed")
+    assert sim.metric("vllm:request_success_total", 'finished_reason="abort"') == 1
+    assert sim.metric("vllm:generation_tokens_total") < 100
+
+
+def test_time_to_first_token_grows_with_the_prompt(start_sim):
+    sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "1",
+                    "--sim-decode-tps", "0", "--no-enable-prefix-caching")
+    start = time.monotonic()
+    httpx.post(sim.url + "/v1/chat/completions", timeout=30,
+               json={"messages": [{"role": "user", "content": "word " * 300}], "max_tokens": 1})
+    assert time.monotonic() - start >= 0.3
+    assert sim.metric("vllm:time_to_first_token_seconds_sum") >= 0.3
