@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_secret, env_str
+from config.env import env_bool, env_int, env_list, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -222,8 +222,14 @@ TOLLGATE_DOCKER_URL = env_str("TOLLGATE_DOCKER_URL", "unix:///var/run/docker.soc
 TOLLGATE_LOCAL_NODE_NAME = env_str("TOLLGATE_LOCAL_NODE_NAME", "local")
 TOLLGATE_ENGINE_NETWORK = env_str("TOLLGATE_ENGINE_NETWORK", "tollgate-engines")
 TOLLGATE_DEFAULT_CURRENCY = env_str("TOLLGATE_DEFAULT_CURRENCY", "USD")
-TOLLGATE_GATEWAY_FAIL_OPEN = env_bool("TOLLGATE_GATEWAY_FAIL_OPEN", False)
-TOLLGATE_QUEUE_TIMEOUT_SECONDS = env_float("TOLLGATE_QUEUE_TIMEOUT_SECONDS", 30.0)
+
+# --- Gateway (/v1) -------------------------------------------------------------------------
+
+TOLLGATE_MAX_BODY_BYTES = env_int("TOLLGATE_MAX_BODY_BYTES", 8 * 1024 * 1024)
+TOLLGATE_MAX_N = env_int("TOLLGATE_MAX_N", 8)  # choices per request
+TOLLGATE_MAX_SSE_FRAME_BYTES = env_int("TOLLGATE_MAX_SSE_FRAME_BYTES", 1024 * 1024)
+# Bearer token for the gateway's /metrics; empty: /metrics is not served.
+TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
 TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
 
 # --- I18N, static ---------------------------------------------------------------------

@@ -214,6 +214,7 @@ def issue_api_key(
         _check_models_allowed(tenant, allowed_models)
         key.allowed_models.set(allowed_models)
     record(actor, AuditAction.CREATE, key, tenant=tenant, changes=snapshot(key, KEY_FIELDS))
+    publish_change("api_key", key.prefix)
     return IssuedKey(key=key, plaintext=new.plaintext)
 
 

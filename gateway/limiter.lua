@@ -1,0 +1,158 @@
+-- Tollgate admission: sliding-window rate limits, concurrency and quota in one atomic call.
+--
+-- KEYS  1 key requests zset   2 key tokens hash    3 tenant requests zset  4 tenant tokens hash
+--       5 key in-flight zset   6 tenant in-flight zset   7 quota hash
+-- ARGV  1 now_ms  2 request id  3 estimated tokens  4 window_ms
+--       5 key rpm  6 key tpm  7 tenant rpm  8 tenant tpm  9 key max concurrent  10 tenant max concurrent
+--       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
+--       15 quota ttl seconds
+-- Limits of 0 are off. A window is a zset (request id -> admission time) plus a hash
+-- (request id -> tokens, "_sum" -> total); entries older than the window are pruned here,
+-- each exactly once, so the check is exact at any instant (no fixed-window edge).
+--
+-- Returns {code, retry_ms, limit_req, remaining_req, reset_req_ms, limit_tok, remaining_tok, reset_tok_ms}
+-- code: 0 admitted, 1/2 requests per minute (key/tenant), 3/4 tokens per minute (key/tenant),
+--       5/6 concurrency (key/tenant), 7 token quota, 8 money quota, 9 larger than the tpm limit.
+
+local now = tonumber(ARGV[1])
+local rid = ARGV[2]
+local est = tonumber(ARGV[3])
+local window = tonumber(ARGV[4])
+local cutoff = now - window
+
+local function prune(z, h)
+  while true do
+    local expired = redis.call('ZRANGEBYSCORE', z, '-inf', cutoff, 'LIMIT', 0, 500)
+    if #expired == 0 then return end
+    local values = redis.call('HMGET', h, unpack(expired))
+    local freed = 0
+    for _, v in ipairs(values) do if v then freed = freed + tonumber(v) end end
+    redis.call('ZREM', z, unpack(expired))
+    redis.call('HDEL', h, unpack(expired))
+    if freed ~= 0 then redis.call('HINCRBY', h, '_sum', -freed) end
+  end
+end
+
+-- Requests: admitted when one more fits; else wait until the oldest needed entry leaves.
+local function check_requests(z, limit)
+  if limit <= 0 then return 0, -1, 0 end
+  local n = redis.call('ZCARD', z)
+  if n + 1 > limit then
+    local e = redis.call('ZRANGE', z, n - limit, n - limit, 'WITHSCORES')
+    return tonumber(e[2]) + window - now, 0, tonumber(e[2]) + window - now
+  end
+  local reset = 0
+  if n > 0 then
+    local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    reset = tonumber(first[2]) + window - now
+  end
+  return 0, limit - n - 1, reset
+end
+
+-- Tokens: admitted when the estimate fits; else wait until enough old tokens leave.
+local function check_tokens(z, h, limit)
+  if limit <= 0 then return 0, -1, 0 end
+  local used = tonumber(redis.call('HGET', h, '_sum') or '0')
+  if used + est <= limit then
+    local reset = 0
+    if used > 0 then
+      local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+      if first[2] then reset = tonumber(first[2]) + window - now end
+    end
+    return 0, limit - used - est, reset
+  end
+  local need = used + est - limit
+  local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
+  local freed = 0
+  for i = 1, #entries, 2 do
+    freed = freed + tonumber(redis.call('HGET', h, entries[i]) or '0')
+    if freed >= need then
+      local wait = tonumber(entries[i + 1]) + window - now
+      return wait, 0, wait
+    end
+  end
+  return window, 0, window
+end
+
+local function check_concurrency(z, limit)
+  if limit <= 0 then return true end
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
+  return redis.call('ZCARD', z) < limit
+end
+
+local key_rpm, key_tpm = tonumber(ARGV[5]), tonumber(ARGV[6])
+local ten_rpm, ten_tpm = tonumber(ARGV[7]), tonumber(ARGV[8])
+local key_cc, ten_cc = tonumber(ARGV[9]), tonumber(ARGV[10])
+local quota_tokens, quota_money = tonumber(ARGV[11]), tonumber(ARGV[12])
+local est_money = tonumber(ARGV[13])
+
+prune(KEYS[1], KEYS[2])
+prune(KEYS[3], KEYS[4])
+
+local best_req_limit, best_req_rem, best_req_reset = -1, -1, 0
+local best_tok_limit, best_tok_rem, best_tok_reset = -1, -1, 0
+
+-- The binding (smallest remaining) scope is what the x-ratelimit-* headers report.
+local function keep_req(limit, rem, reset)
+  if limit > 0 and (best_req_rem < 0 or rem < best_req_rem) then
+    best_req_limit, best_req_rem, best_req_reset = limit, rem, reset
+  end
+end
+local function keep_tok(limit, rem, reset)
+  if limit > 0 and (best_tok_rem < 0 or rem < best_tok_rem) then
+    best_tok_limit, best_tok_rem, best_tok_reset = limit, rem, reset
+  end
+end
+local function refuse(code, wait)
+  return {code, wait, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset}
+end
+
+if (key_tpm > 0 and est > key_tpm) or (ten_tpm > 0 and est > ten_tpm) then
+  keep_tok(key_tpm > 0 and key_tpm or ten_tpm, 0, 0)
+  return refuse(9, 0)
+end
+
+local wait, rem, reset = check_requests(KEYS[1], key_rpm)
+keep_req(key_rpm, rem, reset)
+if wait > 0 then return refuse(1, wait) end
+wait, rem, reset = check_requests(KEYS[3], ten_rpm)
+keep_req(ten_rpm, rem, reset)
+if wait > 0 then return refuse(2, wait) end
+wait, rem, reset = check_tokens(KEYS[1], KEYS[2], key_tpm)
+keep_tok(key_tpm, rem, reset)
+if wait > 0 then return refuse(3, wait) end
+wait, rem, reset = check_tokens(KEYS[3], KEYS[4], ten_tpm)
+keep_tok(ten_tpm, rem, reset)
+if wait > 0 then return refuse(4, wait) end
+if not check_concurrency(KEYS[5], key_cc) then return refuse(5, 1000) end
+if not check_concurrency(KEYS[6], ten_cc) then return refuse(6, 1000) end
+
+if quota_tokens > 0 or quota_money > 0 then
+  local q = redis.call('HMGET', KEYS[7], 'tokens_used', 'tokens_reserved', 'money_used', 'money_reserved')
+  local t_used = tonumber(q[1] or '0') + tonumber(q[2] or '0')
+  local m_used = tonumber(q[3] or '0') + tonumber(q[4] or '0')
+  if quota_tokens > 0 and t_used + est > quota_tokens then return refuse(7, 0) end
+  if quota_money > 0 and m_used + est_money > quota_money then return refuse(8, 0) end
+end
+
+-- Admitted: record the request in every window, in-flight set and the quota reservation.
+local deadline = tonumber(ARGV[14])
+for _, pair in ipairs({{KEYS[1], KEYS[2], key_rpm + key_tpm}, {KEYS[3], KEYS[4], ten_rpm + ten_tpm}}) do
+  if pair[3] > 0 then
+    redis.call('ZADD', pair[1], now, rid)
+    redis.call('HSET', pair[2], rid, est)
+    redis.call('HINCRBY', pair[2], '_sum', est)
+    redis.call('PEXPIRE', pair[1], window)
+    redis.call('PEXPIRE', pair[2], window)
+  end
+end
+for _, pair in ipairs({{KEYS[5], key_cc}, {KEYS[6], ten_cc}}) do
+  if pair[2] > 0 then
+    redis.call('ZADD', pair[1], deadline, rid)
+    redis.call('PEXPIREAT', pair[1], deadline)
+  end
+end
+redis.call('HINCRBY', KEYS[7], 'tokens_reserved', est)
+redis.call('HINCRBY', KEYS[7], 'money_reserved', est_money)
+redis.call('EXPIRE', KEYS[7], tonumber(ARGV[15]))
+return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset}

@@ -1,0 +1,51 @@
+"""Prometheus metrics of the gateway, labelled by tenant and model.
+
+Updated once per request (never per streamed chunk). With several worker processes,
+set ``PROMETHEUS_MULTIPROC_DIR`` so ``/metrics`` sums every process.
+"""
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+REQUESTS = Counter(
+    "tollgate_requests_total", "Requests through the gateway.", ["tenant", "model", "endpoint", "status"]
+)
+TOKENS = Counter("tollgate_tokens_total", "Tokens billed.", ["tenant", "model", "kind"])
+REJECTIONS = Counter(
+    "tollgate_rejections_total", "Requests refused before reaching an engine.", ["tenant", "reason"]
+)
+LATENCY = Histogram(
+    "tollgate_request_duration_seconds", "Time from request to last byte.", ["tenant", "model"],
+    buckets=LATENCY_BUCKETS,
+)
+TTFT = Histogram(
+    "tollgate_time_to_first_token_seconds", "Time from request to first streamed token.",
+    ["tenant", "model"], buckets=LATENCY_BUCKETS,
+)
+IN_FLIGHT = Gauge(
+    "tollgate_in_flight_requests", "Requests being served, per model.", ["model"],
+    multiprocess_mode="livesum",
+)
+UPSTREAM_ERRORS = Counter(
+    "tollgate_upstream_errors_total", "Engine failures seen by the gateway.", ["model", "kind"]
+)
+
+
+def render() -> tuple[bytes, str]:
+    """The metrics page of this process, or of all processes in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -1,0 +1,200 @@
+"""Forwarding to an engine: whole responses, and SSE streams passed through frame by frame.
+
+Streams ask the engine for ``include_usage`` + ``continuous_usage_stats`` so the gateway
+knows the tokens delivered after every frame; what the client did not ask for is stripped,
+so the client sees exactly the OpenAI shape. Per-frame work is one orjson parse (and a
+dump only when a frame has to change).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.errors import error_body, normalise_upstream_error
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class UpstreamRefused(Exception):
+    """The engine refused the connection before any byte was exchanged: try another."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened upstream, for billing and metrics."""
+
+    http_status: int = 0
+    status: str = "error"  # metering.choices.UsageStatus value
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    ttft_ms: int | None = None
+    started: bool = False  # response bytes went to the client
+
+
+def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
+    outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        outcome.cached_tokens = int(details.get("cached_tokens") or 0)
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict):
+        outcome.reasoning_tokens = int(details.get("reasoning_tokens") or 0)
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    try:
+        return await session.post(url, data=body, headers=headers)
+    except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+        raise UpstreamRefused(str(exc)) from exc
+
+
+async def forward_whole(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+    send: Any, extra_headers: list[tuple[bytes, bytes]], outcome: Outcome,
+) -> None:
+    """Non-streaming: wait for the engine's answer and pass it on unchanged."""
+    resp = await _post(session, url, body, headers)
+    try:
+        raw = await resp.read()
+    finally:
+        resp.close()
+    outcome.http_status = resp.status
+    if resp.status == 200:
+        try:
+            usage = orjson.loads(raw).get("usage")
+        except (orjson.JSONDecodeError, AttributeError):
+            usage = None
+        if isinstance(usage, dict):
+            read_usage(outcome, usage)
+        outcome.status = "ok"
+    else:
+        raw = normalise_upstream_error(resp.status, raw)
+    outcome.started = True
+    await send({"type": "http.response.start", "status": resp.status,
+                "headers": JSON_HEADERS + extra_headers})
+    await send({"type": "http.response.body", "body": raw})
+
+
+@dataclass(slots=True)
+class StreamState:
+    """Per-stream bookkeeping while frames pass through."""
+
+    wants_usage: bool
+    wants_continuous: bool
+    started_at: float
+    outcome: Outcome
+    pending_completion: int = 0  # tokens in frames read but not yet sent
+    saw_usage: bool = False
+    content_frames: int = 0
+
+
+def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
+    """One SSE frame as the client should see it (None: drop it)."""
+    if not frame.startswith(b"data:"):
+        return frame + b"\n\n"  # comments / keep-alives
+    data = frame[5:].lstrip()
+    if data == b"[DONE]":
+        return b"data: [DONE]\n\n"
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return frame + b"\n\n"
+    if not isinstance(obj, dict):
+        return frame + b"\n\n"
+    if "error" in obj:
+        st.outcome.status = "error"
+        error = obj["error"] if isinstance(obj["error"], dict) else {}
+        code = error.get("code") if isinstance(error.get("code"), int) else 500
+        return b"data: " + normalise_upstream_error(code, orjson.dumps(obj)) + b"\n\n"
+    if st.outcome.ttft_ms is None:
+        st.outcome.ttft_ms = int((time.perf_counter() - st.started_at) * 1000)
+    usage = obj.get("usage")
+    choices = obj.get("choices")
+    if isinstance(usage, dict):
+        st.saw_usage = True
+        read_usage_pending(st, usage)
+        if choices == []:  # the final usage-only chunk
+            if not st.wants_usage:
+                return None
+            if not st.wants_continuous:
+                return frame + b"\n\n"
+        elif not st.wants_continuous:
+            del obj["usage"]
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+    elif choices:
+        st.content_frames += 1
+    return frame + b"\n\n"
+
+
+def read_usage_pending(st: StreamState, usage: dict[str, Any]) -> None:
+    out = st.outcome
+    out.prompt_tokens = int(usage.get("prompt_tokens") or out.prompt_tokens)
+    st.pending_completion = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        out.cached_tokens = int(details.get("cached_tokens") or 0)
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict):
+        out.reasoning_tokens = int(details.get("reasoning_tokens") or 0)
+
+
+async def forward_stream(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+    send: Any, extra_headers: list[tuple[bytes, bytes]], st: StreamState, max_frame: int,
+) -> None:
+    """Streaming: pass SSE frames through as they arrive, tracking tokens delivered."""
+    outcome = st.outcome
+    resp = await _post(session, url, body, headers)
+    try:
+        outcome.http_status = resp.status
+        if resp.status != 200:
+            raw = normalise_upstream_error(resp.status, await resp.read())
+            outcome.started = True
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": JSON_HEADERS + extra_headers})
+            await send({"type": "http.response.body", "body": raw})
+            return
+        outcome.status = "ok"
+        outcome.started = True
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers})
+        await _relay(resp, send, st, max_frame)
+    finally:
+        resp.close()
+
+
+async def _relay(resp: aiohttp.ClientResponse, send: Any, st: StreamState, max_frame: int) -> None:
+    outcome = st.outcome
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        out = []
+        while (end := buffer.find(b"\n\n")) >= 0:
+            frame, buffer = buffer[:end], buffer[end + 2:]
+            if frame:
+                shown = transform_frame(frame, st)
+                if shown is not None:
+                    out.append(shown)
+        if len(buffer) > max_frame:
+            outcome.status = "error"
+            out.append(b"data: " + error_body("The engine sent an oversized event.", "server_error") + b"\n\n")
+            out.append(b"data: [DONE]\n\n")
+            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            break
+        if out:
+            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+        # Only tokens in frames handed to the client count as delivered.
+        outcome.completion_tokens = st.pending_completion if st.saw_usage else st.content_frames
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,172 @@
+"""The gateway's per-process runtime: cached state, Redis, the upstream HTTP session.
+
+Start-up loads the snapshot; a background task listens on the invalidation channel and
+reloads (debounced) within a second of any change; a timer reloads every
+``REFRESH_SECONDS`` in case a message was lost; used keys' ``last_used_at`` is written in
+batches, never per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import redis.asyncio as aioredis
+import redis.exceptions
+from django.conf import settings
+from django.db import close_old_connections
+
+from gateway.invalidation import channel
+from gateway.limiter import Limiter, Reservation
+from gateway.state import Snapshot, load_snapshot
+
+log = logging.getLogger("tollgate.gateway")
+
+REFRESH_SECONDS = 30.0
+DEBOUNCE_SECONDS = 0.05
+LAST_USED_FLUSH_SECONDS = 10.0
+SETTLE_RETRY_SECONDS = 1.0
+MAX_UNSETTLED = 100_000
+
+
+def _load_in_thread(previous: Snapshot | None) -> Snapshot:
+    close_old_connections()
+    try:
+        return load_snapshot(previous)
+    finally:
+        close_old_connections()
+
+
+def _mark_used(key_ids: set[int]) -> None:
+    from django.utils import timezone
+
+    from tenants.models import ApiKey
+
+    close_old_connections()
+    try:
+        ApiKey.objects.filter(pk__in=key_ids).update(last_used_at=timezone.now())
+    finally:
+        close_old_connections()
+
+
+class Runtime:
+    """Everything one gateway process shares between requests."""
+
+    def __init__(self) -> None:
+        self.snapshot = Snapshot()
+        self.redis: aioredis.Redis | None = None
+        self.limiter: Limiter | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.used_keys: set[int] = set()
+        self.unsettled: list[tuple[Reservation, int, int, bytes]] = []
+        self._tasks: list[asyncio.Task] = []
+        self._reload_requested = asyncio.Event()
+
+    async def start(self) -> None:
+        self.redis = aioredis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30
+        )
+        self.limiter = Limiter(self.redis)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            auto_decompress=False,
+        )
+        try:
+            self.snapshot = await asyncio.to_thread(_load_in_thread, None)
+        except BaseException:
+            await self.session.close()
+            await self.redis.aclose()
+            raise
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="gateway-invalidation"),
+            asyncio.create_task(self._reloader(), name="gateway-reloader"),
+            asyncio.create_task(self._flush_last_used(), name="gateway-last-used"),
+            asyncio.create_task(self._retry_unsettled(), name="gateway-settle-retry"),
+        ]
+        log.info("gateway ready: %d keys, %d models, %d routed models",
+                 len(self.snapshot.keys), len(self.snapshot.models), len(self.snapshot.routes))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.used_keys:
+            await asyncio.to_thread(_mark_used, set(self.used_keys))
+        if self.session:
+            await self.session.close()
+        if self.redis:
+            await self.redis.aclose()
+
+    async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes) -> None:
+        """Settle a finished request; if Redis is away, keep it and retry until it is back."""
+        try:
+            await self.limiter.settle(reservation, tokens, money_nano, event)
+        except (redis.exceptions.RedisError, OSError):
+            if len(self.unsettled) >= MAX_UNSETTLED:
+                log.error("dropping usage of %s: %d settlements already waiting for Redis",
+                          reservation.request_id, MAX_UNSETTLED)
+                return
+            self.unsettled.append((reservation, tokens, money_nano, event))
+            log.warning("Redis unreachable: usage of %s kept for retry", reservation.request_id)
+
+    async def _retry_unsettled(self) -> None:
+        while True:
+            await asyncio.sleep(SETTLE_RETRY_SECONDS)
+            while self.unsettled:
+                reservation, tokens, money, event = self.unsettled[0]
+                try:
+                    # Settling is idempotent per request id, so a lost reply is safe to repeat.
+                    await self.limiter.settle(reservation, tokens, money, event)
+                except (redis.exceptions.RedisError, OSError):
+                    break
+                self.unsettled.pop(0)
+
+    def request_reload(self) -> None:
+        self._reload_requested.set()
+
+    async def reload(self) -> None:
+        self.snapshot = await asyncio.to_thread(_load_in_thread, self.snapshot)
+
+    async def _reloader(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._reload_requested.wait(), timeout=REFRESH_SECONDS)
+                await asyncio.sleep(DEBOUNCE_SECONDS)  # one reload for a burst of changes
+            except TimeoutError:
+                pass
+            self._reload_requested.clear()
+            try:
+                await self.reload()
+            except Exception:  # noqa: BLE001 - keep serving from the last good snapshot
+                log.exception("gateway state reload failed; serving the previous snapshot")
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel())
+                self.request_reload()  # changes made while we were not listening
+                async for _message in pubsub.listen():
+                    self.request_reload()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - Redis restarts; resubscribe
+                log.warning("invalidation channel lost; resubscribing", exc_info=True)
+                await asyncio.sleep(1.0)
+            finally:
+                await pubsub.aclose()
+
+    async def _flush_last_used(self) -> None:
+        while True:
+            await asyncio.sleep(LAST_USED_FLUSH_SECONDS)
+            if not self.used_keys:
+                continue
+            batch, self.used_keys = self.used_keys, set()
+            try:
+                await asyncio.to_thread(_mark_used, batch)
+            except Exception:  # noqa: BLE001 - database down: try again next round
+                self.used_keys |= batch
+                log.warning("could not record key use; will retry", exc_info=True)
+

@@ -1,0 +1,38 @@
+-- Tollgate settlement: when a request ends, replace its token estimate with what it really
+-- used, release its in-flight slots and quota reservation, and append its usage event —
+-- all in one atomic call, so usage is counted once or not at all.
+--
+-- KEYS  1 key tokens hash  2 tenant tokens hash  3 key in-flight zset  4 tenant in-flight zset
+--       5 quota hash  6 usage stream  7 settled marker (makes a retried settle a no-op)
+-- ARGV  1 request id  2 estimated tokens  3 actual tokens  4 estimated money (nano)
+--       5 actual money (nano)  6 usage event (JSON, empty: none)
+
+local rid = ARGV[1]
+if not redis.call('SET', KEYS[7], '1', 'NX', 'EX', 3600) then return 0 end
+local est, actual = tonumber(ARGV[2]), tonumber(ARGV[3])
+local est_money, actual_money = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+-- Only windows that still hold the request are corrected: older usage has left them.
+for _, h in ipairs({KEYS[1], KEYS[2]}) do
+  if redis.call('HEXISTS', h, rid) == 1 then
+    redis.call('HINCRBY', h, rid, actual - est)
+    redis.call('HINCRBY', h, '_sum', actual - est)
+  end
+end
+redis.call('ZREM', KEYS[3], rid)
+redis.call('ZREM', KEYS[4], rid)
+
+local function release(field, amount)
+  local left = redis.call('HINCRBY', KEYS[5], field, -amount)
+  if left < 0 then redis.call('HSET', KEYS[5], field, 0) end
+end
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  release('tokens_reserved', est)
+  release('money_reserved', est_money)
+  redis.call('HINCRBY', KEYS[5], 'tokens_used', actual)
+  redis.call('HINCRBY', KEYS[5], 'money_used', actual_money)
+end
+if ARGV[6] ~= '' then
+  redis.call('XADD', KEYS[6], '*', 'e', ARGV[6])
+end
+return 1

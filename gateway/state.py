@@ -1,0 +1,203 @@
+"""What the gateway knows, cached in-process: keys, tenants, models, routes and prices.
+
+Loaded from PostgreSQL off the hot path (in a thread) at start-up, after every change
+announced on the invalidation channel, and every ``REFRESH_SECONDS`` as a safety net. A
+request only ever reads the current ``Snapshot``; no request touches the database.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Q
+from django.utils import timezone
+
+NANO_PER_UNIT = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Rate limits of one scope (a key or a tenant); 0 means unlimited."""
+
+    rpm: int = 0
+    tpm: int = 0
+    concurrent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantInfo:
+    id: int
+    slug: str
+    active: bool
+    priority: str
+    limits: Limits
+    quota_period: str
+    quota_tokens: int  # 0: no token quota
+    quota_money_nano: int  # 0: no money quota
+    currency: str
+    model_ids: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    id: int
+    prefix: str
+    secret_hash: str
+    tenant_id: int
+    expires_at: float  # Unix seconds; 0: never
+    limits: Limits
+    model_ids: frozenset[int]  # empty: all of the tenant's
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: int
+    served_name: str
+    task: str
+    context_length: int
+    created: int
+
+
+@dataclass(slots=True)
+class Upstream:
+    """One ready engine replica. ``outstanding`` is this process's in-flight count."""
+
+    replica_id: int
+    deployment_id: int
+    base_url: str
+    max_num_seqs: int
+    outstanding: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PriceInfo:
+    """A price version, in nano-units of its currency per 1M tokens (exact integers)."""
+
+    id: int
+    input_nano_per_mtok: int
+    cached_nano_per_mtok: int
+    output_nano_per_mtok: int
+    effective_from: float
+
+
+@dataclass(slots=True)
+class Snapshot:
+    keys: dict[str, KeyInfo] = field(default_factory=dict)
+    tenants: dict[int, TenantInfo] = field(default_factory=dict)
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    routes: dict[int, list[Upstream]] = field(default_factory=dict)
+    prices: dict[tuple[int, str], list[PriceInfo]] = field(default_factory=dict)
+    loaded_at: float = 0.0
+
+    def price_at(self, model_id: int, currency: str, at: float) -> PriceInfo | None:
+        """The price version in force at ``at`` (versions are sorted newest first)."""
+        for price in self.prices.get((model_id, currency), ()):
+            if price.effective_from <= at:
+                return price
+        return None
+
+
+def _ts(value: datetime | None) -> float:
+    return value.timestamp() if value else 0.0
+
+
+def _limits(obj: object) -> Limits:
+    return Limits(
+        rpm=obj.requests_per_minute or 0,
+        tpm=obj.tokens_per_minute or 0,
+        concurrent=obj.max_concurrent_requests or 0,
+    )
+
+
+def _nano(amount: object) -> int:
+    from metering.quota import to_nano
+
+    return to_nano(amount) if amount is not None else 0
+
+
+def load_snapshot(previous: Snapshot | None = None) -> Snapshot:
+    """Read everything the gateway needs in a handful of queries (runs in a thread)."""
+    snap = Snapshot(loaded_at=time.time())
+    _load_models(snap)
+    _load_tenants(snap)
+    _load_keys(snap)
+    _load_routes(snap, previous)
+    _load_prices(snap)
+    return snap
+
+
+def _load_models(snap: Snapshot) -> None:
+    from deployments.models import CatalogModel
+
+    for model in CatalogModel.objects.all():
+        snap.models[model.served_name] = ModelInfo(
+            id=model.pk, served_name=model.served_name, task=model.task,
+            context_length=model.context_length, created=int(model.created_at.timestamp()),
+        )
+
+
+def _load_tenants(snap: Snapshot) -> None:
+    from deployments.services import models_for_tenant
+    from tenants.choices import TenantStatus
+    from tenants.models import Tenant
+
+    for tenant in Tenant.objects.all():
+        snap.tenants[tenant.pk] = TenantInfo(
+            id=tenant.pk, slug=tenant.slug, active=tenant.status == TenantStatus.ACTIVE,
+            priority=tenant.priority, limits=_limits(tenant), quota_period=tenant.quota_period,
+            quota_tokens=tenant.quota_tokens or 0, quota_money_nano=_nano(tenant.quota_amount),
+            currency=tenant.currency,
+            model_ids=frozenset(models_for_tenant(tenant).values_list("pk", flat=True)),
+        )
+
+
+def _load_keys(snap: Snapshot) -> None:
+    from tenants.models import ApiKey
+
+    now = timezone.now()
+    keys = ApiKey.objects.filter(revoked_at__isnull=True).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    ).prefetch_related("allowed_models")
+    for key in keys:
+        snap.keys[key.prefix] = KeyInfo(
+            id=key.pk, prefix=key.prefix, secret_hash=key.secret_hash, tenant_id=key.tenant_id,
+            expires_at=_ts(key.expires_at), limits=_limits(key),
+            model_ids=frozenset(m.pk for m in key.allowed_models.all()),
+        )
+
+
+def _load_routes(snap: Snapshot, previous: Snapshot | None) -> None:
+    from deployments.choices import DesiredState, ReplicaState
+    from deployments.models import Replica
+
+    # Keep in-flight counts of replicas that stay, so least-outstanding routing survives reloads.
+    old = {u.replica_id: u for ups in (previous.routes.values() if previous else ()) for u in ups}
+    replicas = Replica.objects.filter(
+        state=ReplicaState.READY, healthy=True, deployment__desired_state=DesiredState.RUNNING
+    ).select_related("deployment")
+    for replica in replicas:
+        if not replica.base_url:
+            continue
+        upstream = Upstream(
+            replica_id=replica.pk, deployment_id=replica.deployment_id, base_url=replica.base_url,
+            max_num_seqs=replica.deployment.max_num_seqs,
+            outstanding=old[replica.pk].outstanding if replica.pk in old else 0,
+        )
+        snap.routes.setdefault(replica.deployment.model_id, []).append(upstream)
+
+
+def _load_prices(snap: Snapshot) -> None:
+    from metering.models import Price
+
+    for price in Price.objects.order_by("model_id", "currency", "-effective_from"):
+        snap.prices.setdefault((price.model_id, price.currency), []).append(
+            PriceInfo(
+                id=price.pk,
+                input_nano_per_mtok=_nano(price.input_per_mtok),
+                cached_nano_per_mtok=_nano(price.cached_input_per_mtok),
+                output_nano_per_mtok=_nano(price.output_per_mtok),
+                effective_from=price.effective_from.timestamp(),
+            )
+        )
