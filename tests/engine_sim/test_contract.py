@@ -327,3 +327,12 @@ def test_embeddings_are_deterministic_unit_vectors(module_sims):
     assert via_sdk == pytest.approx(a, abs=1e-6)
     chat = httpx.post(s.url + "/v1/chat/completions", json={"messages": MSGS})
     assert chat.status_code == 404 and chat.json() == {"detail": "Not Found"}
+
+
+def test_stop_string_ends_the_reply_before_it(sim):
+    full = chat_nonstream("http", sim)["choices"][0]["message"]["content"]
+    word = full.split()[3]
+    cut = chat_nonstream("http", sim, stop=[" " + word])
+    choice = cut["choices"][0]
+    assert choice["message"]["content"] == full[:full.index(" " + word)]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == " " + word
