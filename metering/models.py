@@ -1,4 +1,5 @@
-"""Versioned prices, one usage event per request, and hourly rollups."""
+"""Versioned prices, one usage event per request, hourly rollups, closed periods and
+adjustments, quota reconciliation results and dead letters."""
 
 from decimal import Decimal
 
@@ -99,10 +100,20 @@ class UsageEvent(models.Model):
     output_per_mtok = models.DecimalField(**UNIT_PRICE, default=Decimal(0))
     cost = models.DecimalField(**MONEY, default=Decimal(0))
     ingested_at = models.DateTimeField(auto_now_add=True)
+    # Where the event sat in the Redis stream (ms-seq of its id): quota reconciliation
+    # tells events the gateway had counted at a snapshot from those that came after it.
+    stream_ms = models.BigIntegerField(null=True, blank=True)
+    stream_seq = models.BigIntegerField(null=True, blank=True)
+    # Set when the event arrived after its period was closed: the hour (in the first open
+    # period) its adjustment line was booked into. Its own hour's rollup stays frozen.
+    adjustment_hour = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-occurred_at", "-id"]
-        indexes = [models.Index(fields=["tenant", "occurred_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "occurred_at"]),
+            models.Index(fields=["stream_ms"], name="usage_stream_ms_idx"),
+        ]
 
     def __str__(self) -> str:
         return self.request_id
@@ -110,6 +121,11 @@ class UsageEvent(models.Model):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def unpriced(self) -> bool:
+        """No price was in force for the model and currency: stored at cost 0."""
+        return self.price_id is None
 
 
 class UsageRollup(models.Model):
@@ -126,6 +142,11 @@ class UsageRollup(models.Model):
     deployment = models.ForeignKey(
         "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The price version the bucket's events were billed at (None: unpriced), so a price
+    # change mid-hour gives two buckets with their own unit prices.
+    price = models.ForeignKey(
+        Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     currency = models.CharField(max_length=3, default="USD")
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
@@ -139,11 +160,133 @@ class UsageRollup(models.Model):
         ordering = ["-hour"]
         constraints = [
             models.UniqueConstraint(
-                fields=["hour", "tenant", "api_key", "model", "deployment", "currency"],
-                name="rollup_unique_bucket",
+                fields=["hour", "tenant", "api_key", "model", "deployment", "price", "currency"],
+                name="rollup_unique_bucket_priced",
                 nulls_distinct=False,
             )
         ]
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00} {self.tenant_id}/{self.model_id}"
+
+
+class UsageAdjustment(models.Model):
+    """Usage that arrived after its period was closed, booked into an hour of an open period.
+
+    ``hour`` is the booking hour (in the first open period), ``usage_hour`` the hour the
+    requests happened. Closed periods' rollups and exports never change.
+    """
+
+    hour = models.DateTimeField()
+    usage_hour = models.DateTimeField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    api_key = models.ForeignKey(
+        "tenants.ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    model = models.ForeignKey(
+        "deployments.CatalogModel", on_delete=models.CASCADE, related_name="+"
+    )
+    deployment = models.ForeignKey(
+        "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    price = models.ForeignKey(
+        Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    currency = models.CharField(max_length=3, default="USD")
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    reasoning_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(**MONEY, default=Decimal(0))
+
+    class Meta:
+        ordering = ["-hour"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "hour", "usage_hour", "tenant", "api_key", "model", "deployment", "price",
+                    "currency",
+                ],
+                name="adjustment_unique_bucket",
+                nulls_distinct=False,
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} adj. {self.usage_hour:%Y-%m-%d %H:00} {self.tenant_id}"
+
+
+class ClosedPeriod(models.Model):
+    """A closed billing period (a UTC calendar month): its figures are frozen for good.
+
+    Periods close in order; everything before the latest ``end`` is frozen.
+    """
+
+    start = models.DateTimeField(unique=True)
+    end = models.DateTimeField()
+    closed_at = models.DateTimeField(default=timezone.now)
+    closed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Totals at close per currency, {"USD": {"requests": n, "tokens": n, "cost": "1.23"}}.
+    totals = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-start"]
+
+    def __str__(self) -> str:
+        return f"{self.start:%Y-%m}"
+
+
+class QuotaReconciliation(models.Model):
+    """The last reconciliation of one tenant's Redis quota counters for one period."""
+
+    class Status(models.TextChoices):
+        OK = "ok", "In agreement"
+        CORRECTED = "corrected", "Drift corrected"
+        SKIPPED_BACKLOG = "skipped_backlog", "Skipped: usage backlog too large"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    period_id = models.CharField(max_length=16)
+    checked_at = models.DateTimeField(default=timezone.now)
+    status = models.CharField(max_length=16, choices=Status)
+    tokens_redis = models.BigIntegerField(default=0)
+    tokens_db = models.BigIntegerField(default=0)
+    money_redis = models.DecimalField(**MONEY, default=Decimal(0))
+    money_db = models.DecimalField(**MONEY, default=Decimal(0))
+    backlog_events = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-checked_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "period_id"], name="reconcile_unique_period")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.period_id} {self.status}"
+
+    @property
+    def tokens_drift(self) -> int:
+        """What Redis counted beyond the database (negative: under-counted)."""
+        return self.tokens_redis - self.tokens_db
+
+    @property
+    def money_drift(self) -> Decimal:
+        return self.money_redis - self.money_db
+
+
+class DeadLetter(models.Model):
+    """A usage stream entry that could not be stored, kept with the reason; it was acked."""
+
+    stream_id = models.CharField(max_length=48, unique=True)
+    payload = models.TextField()
+    reason = models.TextField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-received_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.stream_id}: {self.reason[:60]}"

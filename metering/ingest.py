@@ -1,0 +1,445 @@
+"""Usage ingestion: the Redis stream into PostgreSQL, nothing lost and nothing counted twice.
+
+A consumer of the group ``metering`` reads a batch, prices it, and in ONE transaction
+inserts the events (``ON CONFLICT (request_id) DO NOTHING``), adds only the rows really
+inserted to the rollups, and stores malformed entries as dead letters. It acknowledges
+the entries only after that commit. So:
+
+- a consumer killed before the commit leaves its entries pending; it (after a restart, as
+  its own pending list) or another consumer (``XAUTOCLAIM`` once idle) takes them again;
+- a consumer killed after the commit but before ``XACK`` gets them again and the insert
+  skips them, and since rollups only add the ids the insert returned, nothing doubles;
+- with PostgreSQL away the batch is not acked and simply retried: events wait in Redis.
+"""
+
+import logging
+import math
+import os
+import socket
+import time
+from bisect import bisect_right
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+import orjson
+import redis
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from config.redis import get_redis
+from deployments.models import CatalogModel, Deployment
+from metering import rollups
+from metering.choices import Endpoint, UsageStatus
+from metering.events import FIELD, UsageRecord, stream_key
+from metering.models import DeadLetter, Price
+from tenants.models import ApiKey, Tenant
+
+log = logging.getLogger(__name__)
+
+GROUP = "metering"
+NANO_PLACES = Decimal("1e-9")
+INT_MAX = 2**31 - 1
+_INT_FIELDS = (
+    "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens", "latency_ms",
+)
+
+
+def consumer_name() -> str:
+    """One consumer per process: hostname-pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def ensure_group(client: redis.Redis | None = None) -> None:
+    """Create the stream and the consumer group if missing (from the stream's beginning)."""
+    client = client or get_redis()
+    try:
+        client.xgroup_create(stream_key(), GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+Entry = tuple[bytes, dict[bytes, bytes] | None]
+
+
+@dataclass
+class BatchResult:
+    """What one batch did."""
+
+    read: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    ids: list[bytes] = field(default_factory=list, repr=False)
+
+
+# --- Reading -----------------------------------------------------------------------------
+
+
+def read_batch(
+    consumer: str, count: int = 1000, block_ms: int = 1000, claim_idle_ms: int = 30_000
+) -> list[Entry]:
+    """The next entries to ingest: our own pending ones first (a failed batch is retried),
+    then a dead consumer's entries idle longer than ``claim_idle_ms``, then new ones."""
+    client, stream = get_redis(), stream_key()
+    own = client.xreadgroup(GROUP, consumer, {stream: "0"}, count=count)
+    if own and own[0][1]:
+        return own[0][1]
+    claimed = client.xautoclaim(stream, GROUP, consumer, claim_idle_ms, "0-0", count=count)
+    if claimed[1]:
+        return claimed[1]
+    new = client.xreadgroup(GROUP, consumer, {stream: ">"}, count=count, block=block_ms or None)
+    return new[0][1] if new else []
+
+
+# --- Decoding and pricing ------------------------------------------------------------------
+
+
+class Malformed(ValueError):
+    """An entry that can never be stored; it goes to the dead letters."""
+
+
+def decode(fields: dict[bytes, bytes] | None) -> UsageRecord:
+    if not fields or FIELD not in fields:
+        raise Malformed("no 'e' field")
+    try:
+        record = UsageRecord.decode(fields[FIELD])
+    except (orjson.JSONDecodeError, TypeError) as exc:
+        raise Malformed(f"undecodable: {exc}") from None
+    _validate(record)
+    return record
+
+
+def _validate(r: UsageRecord) -> None:
+    if not isinstance(r.request_id, str) or not 0 < len(r.request_id) <= 64:
+        raise Malformed("request_id must be a string of 1 to 64 characters")
+    at = r.occurred_at
+    if not isinstance(at, int | float) or isinstance(at, bool) or not math.isfinite(at):
+        raise Malformed("occurred_at must be Unix seconds")
+    if not 946684800 <= at <= 4102444800:  # 2000-01-01 .. 2100-01-01
+        raise Malformed("occurred_at out of range")
+    for name in (*_INT_FIELDS, "tenant_id", "model_id", "http_status"):
+        _check_int(r, name, required=True)
+    for name in ("api_key_id", "deployment_id", "ttft_ms", "price_id"):
+        _check_int(r, name, required=False)
+    if r.http_status > 32767:
+        raise Malformed("http_status out of range")
+    if r.endpoint not in Endpoint.values:
+        raise Malformed(f"unknown endpoint {r.endpoint!r}")
+    if r.status not in UsageStatus.values:
+        raise Malformed(f"unknown status {r.status!r}")
+    if not isinstance(r.priority, str) or len(r.priority) > 2:
+        raise Malformed("priority must be at most 2 characters")
+    if r.cached_tokens > r.prompt_tokens:
+        raise Malformed("cached_tokens exceeds prompt_tokens")
+
+
+def _check_int(r: UsageRecord, name: str, required: bool) -> None:
+    value = getattr(r, name)
+    if value is None and not required:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= INT_MAX:
+        raise Malformed(f"{name} must be an integer from 0 to {INT_MAX}")
+
+
+@dataclass
+class References:
+    """The rows a batch refers to, loaded with one query per table."""
+
+    tenant_currency: dict[int, str]
+    models: set[int]
+    key_tenant: dict[int, int]
+    deployments: set[int]
+    prices_by_id: dict[int, Price]
+    versions: dict[tuple[int, str], list[Price]]  # by (model, currency), oldest first
+
+    @classmethod
+    def load(cls, records: list[UsageRecord]) -> "References":
+        tenants = dict(
+            Tenant.objects.filter(pk__in={r.tenant_id for r in records}).values_list(
+                "pk", "currency"
+            )
+        )
+        model_ids = {r.model_id for r in records}
+        versions: dict[tuple[int, str], list[Price]] = defaultdict(list)
+        prices = Price.objects.filter(model_id__in=model_ids).order_by("effective_from")
+        by_id = {}
+        for price in prices:
+            versions[(price.model_id, price.currency)].append(price)
+            by_id[price.pk] = price
+        return cls(
+            tenant_currency=tenants,
+            models=set(
+                CatalogModel.objects.filter(pk__in=model_ids).values_list("pk", flat=True)
+            ),
+            key_tenant=dict(
+                ApiKey.objects.filter(
+                    pk__in={r.api_key_id for r in records if r.api_key_id}
+                ).values_list("pk", "tenant_id")
+            ),
+            deployments=set(
+                Deployment.objects.filter(
+                    pk__in={r.deployment_id for r in records if r.deployment_id}
+                ).values_list("pk", flat=True)
+            ),
+            prices_by_id=by_id,
+            versions=versions,
+        )
+
+    def check(self, r: UsageRecord) -> None:
+        if r.tenant_id not in self.tenant_currency:
+            raise Malformed(f"unknown tenant {r.tenant_id}")
+        if r.model_id not in self.models:
+            raise Malformed(f"unknown model {r.model_id}")
+        if r.api_key_id is not None and self.key_tenant.get(r.api_key_id) != r.tenant_id:
+            raise Malformed(f"key {r.api_key_id} is not a key of tenant {r.tenant_id}")
+
+    def price_for(self, r: UsageRecord, at: datetime) -> Price | None:
+        """The version the gateway saw if it names one of this model, else the one in force."""
+        seen = self.prices_by_id.get(r.price_id) if r.price_id else None
+        if seen is not None and seen.model_id == r.model_id:
+            return seen
+        versions = self.versions.get((r.model_id, self.tenant_currency[r.tenant_id]), [])
+        i = bisect_right([p.effective_from for p in versions], at)
+        return versions[i - 1] if i else None
+
+
+def event_cost(price: Price | None, r: UsageRecord) -> Decimal:
+    """Decimal cost in the event's currency, rounded up to nine places (never under-bill).
+
+    Rounding each event up is what the gateway does for its Redis money counter
+    (``metering.quota.to_nano``), so the sums agree to the nano-unit.
+    """
+    if price is None:
+        return Decimal(0)
+    cost = price.cost(r.prompt_tokens, r.cached_tokens, r.completion_tokens)
+    return cost.quantize(NANO_PLACES, rounding=ROUND_CEILING)
+
+
+# --- Storing -----------------------------------------------------------------------------
+
+_COLUMNS = [
+    ("request_id", "text"), ("occurred_at", "timestamptz"), ("tenant_id", "bigint"),
+    ("api_key_id", "bigint"), ("model_id", "bigint"), ("deployment_id", "bigint"),
+    ("endpoint", "text"), ("priority", "text"), ("prompt_tokens", "integer"),
+    ("cached_tokens", "integer"), ("completion_tokens", "integer"),
+    ("reasoning_tokens", "integer"), ("status", "text"), ("http_status", "integer"),
+    ("latency_ms", "integer"), ("ttft_ms", "integer"), ("price_id", "bigint"),
+    ("currency", "text"), ("input_per_mtok", "numeric"), ("cached_input_per_mtok", "numeric"),
+    ("output_per_mtok", "numeric"), ("cost", "numeric"), ("ingested_at", "timestamptz"),
+    ("stream_ms", "bigint"), ("stream_seq", "bigint"), ("adjustment_hour", "timestamptz"),
+]
+INSERT_SQL = (
+    f"INSERT INTO metering_usageevent ({', '.join(c for c, _ in _COLUMNS)}) "
+    f"SELECT * FROM unnest({', '.join(f'%s::{t}[]' for _, t in _COLUMNS)}) "
+    "ON CONFLICT (request_id) DO NOTHING RETURNING id"
+)
+
+
+def _row(
+    stream_id: bytes, r: UsageRecord, refs: References, now: datetime,
+    frozen_before: datetime | None,
+) -> tuple[Any, ...]:
+    at = datetime.fromtimestamp(r.occurred_at, UTC)
+    price = refs.price_for(r, at)
+    ms, _, seq = stream_id.decode().partition("-")
+    adjustment_hour = None
+    if frozen_before is not None and at < frozen_before:
+        # Its period is closed: book it into the first open period, never the closed one.
+        adjustment_hour = max(rollups.hour_of(now), frozen_before)
+    return (
+        r.request_id, at, r.tenant_id, r.api_key_id, r.model_id,
+        r.deployment_id if r.deployment_id in refs.deployments else None,
+        r.endpoint, r.priority, r.prompt_tokens, r.cached_tokens, r.completion_tokens,
+        r.reasoning_tokens, r.status, r.http_status, r.latency_ms, r.ttft_ms,
+        price.pk if price else None,
+        price.currency if price else refs.tenant_currency[r.tenant_id],
+        price.input_per_mtok if price else Decimal(0),
+        price.cached_input_per_mtok if price else Decimal(0),
+        price.output_per_mtok if price else Decimal(0),
+        event_cost(price, r), now, int(ms), int(seq or 0), adjustment_hour,
+    )
+
+
+def store(entries: list[Entry], pause_before_commit: float = 0.0) -> BatchResult:
+    """Store a batch in one transaction (events, rollups, dead letters); does not ack."""
+    result = BatchResult(read=len(entries), ids=[sid for sid, _ in entries])
+    records: list[tuple[bytes, UsageRecord]] = []
+    dead: list[DeadLetter] = []
+    seen: set[str] = set()
+    for stream_id, fields in entries:
+        try:
+            record = decode(fields)
+        except Malformed as exc:
+            dead.append(_dead(stream_id, fields, str(exc)))
+            continue
+        if record.request_id in seen:
+            result.duplicates += 1
+            continue
+        seen.add(record.request_id)
+        records.append((stream_id, record))
+    with transaction.atomic():
+        rollups.lock_shared()
+        frozen_before = rollups.frozen_before()
+        refs = References.load([r for _, r in records])
+        now = timezone.now()
+        rows = []
+        for stream_id, record in records:
+            try:
+                refs.check(record)
+            except Malformed as exc:
+                dead.append(_dead(stream_id, {FIELD: record.encode()}, str(exc)))
+                continue
+            rows.append(_row(stream_id, record, refs, now, frozen_before))
+        ids = _insert(rows)
+        rollups.add_events(ids)
+        DeadLetter.objects.bulk_create(dead, ignore_conflicts=True)
+        if pause_before_commit:
+            log.warning("fault injection: pausing %.1fs before commit", pause_before_commit)
+            time.sleep(pause_before_commit)
+    result.inserted = len(ids)
+    result.duplicates += len(rows) - len(ids)
+    result.dead_letters = len(dead)
+    return result
+
+
+def _insert(rows: list[tuple[Any, ...]]) -> list[int]:
+    if not rows:
+        return []
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    with connection.cursor() as cursor:
+        cursor.execute(INSERT_SQL, columns)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _dead(stream_id: bytes, fields: dict[bytes, bytes] | None, reason: str) -> DeadLetter:
+    payload = (fields or {}).get(FIELD, b"") if isinstance(fields, dict) else b""
+    return DeadLetter(
+        stream_id=stream_id.decode(),
+        payload=payload.decode("utf-8", "replace") if payload else repr(fields),
+        reason=reason,
+    )
+
+
+def ack(ids: list[bytes]) -> None:
+    if ids:
+        get_redis().xack(stream_key(), GROUP, *ids)
+
+
+# --- Running -------------------------------------------------------------------------------
+
+RETRYABLE = (OperationalError, InterfaceError)
+
+
+def ingest_once(
+    consumer: str, count: int = 1000, block_ms: int = 1000, claim_idle_ms: int = 30_000,
+    pause_before_commit: float = 0.0,
+) -> BatchResult:
+    """Read, store and then acknowledge one batch. Database errors leave it pending."""
+    entries = read_batch(consumer, count, block_ms, claim_idle_ms)
+    if not entries:
+        return BatchResult()
+    try:
+        result = store(entries, pause_before_commit)
+    except RETRYABLE:
+        raise
+    except DatabaseError:
+        # One entry the checks missed must not block the stream: store them one by one.
+        log.exception("batch of %d failed; storing entries one by one", len(entries))
+        result = _store_singly(entries)
+    ack(result.ids)
+    return result
+
+
+def _store_singly(entries: list[Entry]) -> BatchResult:
+    total = BatchResult(read=len(entries), ids=[sid for sid, _ in entries])
+    for stream_id, fields in entries:
+        try:
+            one = store([(stream_id, fields)])
+        except RETRYABLE:
+            raise
+        except DatabaseError as exc:
+            DeadLetter.objects.bulk_create(
+                [_dead(stream_id, fields, f"database refused it: {exc}")], ignore_conflicts=True
+            )
+            total.dead_letters += 1
+            continue
+        total.inserted += one.inserted
+        total.duplicates += one.duplicates
+        total.dead_letters += one.dead_letters
+    return total
+
+
+def drain(consumer: str, seconds: float, count: int = 1000, claim_idle_ms: int = 30_000) -> int:
+    """Ingest until the stream is empty or ``seconds`` have passed (the Celery task)."""
+    ensure_group()
+    deadline, stored = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        result = ingest_once(consumer, count, block_ms=0, claim_idle_ms=claim_idle_ms)
+        stored += result.inserted
+        if not result.read:
+            break
+    return stored
+
+
+def trim_stream() -> int:
+    """Drop stream entries every group has acknowledged; returns how many went."""
+    client, stream = get_redis(), stream_key()
+    try:
+        groups = client.xinfo_groups(stream)
+    except redis.ResponseError:
+        return 0
+    if not groups:
+        return 0
+    floor = None
+    for group in groups:
+        mark = group["last-delivered-id"]
+        if group["pending"]:
+            mark = client.xpending(stream, group["name"])["min"]
+        floor = mark if floor is None or _sid(mark) < _sid(floor) else floor
+    return client.xtrim(stream, minid=floor, approximate=False)
+
+
+def _sid(stream_id: bytes | str) -> tuple[int, int]:
+    text = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def run_consumer(
+    consumer: str, count: int = 1000, block_ms: int = 1000, claim_idle_ms: int = 30_000,
+    pause_before_commit: float = 0.0, stop: Any = None, trim_every: int = 100,
+) -> None:
+    """The long-running consumer loop (``manage.py consume_usage``)."""
+    backoff, batches = 0.5, 0
+    log.info("usage consumer %s started on %s", consumer, stream_key())
+    while stop is None or not stop():
+        try:
+            ensure_group()
+            result = ingest_once(consumer, count, block_ms, claim_idle_ms, pause_before_commit)
+            backoff = 0.5
+            if result.read:
+                log.info("%s", result)
+                batches += 1
+                if batches % trim_every == 0:
+                    trim_stream()
+        except RETRYABLE:
+            # PostgreSQL is away: the batch stays pending in Redis and is retried.
+            log.warning("database unavailable; retrying in %.1fs", backoff, exc_info=True)
+            _close_quietly()
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+        except redis.RedisError:
+            log.warning("redis unavailable; retrying in %.1fs", backoff, exc_info=True)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+def _close_quietly() -> None:
+    try:
+        connection.close()
+    except DatabaseError:
+        pass  # the next query opens a fresh connection
