@@ -160,10 +160,11 @@ class Call:
     target: Callable[[World], Any] | None = None
     body: Callable[[World], dict[str, Any]] | None = None
     changes: bool = False
+    note: str = ""
 
     @property
     def id(self) -> str:
-        return f"{self.method} {self.route}"
+        return f"{self.method} {self.route}" + (f" ({self.note})" if self.note else "")
 
     def path(self, world: World) -> str:
         args = [self.target(world)] if self.target else []

@@ -144,7 +144,7 @@ BOB_CALLS = [
     Call("apikey-list", "GET", OK),
     Call("apikey-list", "POST", FORBIDDEN, body=lambda w: {"tenant": "acme", "name": "mine"}),
     Call("apikey-detail", "GET", OK, lambda w: w.bob_key.pk),
-    Call("apikey-detail", "GET", NOT_FOUND, lambda w: w.alice_key.pk),
+    Call("apikey-detail", "GET", NOT_FOUND, lambda w: w.alice_key.pk, note="admin's key"),
     Call("apikey-detail", "PUT", FORBIDDEN, lambda w: w.bob_key.pk,
          lambda w: {"tenant": "acme", "name": "renamed"}),
     Call("apikey-detail", "PATCH", FORBIDDEN, lambda w: w.bob_key.pk,
@@ -204,7 +204,8 @@ BOB_CALLS = [
     Call("operation-detail", "GET", FORBIDDEN, lambda w: w.operation.pk),
     Call("usageevent-list", "GET", OK),
     Call("usageevent-detail", "GET", OK, lambda w: w.usage_bob.request_id),
-    Call("usageevent-detail", "GET", NOT_FOUND, lambda w: w.usage_alice.request_id),
+    Call("usageevent-detail", "GET", NOT_FOUND, lambda w: w.usage_alice.request_id,
+         note="admin's key"),
     # The audit log is for tenant admins: a member gets nothing from it.
     Call("auditlog-list", "GET", OK),
     Call("auditlog-detail", "GET", (FORBIDDEN, NOT_FOUND), lambda w: w.audit_a.pk),
