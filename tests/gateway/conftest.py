@@ -1,0 +1,200 @@
+"""A real gateway (gunicorn + uvicorn workers) in front of real simulator engines.
+
+The gateway runs as a subprocess against the test database, so the data tests create must
+be committed (``transactional_db``); the gateway learns about it through the same Redis
+pub/sub invalidation production uses.
+"""
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connection
+
+from deployments import services as deployment_services
+from deployments.choices import ReplicaState, Task, Visibility
+from deployments.models import CatalogModel, Deployment, Node, Replica
+from gateway.invalidation import publish_change
+from metering import services as metering_services
+from tenants import services as tenant_services
+from tenants.models import Tenant
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_PREFIX = f"gwtest-{secrets.token_hex(6)}"
+METRICS_TOKEN = secrets.token_urlsafe(16)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {port}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass
+class Engine:
+    port: int
+    names: tuple[str, ...]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def start_engine(names: tuple[str, ...], *args: str) -> tuple[Engine, subprocess.Popen]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine_sim", names[0], "--served-model-name", *names,
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_listening(port, proc)
+    return Engine(port, names), proc
+
+
+@pytest.fixture(scope="session")
+def engines() -> Iterator[dict[str, Engine]]:
+    """Fast chat engine (also serving a private alias), a slow one, an embedding one."""
+    started = {
+        "chat": start_engine(("sim-chat", "acme-private"), "--sim-ttft-ms", "2", "--sim-decode-tps", "2000",
+                             "--max-num-seqs", "256"),
+        "slow": start_engine(("sim-slow",), "--sim-ttft-ms", "5", "--sim-decode-tps", "20",
+                             "--sim-output-tokens-min", "400", "--sim-output-tokens-max", "400"),
+        "embed": start_engine(("sim-embed",), "--runner", "pooling"),
+    }
+    yield {name: engine for name, (engine, _) in started.items()}
+    for _, proc in started.values():
+        stop(proc)
+
+
+@pytest.fixture(scope="session")
+def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
+    """A gunicorn server with two uvicorn workers serving config.asgi, on the test database."""
+    db = connection.settings_dict
+    port = free_port()
+    env = {
+        **os.environ,
+        "TOLLGATE_ENV": "test",
+        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "TOLLGATE_REDIS_PREFIX": REDIS_PREFIX,
+        "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
+        "TOLLGATE_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "config.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
+         "-w", "2", "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(ROOT / ".pytest-gateway.log", "w"),
+    )
+    wait_listening(port, proc)
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
+
+
+@pytest.fixture(autouse=True)
+def redis_namespace(settings: object) -> str:
+    """Share the gateway's Redis prefix, so invalidations reach it."""
+    settings.TOLLGATE_REDIS_PREFIX = REDIS_PREFIX
+    return REDIS_PREFIX
+
+
+@dataclass
+class World:
+    """Two tenants with keys, models served by simulator engines, prices."""
+
+    url: str
+    tenant_a: Tenant
+    tenant_b: Tenant
+    key_a: str
+    key_b: str
+    chat: CatalogModel
+    private_a: CatalogModel
+    deployment: Deployment
+
+    @property
+    def v1(self) -> str:
+        return f"{self.url}/v1"
+
+
+def make_model(name: str, task: str = Task.GENERATE, visibility: str = Visibility.PUBLIC) -> CatalogModel:
+    return deployment_services.create_model(
+        None, served_name=name, source=f"sim/{name}", task=task, params_billions=Decimal("1"),
+        context_length=4096, visibility=visibility,
+    )
+
+
+def deploy(model: CatalogModel, node: Node, *ports: int) -> Deployment:
+    # Rows as the deployments app leaves them once its replicas are ready; the engines
+    # themselves are the simulator processes started above (no Docker needed here).
+    deployment = Deployment.objects.create(
+        name=f"{model.served_name}-dep", model=model, node=node, image="tollgate/engine-sim:latest",
+        engine_args={"max-num-seqs": 256}, desired_state="running", state="ready",
+    )
+    for index, port in enumerate(ports):
+        Replica.objects.create(deployment=deployment, index=index, node=node, host="127.0.0.1", port=port,
+                               state=ReplicaState.READY, healthy=True)
+    publish_change("deployment", deployment.pk)
+    return deployment
+
+
+def wait_until_served(url: str, key: str, model: str, timeout: float = 5.0) -> None:
+    """Poll until every gateway worker knows the key and the model (pub/sub reload)."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        ok = r.status_code == 200 and model in [m["id"] for m in r.json()["data"]]
+        streak = streak + 1 if ok else 0
+        if streak >= 6:  # several hits in a row: both workers have reloaded
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"gateway did not learn about {model} in {timeout}s")
+
+
+@pytest.fixture
+def world(transactional_db: None, gateway_url: str, engines: dict[str, Engine]) -> World:
+    node = deployment_services.register_node(None, name="sim-node", docker_url="unix:///x", engine_host="127.0.0.1")
+    tenant_a = tenant_services.create_tenant(None, name="Acme", slug="acme")
+    tenant_b = tenant_services.create_tenant(None, name="Bravo", slug="bravo")
+    chat = make_model("sim-chat")
+    private_a = make_model("acme-private", visibility=Visibility.PRIVATE)
+    deployment_services.grant_model(None, private_a, tenant_a)
+    embed = make_model("sim-embed", task=Task.EMBED)
+    slow = make_model("sim-slow")
+    deployment = deploy(chat, node, engines["chat"].port)
+    deploy(private_a, node, engines["chat"].port)
+    deploy(embed, node, engines["embed"].port)
+    deploy(slow, node, engines["slow"].port)
+    for model in (chat, private_a, embed, slow):
+        metering_services.set_price(None, model, Decimal("1.00"), Decimal("0.50"), Decimal("2.00"))
+    key_a = tenant_services.issue_api_key(None, tenant_a, name="a").plaintext
+    key_b = tenant_services.issue_api_key(None, tenant_b, name="b").plaintext
+    wait_until_served(gateway_url, key_a, "sim-slow")
+    wait_until_served(gateway_url, key_b, "sim-slow")
+    return World(gateway_url, tenant_a, tenant_b, key_a, key_b, chat, private_a, deployment)
