@@ -295,8 +295,8 @@ class Gateway:
         request_id = "req_" + secrets.token_hex(12)
         try:
             decision = await self.rt.limiter.admit(request_id, key, tenant, prompt_est + output_est, money_est, occurred)
-        except (redis.exceptions.RedisError, OSError):
-            log.error("rate-limit store unreachable: refusing request %s", request_id)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            log.error("rate-limit store unreachable (%s): refusing request %s", exc.__class__.__name__, request_id)
             metrics.REJECTIONS.labels(tenant.slug, "redis_down").inc()
             return await respond(send, 503, error_body(
                 "Tollgate cannot reach its rate-limit store, so it cannot admit requests right now. "

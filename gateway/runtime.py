@@ -27,6 +27,7 @@ REFRESH_SECONDS = 30.0
 DEBOUNCE_SECONDS = 0.05
 LAST_USED_FLUSH_SECONDS = 10.0
 SETTLE_RETRY_SECONDS = 1.0
+REDIS_CONNECTIONS = 64
 MAX_UNSETTLED = 100_000
 
 
@@ -64,9 +65,13 @@ class Runtime:
         self._reload_requested = asyncio.Event()
 
     async def start(self) -> None:
-        self.redis = aioredis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, health_check_interval=30
+        # A bounded pool that queues callers: a burst of thousands of requests waits for a
+        # connection instead of opening thousands (or failing with "too many connections").
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=REDIS_CONNECTIONS, timeout=5,
+            socket_timeout=5, socket_connect_timeout=2, health_check_interval=30,
         )
+        self.redis = aioredis.Redis(connection_pool=pool)
         self.limiter = Limiter(self.redis)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60),
