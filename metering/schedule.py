@@ -1,3 +1,10 @@
 """Celery beat entries of the metering app (merged into CELERY_BEAT_SCHEDULE)."""
 
-BEAT_SCHEDULE: dict[str, dict] = {}
+BEAT_SCHEDULE: dict[str, dict] = {
+    # Safety net beside the consume_usage service: drains whatever it left.
+    "metering-ingest-usage": {"task": "metering.ingest_usage", "schedule": 30.0},
+    "metering-trim-usage-stream": {"task": "metering.trim_usage_stream", "schedule": 300.0},
+    # Every minute, so a period roll-over is reconciled within a minute of midnight.
+    "metering-reconcile-quotas": {"task": "metering.reconcile_quotas", "schedule": 60.0},
+    "metering-close-periods": {"task": "metering.close_periods", "schedule": 3600.0},
+}
