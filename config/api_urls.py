@@ -2,7 +2,13 @@
 
 from rest_framework.routers import DefaultRouter
 
-from deployments.api import CatalogModelViewSet, DeploymentViewSet, NodeViewSet, OperationViewSet
+from deployments.api import (
+    CatalogModelViewSet,
+    DeploymentViewSet,
+    EngineProfileViewSet,
+    NodeViewSet,
+    OperationViewSet,
+)
 from metering.api import PriceViewSet, UsageEventViewSet
 from tenants.api import (
     AdminTokenViewSet,
@@ -24,6 +30,7 @@ router.register("prices", PriceViewSet, basename="price")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("operations", OperationViewSet, basename="operation")
+router.register("engine-profiles", EngineProfileViewSet, basename="engineprofile")
 router.register("usage", UsageEventViewSet, basename="usageevent")
 router.register("audit", AuditLogViewSet, basename="auditlog")
 urlpatterns = router.urls

@@ -13,13 +13,27 @@ from config.api import UserScopedMixin
 from config.permissions import IsPlatformAdmin, PlatformAdminWrites, member_tenant_ids
 from deployments import services
 from deployments.choices import DesiredState
-from deployments.models import CatalogModel, Deployment, ModelGrant, Node, Operation
+from deployments.models import (
+    AllowedImage,
+    CatalogModel,
+    Deployment,
+    EngineProfile,
+    ModelGrant,
+    Node,
+    Operation,
+    StagedModel,
+)
 from deployments.serializers import (
+    AllowedImageSerializer,
     CatalogModelSerializer,
     DeploymentSerializer,
+    EngineProfileSerializer,
     GrantSerializer,
+    LogsSerializer,
     NodeSerializer,
     OperationSerializer,
+    StagedModelSerializer,
+    StageSerializer,
 )
 from tenants.models import Tenant
 
@@ -78,6 +92,26 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
         services.revoke_grant(request.user, grant)
         return Response(self.get_serializer(model).data)
 
+    @extend_schema(request=StageSerializer, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsPlatformAdmin])
+    def stage(self, request: Request, pk: str) -> Response:
+        """Download this model's weights into a node's model cache before deploying it."""
+        from deployments import staging
+
+        body = StageSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        op = staging.stage_weights(
+            request.user, self.get_object(), body.validated_data["node"], body.validated_data["image"]
+        )
+        return Response(OperationSerializer(op).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=StagedModelSerializer(many=True))
+    @action(detail=False, methods=["get"], permission_classes=[IsPlatformAdmin])
+    def staged(self, request: Request) -> Response:
+        """Models whose weights are in a node's cache, with their size on disk."""
+        rows = StagedModel.objects.select_related("model", "node")
+        return Response(StagedModelSerializer(rows, many=True).data)
+
 
 class NodeViewSet(viewsets.ModelViewSet):
     """Docker hosts that run engines. Platform admins only."""
@@ -123,6 +157,47 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     def perform_destroy(self, instance: Deployment) -> None:
         services.delete_deployment(self.request.user, instance)
 
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request: Request, name: str) -> Response:
+        """Replace every replica, one after the other (drained first)."""
+        op = services.restart_deployment(request.user, self.get_object())
+        return Response(OperationSerializer(op).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: OperationSerializer, 204: None})
+    @action(detail=True, methods=["post"])
+    def remove(self, request: Request, name: str) -> Response:
+        """Drain and stop the replicas, then remove the deployment."""
+        op = services.remove_deployment(request.user, self.get_object())
+        if op is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(OperationSerializer(op).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=LogsSerializer)
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, name: str) -> Response:
+        """The last lines of a replica's engine log: ``?replica=0&lines=200``."""
+        index = int(request.query_params.get("replica", 0) or 0)
+        lines = int(request.query_params.get("lines", 200) or 200)
+        text = services.replica_logs(self.get_object(), index, lines)
+        return Response({"replica": index, "lines": lines, "log": text})
+
+    @extend_schema(responses=OperationSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def operations(self, request: Request, name: str) -> Response:
+        """This deployment's operations, newest first."""
+        ops = self.get_object().operations.all()[:50]
+        return Response(OperationSerializer(ops, many=True).data)
+
+    @extend_schema(request=None, responses={200: None})
+    @action(detail=True, methods=["get"], url_path="memory-fit")
+    def memory_fit(self, request: Request, name: str) -> Response:
+        """The memory-fit arithmetic for this deployment on its node."""
+        verdict = services.memory_fit(self.get_object())
+        if verdict is None:
+            return Response({"fits": True, "message": "Nothing to check."})
+        return Response({"fits": verdict.fits, "message": verdict.message})
+
     @extend_schema(request=None, responses=DeploymentSerializer)
     @action(detail=True, methods=["post"])
     def start(self, request: Request, name: str) -> Response:
@@ -149,3 +224,40 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsPlatformAdmin]
     queryset = Operation.objects.select_related("deployment", "node", "model")
     filterset_fields = ["kind", "status", "deployment__name"]
+
+
+class EngineProfileViewSet(viewsets.ModelViewSet):
+    """Engine profiles (known-good image, flags and environment). Platform admins only."""
+
+    serializer_class = EngineProfileSerializer
+    permission_classes = [IsPlatformAdmin]
+    queryset = EngineProfile.objects.all()
+    lookup_field = "name"
+
+    def perform_create(self, serializer: BaseSerializer) -> None:
+        serializer.instance = services.save_profile(
+            self.request.user, EngineProfile(), **serializer.validated_data
+        )
+
+    def perform_update(self, serializer: BaseSerializer) -> None:
+        serializer.instance = services.save_profile(
+            self.request.user, serializer.instance, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance: EngineProfile) -> None:
+        services.delete_profile(self.request.user, instance)
+
+
+class AllowedImageViewSet(viewsets.ModelViewSet):
+    """Engine image patterns allowed in addition to TOLLGATE_ENGINE_IMAGES. Platform admins."""
+
+    serializer_class = AllowedImageSerializer
+    permission_classes = [IsPlatformAdmin]
+    queryset = AllowedImage.objects.all()
+    http_method_names = ["get", "post", "delete", "head", "options"]
+
+    def perform_create(self, serializer: BaseSerializer) -> None:
+        serializer.instance = services.allow_image(self.request.user, **serializer.validated_data)
+
+    def perform_destroy(self, instance: AllowedImage) -> None:
+        services.disallow_image(self.request.user, instance)

@@ -57,6 +57,12 @@ class CatalogModel(models.Model):
     trust_remote_code = models.BooleanField(
         default=False, help_text="Admin allow-list: engines may run this model's own code."
     )
+    kv_bytes_per_token = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="KV-cache bytes per token (2 × layers × KV heads × head dim × 2 bytes); "
+        "estimated from the parameter count when empty.",
+    )
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -104,6 +110,14 @@ class Node(models.Model):
     unified_memory = models.BooleanField(
         default=False, help_text="GPU and CPU share one memory pool (e.g. DGX Spark)."
     )
+    gpu_memory_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="Dedicated GPU memory in total (0 on unified-memory nodes)."
+    )
+    available_memory_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="Host MemAvailable at the last heartbeat."
+    )
+    cpu_count = models.PositiveSmallIntegerField(default=0)
+    docker_version = models.CharField(max_length=64, blank=True)
     status = models.CharField(max_length=16, choices=NodeStatus, default=NodeStatus.ONLINE)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -128,8 +142,26 @@ class Deployment(models.Model):
         related_name="deployments",
         help_text="Empty: Tollgate places replicas on the node with the most free memory.",
     )
-    image = models.CharField(max_length=255)
+    profile = models.ForeignKey(
+        "EngineProfile",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="deployments",
+        help_text="Known-good defaults the deployment's own arguments override.",
+    )
+    image = models.CharField(max_length=255, blank=True)
     engine_args = models.JSONField(default=dict, blank=True)
+    env = models.JSONField(
+        default=dict, blank=True, help_text="Extra engine environment (allow-listed names)."
+    )
+    external = models.BooleanField(
+        default=False, help_text="An engine Tollgate routes to but never starts or stops."
+    )
+    external_url = models.URLField(blank=True, help_text="Base URL of an external engine.")
+    upstream_key = models.CharField(
+        max_length=512, blank=True, help_text="Bearer key the external engine expects (write-only)."
+    )
     replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(16)])
     desired_state = models.CharField(
         max_length=16, choices=DesiredState, default=DesiredState.RUNNING
@@ -153,7 +185,18 @@ class Deployment(models.Model):
     @property
     def max_num_seqs(self) -> int:
         """The engine's concurrency budget per replica (vLLM's default when not set)."""
-        return int(self.engine_args.get("max-num-seqs", 256))
+        return int(self.effective_args.get("max-num-seqs", 256))
+
+    @property
+    def effective_args(self) -> dict:
+        """The profile's defaults overridden by the deployment's own flags."""
+        base = dict(self.profile.engine_args) if self.profile_id and self.profile else {}
+        return {**base, **(self.engine_args or {})}
+
+    @property
+    def effective_env(self) -> dict:
+        base = dict(self.profile.env) if self.profile_id and self.profile else {}
+        return {**base, **(self.env or {})}
 
 
 class Replica(models.Model):
@@ -171,6 +214,12 @@ class Replica(models.Model):
     state = models.CharField(max_length=16, choices=ReplicaState, default=ReplicaState.PENDING)
     healthy = models.BooleanField(default=False)
     restart_count = models.PositiveIntegerField(default=0)
+    crash_count = models.PositiveIntegerField(
+        default=0, help_text="Crashes since the replica was last ready for a while."
+    )
+    next_restart_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    external_url = models.CharField(max_length=255, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     last_health_at = models.DateTimeField(null=True, blank=True)
@@ -188,6 +237,8 @@ class Replica(models.Model):
 
     @property
     def base_url(self) -> str:
+        if self.external_url:
+            return self.external_url
         return f"http://{self.host}:{self.port}" if self.host and self.port else ""
 
 
@@ -226,3 +277,54 @@ class Operation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.status}"
+
+
+class EngineProfile(models.Model):
+    """Known-good engine defaults for a kind of hardware: image, flags and environment."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    image = models.CharField(max_length=255)
+    engine_args = models.JSONField(default=dict, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    builtin = models.BooleanField(default=False, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AllowedImage(models.Model):
+    """An engine image pattern an admin allowed, in addition to TOLLGATE_ENGINE_IMAGES."""
+
+    pattern = models.CharField(max_length=255, unique=True, help_text="fnmatch, e.g. vllm/vllm-openai:v0.33*")
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pattern"]
+
+    def __str__(self) -> str:
+        return self.pattern
+
+
+class StagedModel(models.Model):
+    """A model's weights present in a node's shared model cache, and their size on disk."""
+
+    model = models.ForeignKey(CatalogModel, on_delete=models.CASCADE, related_name="staged")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="staged_models")
+    revision = models.CharField(max_length=64, blank=True)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    staged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["model__served_name"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "node"], name="staged_unique_model_node")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.node}"

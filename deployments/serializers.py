@@ -4,7 +4,16 @@ from typing import Any
 
 from rest_framework import serializers
 
-from deployments.models import CatalogModel, Deployment, Node, Operation, Replica
+from deployments.models import (
+    AllowedImage,
+    CatalogModel,
+    Deployment,
+    EngineProfile,
+    Node,
+    Operation,
+    Replica,
+    StagedModel,
+)
 from tenants.models import Tenant
 
 
@@ -26,6 +35,7 @@ class CatalogModelSerializer(serializers.ModelSerializer):
             "visibility",
             "granted_tenants",
             "trust_remote_code",
+            "kv_bytes_per_token",
             "description",
             "created_at",
         ]
@@ -40,6 +50,7 @@ class CatalogModelSerializer(serializers.ModelSerializer):
             data.pop("source", None)
             data.pop("revision", None)
             data.pop("trust_remote_code", None)
+            data.pop("kv_bytes_per_token", None)
         return data
 
 
@@ -60,12 +71,18 @@ class NodeSerializer(serializers.ModelSerializer):
             "gpu_description",
             "gpu_count",
             "total_memory_bytes",
+            "gpu_memory_bytes",
+            "available_memory_bytes",
+            "cpu_count",
+            "docker_version",
             "unified_memory",
             "status",
             "last_seen_at",
             "created_at",
         ]
-        read_only_fields = ["last_seen_at", "created_at"]
+        read_only_fields = [
+            "available_memory_bytes", "cpu_count", "docker_version", "last_seen_at", "created_at",
+        ]
         extra_kwargs = {"queue": {"required": False}}
 
 
@@ -83,6 +100,9 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "state",
             "healthy",
             "restart_count",
+            "crash_count",
+            "next_restart_at",
+            "exit_code",
             "started_at",
             "ready_at",
             "last_health_at",
@@ -101,6 +121,17 @@ class DeploymentSerializer(serializers.ModelSerializer):
     engine_args = serializers.JSONField(
         required=False, help_text='vLLM flags from the allow-list, e.g. {"max-num-seqs": 4}.'
     )
+    profile = serializers.SlugRelatedField(
+        slug_field="name", queryset=EngineProfile.objects.all(), required=False, allow_null=True
+    )
+    env = serializers.JSONField(
+        required=False, help_text='Extra engine environment (allow-listed names), e.g. {"NCCL_DEBUG": "INFO"}.'
+    )
+    upstream_key = serializers.CharField(
+        required=False, allow_blank=True, write_only=True, trim_whitespace=True,
+        help_text="External engines: the bearer key it expects. Never returned.",
+    )
+    has_upstream_key = serializers.SerializerMethodField()
     replica_set = ReplicaSerializer(many=True, read_only=True)
     max_num_seqs = serializers.IntegerField(read_only=True)
 
@@ -111,8 +142,14 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "name",
             "model",
             "node",
+            "profile",
             "image",
             "engine_args",
+            "env",
+            "external",
+            "external_url",
+            "upstream_key",
+            "has_upstream_key",
             "replicas",
             "desired_state",
             "state",
@@ -123,6 +160,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["desired_state", "state", "state_message", "created_at", "updated_at"]
+        extra_kwargs = {"image": {"required": False}}
+
+    def get_has_upstream_key(self, deployment: Deployment) -> bool:
+        return bool(deployment.upstream_key)
 
 
 class OperationSerializer(serializers.ModelSerializer):
@@ -149,3 +190,38 @@ class OperationSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+
+class EngineProfileSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EngineProfile
+        fields = ["id", "name", "description", "image", "engine_args", "env", "builtin", "created_at"]
+        read_only_fields = ["builtin", "created_at"]
+
+
+class AllowedImageSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AllowedImage
+        fields = ["id", "pattern", "note", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class StagedModelSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = StagedModel
+        fields = ["id", "model", "node", "revision", "size_bytes", "staged_at"]
+        read_only_fields = fields
+
+
+class StageSerializer(serializers.Serializer):
+    node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all())
+    image = serializers.CharField(help_text="Engine image whose Hugging Face CLI downloads.")
+
+
+class LogsSerializer(serializers.Serializer):
+    replica = serializers.IntegerField()
+    lines = serializers.IntegerField()
+    log = serializers.CharField()

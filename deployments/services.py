@@ -8,9 +8,26 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 
-from deployments.choices import DeploymentState, DesiredState, NodeStatus, Visibility
+from deployments import planner
+from deployments.choices import (
+    DeploymentState,
+    DesiredState,
+    NodeStatus,
+    OperationKind,
+    ReplicaState,
+    Visibility,
+)
 from deployments.engine_args import validate_engine_args
-from deployments.models import CatalogModel, Deployment, ModelGrant, Node
+from deployments.engine_env import validate_engine_env
+from deployments.models import (
+    AllowedImage,
+    CatalogModel,
+    Deployment,
+    EngineProfile,
+    ModelGrant,
+    Node,
+    Operation,
+)
 from gateway.invalidation import publish_change
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, ModelAccess
@@ -37,10 +54,16 @@ NODE_FIELDS = [
     "gpu_description",
     "gpu_count",
     "total_memory_bytes",
+    "gpu_memory_bytes",
     "unified_memory",
     "status",
 ]
-DEPLOYMENT_FIELDS = ["name", "model", "node", "image", "engine_args", "replicas", "desired_state"]
+DEPLOYMENT_FIELDS = [
+    "name", "model", "node", "profile", "image", "engine_args", "env", "replicas",
+    "desired_state", "external", "external_url",
+]  # never the upstream key: audit rows must not hold secrets
+# Changing these replaces running containers; replicas only scales.
+REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node"}
 
 
 # --- Catalogue and access ---------------------------------------------------------------
@@ -169,11 +192,17 @@ def delete_node(actor: Actor, node: Node) -> None:
 # --- Deployments ----------------------------------------------------------------------------
 
 
+def allowed_image_patterns() -> list[str]:
+    """Settings' patterns plus those an admin added through the API."""
+    return [*settings.TOLLGATE_ENGINE_IMAGES, *AllowedImage.objects.values_list("pattern", flat=True)]
+
+
 def check_image(image: str) -> str:
     """The image if an allow-list pattern matches it, else a ValidationError."""
     image = image.strip()
-    if not any(fnmatch.fnmatchcase(image, pattern) for pattern in settings.TOLLGATE_ENGINE_IMAGES):
-        allowed = ", ".join(settings.TOLLGATE_ENGINE_IMAGES)
+    patterns = allowed_image_patterns()
+    if not any(fnmatch.fnmatchcase(image, pattern) for pattern in patterns):
+        allowed = ", ".join(patterns)
         raise ValidationError(
             {"image": f"{image!r} is not an allowed engine image (allowed: {allowed})."}
         )
@@ -181,57 +210,165 @@ def check_image(image: str) -> str:
 
 
 def _validate_deployment(deployment: Deployment) -> None:
-    deployment.image = check_image(deployment.image)
+    trusted = deployment.model.trust_remote_code
     deployment.engine_args = validate_engine_args(
-        deployment.engine_args, trust_remote_code_allowed=deployment.model.trust_remote_code
+        deployment.engine_args, trust_remote_code_allowed=trusted
     )
+    deployment.env = validate_engine_env(deployment.env)
+    if deployment.external:
+        _validate_external(deployment)
+    else:
+        if not deployment.image and deployment.profile_id:
+            deployment.image = deployment.profile.image
+        if not deployment.image:
+            raise ValidationError({"image": "Give an engine image or a profile."})
+        deployment.image = check_image(deployment.image)
+        # The profile's defaults are checked too: a model may not inherit remote code.
+        validate_engine_args(deployment.effective_args, trust_remote_code_allowed=trusted)
+        validate_engine_env(deployment.effective_env)
     if deployment.node and deployment.node.status == NodeStatus.DISABLED:
         raise ValidationError({"node": f"Node {deployment.node} is disabled."})
     deployment.full_clean()
 
 
+def _validate_external(deployment: Deployment) -> None:
+    if not deployment.external_url.startswith(("http://", "https://")):
+        raise ValidationError({"external_url": "Give the engine's http(s) base URL."})
+    deployment.external_url = deployment.external_url.rstrip("/").removesuffix("/v1")
+    deployment.image, deployment.node, deployment.env = "", None, {}
+
+
+def memory_fit(deployment: Deployment) -> planner.FitResult | None:
+    """The memory-fit verdict for a deployment on its node (None: nothing to check)."""
+    node = deployment.node
+    if deployment.external or node is None:
+        return None
+    args, model = deployment.effective_args, deployment.model
+    pool = node.gpu_memory_bytes if node.gpu_memory_bytes and not node.unified_memory else (
+        node.total_memory_bytes if node.unified_memory or node.gpu_count else 0
+    )
+    need = planner.footprint(
+        params_billions=float(model.params_billions),
+        quantization=model.quantization,
+        max_model_len=int(args.get("max-model-len") or model.context_length),
+        max_num_seqs=int(args.get("max-num-seqs") or planner.DEFAULT_MAX_NUM_SEQS),
+        kv_bytes_per_token=model.kv_bytes_per_token,
+        kv_cache_dtype=str(args.get("kv-cache-dtype", "auto")),
+        gpu_memory_utilization=args.get("gpu-memory-utilization"),
+        pool_bytes=pool,
+        active_params_billions=_float_or_none(model.active_params_billions),
+    )
+    others = held = 0
+    neighbours = (
+        Deployment.objects.filter(node=node, desired_state=DesiredState.RUNNING, external=False)
+        .exclude(pk=deployment.pk)
+        .select_related("model", "profile")
+    )
+    for other in neighbours:
+        verdict_need = _replica_bytes(other, pool)
+        others += verdict_need * other.replicas
+        running = other.replica_set.exclude(
+            state__in=[ReplicaState.STOPPED, ReplicaState.CRASHED, ReplicaState.FAILED]
+        ).count()
+        held += verdict_need * running
+    cap = planner.capacity(
+        node.total_memory_bytes, node.available_memory_bytes, node.gpu_memory_bytes,
+        node.unified_memory, held,
+    )
+    return planner.check_fit(need, deployment.replicas, others, node.name, cap)
+
+
+def _replica_bytes(deployment: Deployment, pool: int) -> int:
+    args, model = deployment.effective_args, deployment.model
+    return planner.footprint(
+        float(model.params_billions), model.quantization,
+        int(args.get("max-model-len") or model.context_length),
+        int(args.get("max-num-seqs") or planner.DEFAULT_MAX_NUM_SEQS),
+        model.kv_bytes_per_token, str(args.get("kv-cache-dtype", "auto")),
+        args.get("gpu-memory-utilization"), pool, _float_or_none(model.active_params_billions),
+    ).per_replica
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _check_memory_fit(deployment: Deployment) -> None:
+    if deployment.desired_state != DesiredState.RUNNING:
+        return
+    verdict = memory_fit(deployment)
+    if verdict is not None and not verdict.fits:
+        raise ValidationError({"memory": verdict.message})
+
+
 @transaction.atomic
 def create_deployment(actor: Actor, **fields: Any) -> Deployment:
-    """Record what should run; the reconciler makes it so."""
+    """Record what should run and queue its deploy (refused when it cannot fit the node)."""
+    from deployments import lifecycle
+
     user = actor if actor is not None and actor.is_authenticated else None
     deployment = Deployment(created_by=user, **fields)
     _validate_deployment(deployment)
+    _check_memory_fit(deployment)
     deployment.save()
     record(actor, AuditAction.CREATE, deployment, changes=snapshot(deployment, DEPLOYMENT_FIELDS))
+    if deployment.desired_state == DesiredState.RUNNING:
+        lifecycle.queue_operation(OperationKind.DEPLOY, deployment, actor)
+    publish_change("deployment", deployment.pk)
     return deployment
 
 
 @transaction.atomic
 def update_deployment(actor: Actor, deployment: Deployment, **changes: Any) -> Deployment:
-    """Change image, arguments or replicas; running replicas are replaced by the reconciler."""
+    """Change image, arguments or replicas; running replicas are replaced or scaled."""
+    from deployments import lifecycle
+
+    if "external" in changes and changes["external"] != deployment.external:
+        raise ValidationError({"external": "Create a new deployment to change this."})
     before = snapshot(deployment, DEPLOYMENT_FIELDS)
     for name, value in changes.items():
         setattr(deployment, name, value)
     _validate_deployment(deployment)
+    _check_memory_fit(deployment)
     deployment.save()
-    record(
-        actor,
-        AuditAction.UPDATE,
-        deployment,
-        changes=diff(before, snapshot(deployment, DEPLOYMENT_FIELDS)),
-    )
+    changed = diff(before, snapshot(deployment, DEPLOYMENT_FIELDS))
+    record(actor, AuditAction.UPDATE, deployment, changes=changed)
+    if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
+        if REPLACING_FIELDS & changed.keys():
+            lifecycle.queue_operation(OperationKind.RESTART, deployment, actor)
+        elif "replicas" in changed:
+            lifecycle.queue_operation(OperationKind.SCALE, deployment, actor)
     publish_change("deployment", deployment.pk)
     return deployment
 
 
 def set_desired_state(actor: Actor, deployment: Deployment, desired: str) -> Deployment:
     """Ask for a deployment to run or stop (compare-and-set, safe to repeat)."""
+    from deployments import lifecycle
+
     if desired not in DesiredState.values:
         raise ValidationError({"desired_state": f"Unknown state {desired!r}."})
-    updated = (
-        Deployment.objects.filter(pk=deployment.pk)
-        .exclude(desired_state=desired)
-        .update(desired_state=desired)
-    )
-    deployment.refresh_from_db()
-    if updated:
-        record(actor, AuditAction.ACTION, deployment, changes={"desired_state": desired})
-        publish_change("deployment", deployment.pk)
+    if desired == DesiredState.RUNNING:
+        deployment.desired_state = desired
+        _check_memory_fit(deployment)
+    with transaction.atomic():
+        updated = (
+            Deployment.objects.filter(pk=deployment.pk)
+            .exclude(desired_state=desired)
+            .update(desired_state=desired)
+        )
+        if desired == DesiredState.RUNNING and deployment.state == DeploymentState.FAILED:
+            # Starting a failed deployment again is the admin's "try again".
+            Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.PENDING)
+            deployment.replica_set.update(crash_count=0, next_restart_at=None)
+            updated = updated or 1
+        deployment.refresh_from_db()
+        if updated:
+            record(actor, AuditAction.ACTION, deployment, changes={"desired_state": desired})
+            publish_change("deployment", deployment.pk)
+            if not deployment.external:
+                kind = OperationKind.DEPLOY if desired == DesiredState.RUNNING else OperationKind.STOP
+                lifecycle.queue_operation(kind, deployment, actor)
     return deployment
 
 
@@ -246,3 +383,98 @@ def delete_deployment(actor: Actor, deployment: Deployment) -> None:
     record(actor, AuditAction.DELETE, deployment)
     publish_change("deployment", deployment.pk)
     deployment.delete()
+
+
+def restart_deployment(actor: Actor, deployment: Deployment) -> Operation:
+    """Replace every replica (drain, stop, start again), one after the other."""
+    from deployments import lifecycle
+
+    if deployment.external:
+        raise ValidationError({"detail": "Tollgate does not run external engines."})
+    if deployment.desired_state != DesiredState.RUNNING:
+        raise ValidationError({"detail": "Start the deployment instead."})
+    with transaction.atomic():
+        record(actor, AuditAction.ACTION, deployment, changes={"restart": True})
+        return lifecycle.queue_operation(OperationKind.RESTART, deployment, actor)
+
+
+def remove_deployment(actor: Actor, deployment: Deployment) -> Operation | None:
+    """Drain, stop and remove the containers, then the deployment itself."""
+    from deployments import lifecycle
+
+    with transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
+        record(actor, AuditAction.DELETE, deployment)
+        publish_change("deployment", deployment.pk)
+        if deployment.external or deployment.node is None:
+            deployment.delete()
+            return None
+        return lifecycle.queue_operation(OperationKind.REMOVE, deployment, actor)
+
+
+def replica_logs(deployment: Deployment, index: int, lines: int = 200) -> str:
+    """The last lines an engine container printed (empty when it is gone)."""
+    from deployments import runtime
+
+    replica = deployment.replica_set.filter(index=index).first()
+    node = (replica.node or deployment.node) if replica else None
+    if replica is None or node is None or not replica.container_name:
+        return ""
+    try:
+        container = runtime.find(runtime.client(node.docker_url), replica.container_name)
+    except runtime.RuntimeFailure as exc:
+        raise ValidationError({"detail": str(exc)}) from None
+    return runtime.logs_tail(container, min(lines, 5000)) if container else ""
+
+
+# --- Engine profiles and allowed images -------------------------------------------------------
+
+PROFILE_FIELDS = ["name", "description", "image", "engine_args", "env"]
+
+
+def _validate_profile(profile: EngineProfile) -> None:
+    profile.image = check_image(profile.image)
+    # A profile may not switch on remote code: that is the model's decision.
+    profile.engine_args = validate_engine_args(profile.engine_args)
+    profile.env = validate_engine_env(profile.env)
+    profile.full_clean()
+
+
+@transaction.atomic
+def save_profile(actor: Actor, profile: EngineProfile, **changes: Any) -> EngineProfile:
+    """Create or change an engine profile (built-in ones are read-only)."""
+    if profile.builtin:
+        raise ValidationError({"detail": "Built-in profiles are read-only; copy one instead."})
+    before = snapshot(profile, PROFILE_FIELDS) if profile.pk else {}
+    for name, value in changes.items():
+        setattr(profile, name, value)
+    _validate_profile(profile)
+    profile.save()
+    action = AuditAction.UPDATE if before else AuditAction.CREATE
+    record(actor, action, profile, changes=diff(before, snapshot(profile, PROFILE_FIELDS)))
+    return profile
+
+
+def delete_profile(actor: Actor, profile: EngineProfile) -> None:
+    if profile.builtin:
+        raise ValidationError({"detail": "Built-in profiles cannot be removed."})
+    record(actor, AuditAction.DELETE, profile)
+    profile.delete()
+
+
+@transaction.atomic
+def allow_image(actor: Actor, pattern: str, note: str = "") -> AllowedImage:
+    """Add an engine image pattern to the allow-list."""
+    allowed = AllowedImage(pattern=pattern.strip(), note=note)
+    if any(c in allowed.pattern for c in " \t\n;|&$`"):
+        raise ValidationError({"pattern": "An image reference or fnmatch pattern, no spaces."})
+    allowed.full_clean()
+    allowed.save()
+    record(actor, AuditAction.CREATE, allowed, changes={"pattern": allowed.pattern})
+    return allowed
+
+
+def disallow_image(actor: Actor, allowed: AllowedImage) -> None:
+    """Remove a pattern; running deployments keep running, new ones are refused."""
+    record(actor, AuditAction.DELETE, allowed, changes={"pattern": allowed.pattern})
+    allowed.delete()

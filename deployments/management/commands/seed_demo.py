@@ -9,7 +9,7 @@ from django.db import transaction
 
 from deployments import services as deployment_services
 from deployments.choices import Task
-from deployments.models import CatalogModel, Deployment, Node
+from deployments.models import CatalogModel, Deployment, EngineProfile, Node
 from metering import services as metering_services
 from metering.models import Price
 from tenants import services as tenant_services
@@ -55,7 +55,7 @@ class Command(BaseCommand):
             return existing
         return deployment_services.create_model(
             None, served_name=DEMO_MODEL, source="tollgate/demo-sim", task=Task.GENERATE,
-            params_billions=Decimal("8"), context_length=8192,
+            params_billions=Decimal("0.6"), context_length=8192,
             description="Simulated chat model served by the Tollgate simulator engine.",
         )
 
@@ -74,5 +74,6 @@ class Command(BaseCommand):
             raise CommandError("No local node: run `manage.py bootstrap` first.")
         deployment_services.create_deployment(
             None, name="demo-chat-sim", model=model, node=node, image=image,
+            profile=EngineProfile.objects.filter(name="simulator").first(),
             engine_args={"max-model-len": 8192, "max-num-seqs": 8}, replicas=1,
         )

@@ -1,0 +1,299 @@
+"""Starting one engine replica and talking to engines over HTTP (health, models, metrics).
+
+The start sequence: pull the image if missing → create the container → start it → wait
+until it is running, ``/health`` answers 200 and ``/v1/models`` lists the served name
+(shard progress read from the engine's own log meanwhile) → one warm-up request → ready.
+Each phase's duration is recorded in the operation's ``detail`` as the cold-start profile.
+"""
+
+import time
+from typing import Any
+
+import httpx
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from deployments import conf, progress, runtime
+from deployments.choices import ReplicaState, Task
+from deployments.engine_args import to_argv
+from deployments.models import Deployment, Operation, Replica
+from gateway.invalidation import publish_change
+
+PROBE_TIMEOUT = 3.0
+
+
+class Starter:
+    """Runs the start sequence of one replica, reporting into its operation row."""
+
+    def __init__(self, deployment: Deployment, replica: Replica, op: Operation) -> None:
+        self.deployment, self.replica, self.op = deployment, replica, op
+        self.node = deployment.node
+        self.dc = runtime.client(self.node.docker_url)
+        self.phases: dict[str, float] = {}
+        self.container: Any = None
+
+    # -- bookkeeping --
+
+    def report(self, phase: str, progress_pct: float | None = None, message: str = "") -> None:
+        from deployments.lifecycle import update_op
+
+        detail = dict(self.op.detail)
+        detail.setdefault("replicas", {})[str(self.replica.index)] = {"phases": self.phases}
+        fields: dict[str, Any] = {"phase": phase, "detail": detail}
+        if progress_pct is not None:
+            fields["progress"] = round(progress_pct, 1)
+        if message:
+            fields["message"] = message
+        update_op(self.op, **fields)
+
+    def set_replica(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(self.replica, name, value)
+        Replica.objects.filter(pk=self.replica.pk).update(**fields, updated_at=timezone.now())
+
+    def timed(self, phase: str, func: Any, *args: Any) -> Any:
+        started = time.monotonic()
+        self.report(phase)
+        try:
+            return func(*args)
+        finally:
+            self.phases[phase] = round(time.monotonic() - started, 3)
+            self.report(phase)
+
+    # -- the sequence --
+
+    def run(self) -> None:
+        from deployments.lifecycle import EngineFailed
+
+        self.timed("pull", self.pull)
+        self.set_replica(state=ReplicaState.STARTING)
+        self.timed("create", self.create)
+        self.timed("start", runtime.start, self.container)
+        self.locate()
+        self.set_replica(state=ReplicaState.LOADING, started_at=timezone.now())
+        self.timed("load", self.wait_listening)
+        self.timed("models", self.wait_models)
+        self.set_replica(state=ReplicaState.WARMING)
+        try:
+            self.timed("warmup", warm_up, self.replica.base_url, self.deployment)
+        except httpx.HTTPError as exc:
+            raise EngineFailed(f"warm-up request failed: {exc}", None, self.tail()) from exc
+        self.mark_ready()
+
+    def pull(self) -> None:
+        from deployments.lifecycle import EngineFailed
+
+        image, policy = self.deployment.image, conf.get("TOLLGATE_PULL_POLICY")
+        if policy != "always" and runtime.image_present(self.dc, image):
+            return
+        if policy == "never":
+            raise EngineFailed(
+                f"image {image} is not on node {self.node} and TOLLGATE_PULL_POLICY=never "
+                "(load it with `docker load` or allow pulls)"
+            )
+        layers: dict[str, tuple[int, int]] = {}
+        last = 0.0
+        for event in runtime.pull(self.dc, image):
+            progress.record_pull_event(layers, event)
+            if time.monotonic() - last > 1.0:
+                last = time.monotonic()
+                pct = progress.pull_progress(layers)
+                self.report("pull", pct, f"pulling {image}: {pct:.0f}% of {len(layers)} layers")
+
+    def create(self) -> None:
+        stack, name = conf.get("TOLLGATE_STACK_ID"), self.container_name()
+        stale = runtime.find(self.dc, name)
+        if stale is not None:
+            labels = stale.labels or {}
+            if labels.get(runtime.LABEL_STACK) != stack or labels.get(runtime.LABEL_NODE) != self.node.name:
+                raise runtime.RuntimeFailure(f"a container named {name} exists and is not Tollgate's")
+            # Our own leftover (a crashed run): we hold the replica, so it is safe to replace.
+            runtime.stop_and_remove(stale, 0)
+        spec = runtime.engine_spec(
+            name=name, image=self.deployment.image, command=engine_command(self.deployment),
+            env=engine_environment(self.deployment),
+            labels=runtime.labels_for(stack, self.node.name, self.deployment.pk, self.replica.index),
+            gpus=self.node.gpu_count > 0, engine_host=self.node.engine_host,
+        )
+        self.container = runtime.create_engine(self.dc, spec)
+        self.set_replica(container_id=self.container.id, container_name=name)
+
+    def container_name(self) -> str:
+        return f"{conf.get('TOLLGATE_STACK_ID')}-{self.deployment.name}-{self.replica.index}"
+
+    def locate(self) -> None:
+        from deployments.lifecycle import EngineFailed
+
+        if self.node.engine_host:
+            runtime.refresh(self.container)
+            port = runtime.published_port(self.container)
+            if port is None:
+                raise EngineFailed("the engine's port was not published", None, self.tail())
+            self.set_replica(host=self.node.engine_host, port=port)
+        else:
+            self.set_replica(host=self.container.name, port=runtime.ENGINE_PORT)
+
+    def tail(self) -> str:
+        if self.container is None:
+            return ""
+        return runtime.logs_tail(self.container, conf.get("TOLLGATE_LOG_TAIL_LINES"))
+
+    def check_alive(self) -> None:
+        from deployments.lifecycle import EngineFailed
+
+        container = runtime.refresh(self.container)
+        if container is None:
+            raise EngineFailed("the engine container disappeared while starting")
+        if container.status != "running":
+            code = runtime.exit_code(container)
+            raise EngineFailed(f"the engine exited with code {code} while starting", code, self.tail())
+
+    def wait_listening(self) -> None:
+        from deployments.lifecycle import EngineFailed
+
+        deadline = time.monotonic() + conf.get("TOLLGATE_ENGINE_READY_TIMEOUT")
+        while time.monotonic() < deadline:
+            self.check_alive()
+            shards = progress.shard_progress(runtime.logs_tail(self.container, 20))
+            if shards:
+                done, total = shards
+                self.report("load", 100.0 * done / total, f"loading weights: shard {done}/{total}")
+            status = probe_health(self.replica.base_url)
+            if status == 200:
+                return
+            if status is not None and status >= 500:
+                raise EngineFailed(f"/health answered {status} while starting", None, self.tail())
+            time.sleep(conf.get("TOLLGATE_ENGINE_POLL_SECONDS"))
+        raise EngineFailed("the engine did not become healthy in time", None, self.tail())
+
+    def wait_models(self) -> None:
+        from deployments.lifecycle import EngineFailed
+
+        served = self.deployment.model.served_name
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if served in served_models(self.replica.base_url):
+                return
+            time.sleep(conf.get("TOLLGATE_ENGINE_POLL_SECONDS"))
+        raise EngineFailed(f"/v1/models never listed {served!r}", None, self.tail())
+
+    def mark_ready(self) -> None:
+        now = timezone.now()
+        updated = Replica.objects.filter(pk=self.replica.pk, state=ReplicaState.WARMING).update(
+            state=ReplicaState.READY, healthy=True, ready_at=now, last_health_at=now,
+            restart_count=self.replica.restart_count + (1 if self.replica.started_at else 0),
+        )
+        if updated:
+            publish_change("replica", self.replica.pk)
+        total = round(sum(self.phases.values()), 3)
+        self.phases["total"] = total
+        self.report("ready", None, f"replica {self.replica.index} ready in {total:.1f} s")
+
+
+def engine_command(deployment: Deployment) -> list[str]:
+    """``vllm serve`` argv after the image's entrypoint: the model, then the flags."""
+    model = deployment.model
+    argv = [model.source, "--served-model-name", model.served_name,
+            "--host", "0.0.0.0", "--port", str(runtime.ENGINE_PORT)]
+    if model.revision:
+        argv += ["--revision", model.revision]
+    if model.task == Task.EMBED and "runner" not in deployment.effective_args:
+        argv += ["--runner", "pooling"]
+    return argv + to_argv(deployment.effective_args)
+
+
+def engine_environment(deployment: Deployment) -> dict[str, str]:
+    env = dict(deployment.effective_env)
+    token = conf.hf_token()
+    if token:
+        env["HF_TOKEN"] = token
+    return env
+
+
+# --- HTTP to engines -----------------------------------------------------------------------
+
+
+def _headers(key: str = "") -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def probe_health(base_url: str, key: str = "") -> int | None:
+    """``/health``'s status code, or None when nothing answers (still loading, or gone)."""
+    try:
+        return httpx.get(f"{base_url}/health", timeout=PROBE_TIMEOUT, headers=_headers(key)).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def served_models(base_url: str, key: str = "") -> list[str]:
+    try:
+        answer = httpx.get(f"{base_url}/v1/models", timeout=PROBE_TIMEOUT, headers=_headers(key))
+        return [card["id"] for card in answer.json().get("data", [])] if answer.is_success else []
+    except (httpx.HTTPError, ValueError, KeyError, AttributeError):
+        return []
+
+
+def warm_up(base_url: str, deployment: Deployment) -> None:
+    """One tiny request so the first tenant request does not pay the JIT compile."""
+    model = deployment.model
+    if model.task == Task.EMBED:
+        path, body = "/v1/embeddings", {"model": model.served_name, "input": "warm-up"}
+    else:
+        path, body = "/v1/chat/completions", {
+            "model": model.served_name, "max_tokens": 1,
+            "messages": [{"role": "user", "content": "Hi"}],
+        }
+    answer = httpx.post(f"{base_url}{path}", json=body, timeout=conf.get("TOLLGATE_WARMUP_TIMEOUT"),
+                        headers={"X-Request-Id": "tollgate-warmup"})
+    answer.raise_for_status()
+
+
+TELEMETRY_GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # before late 2025
+}
+TELEMETRY_COUNTERS = {
+    "vllm:prompt_tokens": "prompt_tokens_total",
+    "vllm:generation_tokens": "generation_tokens_total",
+    "vllm:num_preemptions": "preemptions_total",
+}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The engine figures the gateway and console use, summed over label sets."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in TELEMETRY_GAUGES:
+                key = TELEMETRY_GAUGES[sample.name]
+                out[key] = out.get(key, 0.0) + sample.value
+            elif family.name in TELEMETRY_COUNTERS and sample.name.endswith("_total"):
+                key = TELEMETRY_COUNTERS[family.name]
+                out[key] = out.get(key, 0.0) + sample.value
+            elif sample.name == "vllm:time_to_first_token_seconds_sum":
+                out["ttft_seconds_sum"] = out.get("ttft_seconds_sum", 0.0) + sample.value
+            elif sample.name == "vllm:time_to_first_token_seconds_count":
+                out["ttft_count"] = out.get("ttft_count", 0.0) + sample.value
+    return out
+
+
+def scrape(base_url: str, key: str = "") -> dict[str, float] | None:
+    try:
+        answer = httpx.get(f"{base_url}/metrics", timeout=PROBE_TIMEOUT, headers=_headers(key))
+    except httpx.HTTPError:
+        return None
+    return parse_metrics(answer.text) if answer.is_success else None
+
+
+def wait_idle(base_url: str, timeout: float) -> bool:
+    """Wait until the engine runs and queues nothing (True), or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        figures = scrape(base_url)
+        if figures is None or figures.get("running", 0) + figures.get("waiting", 0) == 0:
+            return True
+        time.sleep(0.2)
+    return False

@@ -1,0 +1,44 @@
+"""Validation of the extra environment an engine container may be given.
+
+Names must match an allow-list pattern (``TOLLGATE_ENGINE_ENV_ALLOWED``) and never be
+one that changes how programs load code, where the engine listens or its credentials.
+"""
+
+import fnmatch
+import re
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from deployments import conf
+
+NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
+# Refused whatever the allow-list says: code loading, credentials, listening address.
+DENIED = ["LD_*", "PYTHON*", "PATH", "HOME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+          "VLLM_API_KEY", "VLLM_PLUGINS", "VLLM_PORT", "VLLM_HOST", "VLLM_ALLOW_INSECURE_*",
+          "VLLM_USE_MODELSCOPE", "*_PROXY", "*_proxy"]
+
+
+def validate_engine_env(env: Any) -> dict[str, str]:
+    """Normalised environment, or a ValidationError naming each refused variable."""
+    if not isinstance(env, dict):
+        raise ValidationError({"env": 'Give an object of variables, e.g. {"NCCL_DEBUG": "INFO"}.'})
+    clean, errors = {}, []
+    allowed = conf.get("TOLLGATE_ENGINE_ENV_ALLOWED")
+    for name, value in env.items():
+        name = str(name)
+        if not NAME_RE.match(name):
+            errors.append(f"{name!r} is not a valid variable name (A-Z, 0-9, _).")
+        elif any(fnmatch.fnmatchcase(name, p) for p in DENIED):
+            errors.append(f"{name} cannot be set on an engine.")
+        elif not any(fnmatch.fnmatchcase(name, p) for p in allowed):
+            errors.append(f"{name} is not an allowed engine variable ({', '.join(allowed)}).")
+        elif isinstance(value, (dict, list)) or value is None:
+            errors.append(f"{name} needs a plain value.")
+        elif "\n" in str(value) or "\0" in str(value) or len(str(value)) > 1024:
+            errors.append(f"{name}: one line of at most 1024 characters.")
+        else:
+            clean[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    if errors:
+        raise ValidationError({"env": errors})
+    return clean

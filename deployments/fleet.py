@@ -1,0 +1,176 @@
+"""Node heartbeats, external engines' health, and engine telemetry into Redis."""
+
+import logging
+import platform
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+from django.db.models import Q
+from django.utils import timezone
+
+from config.redis import get_redis, rkey
+from deployments import conf, engine, nodes, runtime
+from deployments.choices import (
+    DeploymentState,
+    DesiredState,
+    NodeStatus,
+    ReplicaState,
+)
+from deployments.models import Deployment, Node, Replica
+from gateway.invalidation import publish_change
+
+log = logging.getLogger(__name__)
+HEARTBEAT_SECONDS = 15
+STALE_AFTER = timedelta(seconds=4 * HEARTBEAT_SECONDS)
+
+
+# --- Nodes --------------------------------------------------------------------------------
+
+
+def gpu_facts(proc: Path = Path("/proc/driver/nvidia/gpus")) -> tuple[int, str]:
+    """(GPU count, description) from the NVIDIA driver's /proc entries, (0, "") without."""
+    models = []
+    for entry in sorted(proc.glob("*/information")) if proc.exists() else []:
+        for line in entry.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                models.append(line.split(":", 1)[1].strip())
+    if not models:
+        return 0, ""
+    return len(models), ", ".join(sorted(set(models)))
+
+
+def available_memory_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def heartbeat(node: Node) -> Node:
+    """Record what the node is (arch, memory, GPUs, Docker version); run on that node."""
+    try:
+        facts = runtime.info(runtime.client(node.docker_url))
+    except runtime.RuntimeFailure as exc:
+        Node.objects.filter(pk=node.pk).exclude(status=NodeStatus.DISABLED).update(
+            status=NodeStatus.UNREACHABLE
+        )
+        log.warning("node %s: %s", node.name, exc)
+        return node
+    gpus, description = gpu_facts()
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(facts.get("Architecture", ""),
+                                                         nodes.local_arch())
+    fields = {
+        "arch": arch,
+        "cpu_count": facts.get("NCPU") or 0,
+        "total_memory_bytes": facts.get("MemTotal") or nodes.local_memory_bytes(),
+        "available_memory_bytes": available_memory_bytes(),
+        "docker_version": str(facts.get("ServerVersion", ""))[:64],
+        "last_seen_at": timezone.now(),
+    }
+    if gpus:
+        fields.update(gpu_count=gpus, gpu_description=description[:200])
+        # GB10 shares one pool between CPU and GPU; NVML has no memory figure for it.
+        fields["unified_memory"] = node.unified_memory or "GB10" in description
+    Node.objects.filter(pk=node.pk).update(**fields)
+    Node.objects.filter(pk=node.pk, status=NodeStatus.UNREACHABLE).update(status=NodeStatus.ONLINE)
+    node.refresh_from_db()
+    log.debug("heartbeat %s on %s", node.name, platform.node())
+    return node
+
+
+def mark_silent_nodes() -> int:
+    """Nodes whose worker stopped sending heartbeats are marked unreachable."""
+    cutoff = timezone.now() - STALE_AFTER
+    return Node.objects.filter(status=NodeStatus.ONLINE, last_seen_at__lt=cutoff).update(
+        status=NodeStatus.UNREACHABLE
+    )
+
+
+# --- External engines ---------------------------------------------------------------------
+
+
+def check_external(deployment: Deployment) -> Replica:
+    """Health-check an engine Tollgate does not run; route it while it answers."""
+    replica, _ = Replica.objects.get_or_create(
+        deployment=deployment, index=0, defaults={"external_url": deployment.external_url}
+    )
+    if replica.external_url != deployment.external_url:
+        Replica.objects.filter(pk=replica.pk).update(external_url=deployment.external_url)
+        replica.external_url = deployment.external_url
+    now = timezone.now()
+    if deployment.desired_state != DesiredState.RUNNING:
+        changed = Replica.objects.filter(pk=replica.pk).exclude(state=ReplicaState.STOPPED).update(
+            state=ReplicaState.STOPPED, healthy=False
+        )
+        Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPED)
+    else:
+        key = deployment.upstream_key
+        status = engine.probe_health(deployment.external_url, key)
+        served = engine.served_models(deployment.external_url, key) if status == 200 else []
+        ok = deployment.model.served_name in served
+        new_state = ReplicaState.READY if ok else ReplicaState.CRASHED
+        error = "" if ok else (
+            f"/health answered {status}" if status not in (None, 200) else
+            "not reachable" if status is None else
+            f"/v1/models does not list {deployment.model.served_name!r} (it lists {served})"
+        )
+        changed = Replica.objects.filter(pk=replica.pk).exclude(state=new_state, healthy=ok).update(
+            state=new_state, healthy=ok, ready_at=now if ok else None, last_error=error
+        )
+        Replica.objects.filter(pk=replica.pk).update(last_health_at=now)
+        Deployment.objects.filter(pk=deployment.pk).update(
+            state=DeploymentState.READY if ok else DeploymentState.DEGRADED,
+            state_message="" if ok else f"external engine {error}",
+        )
+    if changed:
+        publish_change("replica", replica.pk)
+    replica.refresh_from_db()
+    return replica
+
+
+def check_externals() -> int:
+    count = 0
+    for deployment in Deployment.objects.filter(external=True).select_related("model"):
+        check_external(deployment)
+        count += 1
+    return count
+
+
+# --- Telemetry ----------------------------------------------------------------------------
+
+
+def telemetry_key(replica_id: int) -> str:
+    return rkey("engine", replica_id, "metrics")
+
+
+def scrape_replica(replica: Replica) -> dict[str, float] | None:
+    """Scrape one replica's /metrics into Redis (a JSON value with a short TTL)."""
+    key = replica.deployment.upstream_key if replica.deployment.external else ""
+    figures = engine.scrape(replica.base_url, key)
+    if figures is None:
+        return None
+    figures["scraped_at"] = timezone.now().timestamp()
+    figures["deployment_id"] = replica.deployment_id
+    get_redis().set(telemetry_key(replica.pk), orjson.dumps(figures),
+                    ex=conf.get("TOLLGATE_TELEMETRY_TTL_SECONDS"))
+    return figures
+
+
+def read_telemetry(replica_id: int) -> dict[str, float] | None:
+    raw = get_redis().get(telemetry_key(replica_id))
+    return orjson.loads(raw) if raw else None
+
+
+def scrape_all() -> int:
+    count = 0
+    ready = Replica.objects.filter(state=ReplicaState.READY).filter(
+        Q(deployment__external=True) | Q(port__isnull=False)
+    ).select_related("deployment")
+    for replica in ready:
+        if scrape_replica(replica) is not None:
+            count += 1
+    return count
