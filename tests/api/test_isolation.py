@@ -36,6 +36,27 @@ def deployment_body(w: World) -> dict[str, Any]:
             "image": "tollgate/engine-sim:latest"}
 
 
+# Platform-only operations added with engine profiles and staging: 403 for every non-staff
+# user, before any lookup (so the profile name need not exist), and nothing written.
+PROFILE = "vllm-default"
+PLATFORM_ONLY = [
+    Call("catalogmodel-stage", "POST", FORBIDDEN, lambda w: w.public_model.pk,
+         lambda w: {"node": "spark-1", "image": "vllm/vllm-openai:v0.11.0"}),
+    Call("catalogmodel-staged", "GET", FORBIDDEN),
+    Call("deployment-restart", "POST", FORBIDDEN, lambda w: w.deployment.name),
+    Call("deployment-remove", "POST", FORBIDDEN, lambda w: w.deployment.name),
+    Call("deployment-logs", "GET", FORBIDDEN, lambda w: w.deployment.name),
+    Call("deployment-operations", "GET", FORBIDDEN, lambda w: w.deployment.name),
+    Call("deployment-memory-fit", "GET", FORBIDDEN, lambda w: w.deployment.name),
+    Call("engineprofile-list", "GET", FORBIDDEN),
+    Call("engineprofile-list", "POST", FORBIDDEN, body=lambda w: {"name": "mine"}),
+    Call("engineprofile-detail", "GET", FORBIDDEN, lambda w: PROFILE),
+    Call("engineprofile-detail", "PUT", FORBIDDEN, lambda w: PROFILE, lambda w: {"name": "x"}),
+    Call("engineprofile-detail", "PATCH", FORBIDDEN, lambda w: PROFILE, lambda w: {"name": "x"}),
+    Call("engineprofile-detail", "DELETE", FORBIDDEN, lambda w: PROFILE),
+]
+
+
 # --- Tenant B's admin against tenant A's objects -------------------------------------------
 #
 # Another tenant's object is "not found" for every detail route, write and action; what is
@@ -122,6 +143,7 @@ CAROL_CALLS = [
     Call("usageevent-detail", "GET", NOT_FOUND, lambda w: w.usage_alice.request_id),
     Call("auditlog-list", "GET", OK),
     Call("auditlog-detail", "GET", NOT_FOUND, lambda w: w.audit_a.pk),
+    *PLATFORM_ONLY,
 ]
 
 
@@ -209,6 +231,7 @@ BOB_CALLS = [
     # The audit log is for tenant admins: a member gets nothing from it.
     Call("auditlog-list", "GET", OK),
     Call("auditlog-detail", "GET", (FORBIDDEN, NOT_FOUND), lambda w: w.audit_a.pk),
+    *PLATFORM_ONLY,
 ]
 
 
