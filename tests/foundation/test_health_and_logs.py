@@ -36,7 +36,7 @@ def test_redaction_keeps_the_prefix_and_drops_the_secret() -> None:
     assert f"tg-{key.prefix}-…" in text and f"tga-{token.prefix}-…" in text
 
 
-def test_log_filter_rewrites_records_with_arguments(caplog: pytest.LogCaptureFixture) -> None:
+def test_log_filter_rewrites_records_with_arguments() -> None:
     key = generate_key("tg")
     logger = logging.getLogger("tollgate.test")
     record = logger.makeRecord("tollgate.test", logging.WARNING, __file__, 1, "bad key %s", (key.plaintext,), None)
