@@ -166,3 +166,18 @@ def test_the_stream_is_trimmed_only_below_what_every_group_acknowledged(
     client.xack(stream_key(), "audit", ids[0])
     ingest.trim_stream()
     assert [e[0] for e in client.xrange(stream_key())] == ids[1:]
+
+
+def test_a_batch_committed_but_never_acked_is_redelivered_without_doubling(
+    tenant_a, key_a, public_model, price
+) -> None:
+    ingest.ensure_group()
+    emit(*[record(tenant_a, public_model, key_a) for _ in range(5)])
+    entries = ingest.read_batch("crashes-before-xack", block_ms=0)
+    ingest.store(entries)  # committed; the process dies before XACK
+
+    ingest.ingest_once("survivor", claim_idle_ms=0, block_ms=0)
+
+    assert UsageEvent.objects.count() == 5
+    assert UsageRollup.objects.aggregate(n=Sum("requests"))["n"] == 5
+    assert pending() == 0
