@@ -4,6 +4,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from rest_framework import mixins, status, viewsets
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -19,7 +20,7 @@ class PriceViewSet(UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyMo
     """Price versions per model. Creating a price starts a new version; none is ever edited."""
 
     serializer_class = PriceSerializer
-    permission_classes = [PlatformAdminWrites]
+    permission_classes = [IsAuthenticated, PlatformAdminWrites]
     filterset_fields = {"model__served_name": ["exact"], "currency": ["exact"]}
 
     queryset = Price.objects.none()
