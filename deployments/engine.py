@@ -270,8 +270,8 @@ def parse_metrics(text: str) -> dict[str, float]:
             if sample.name in TELEMETRY_GAUGES:
                 key = TELEMETRY_GAUGES[sample.name]
                 out[key] = out.get(key, 0.0) + sample.value
-            elif family.name in TELEMETRY_COUNTERS and sample.name.endswith("_total"):
-                key = TELEMETRY_COUNTERS[family.name]
+            elif sample.name.endswith("_total") and sample.name[:-6] in TELEMETRY_COUNTERS:
+                key = TELEMETRY_COUNTERS[sample.name[:-6]]
                 out[key] = out.get(key, 0.0) + sample.value
             elif sample.name == "vllm:time_to_first_token_seconds_sum":
                 out["ttft_seconds_sum"] = out.get("ttft_seconds_sum", 0.0) + sample.value

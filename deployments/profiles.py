@@ -38,3 +38,13 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
         "env": {},
     },
 ]
+
+
+def ensure_builtin_profiles() -> None:
+    """Create or refresh the built-in profiles (the data migration does this on install)."""
+    from deployments.models import EngineProfile
+
+    for profile in BUILTIN_PROFILES:
+        EngineProfile.objects.update_or_create(
+            name=profile["name"], defaults={**profile, "builtin": True}
+        )

@@ -132,15 +132,15 @@ def create_engine(dc: docker.DockerClient, spec: EngineSpec) -> Container:
         "labels": spec.labels,
         "ipc_mode": "host",
         "volumes": cache_mounts(),
-        # NVIDIA's recommended limits for PyTorch engines.
-        "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1),
-                    Ulimit(name="stack", soft=67108864, hard=67108864)],
         "log_config": {"type": "json-file", "config": {"max-size": "50m", "max-file": "3"}},
         "security_opt": ["no-new-privileges"],
         "detach": True,
     }
     if spec.gpus:
         kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        # NVIDIA's recommended limits for PyTorch engines (GPU hosts allow raising them).
+        kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1),
+                             Ulimit(name="stack", soft=67108864, hard=67108864)]
     if spec.bind_host:
         kwargs["ports"] = {f"{ENGINE_PORT}/tcp": (spec.bind_host, None)}
     else:

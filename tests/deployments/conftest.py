@@ -1,0 +1,78 @@
+"""Fixtures for deployment tests: a node on the local Docker Engine, fast timings, and
+clean-up by label so a failing test leaves no container or volume behind."""
+
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+
+import docker
+import pytest
+from django.conf import settings as django_settings
+
+from config.celery import app as celery_app
+from deployments import runtime
+from deployments import services as deployment_services
+from deployments.models import CatalogModel, Node
+
+SIM_IMAGE = "tollgate/engine-sim:latest"
+
+
+@pytest.fixture
+def stack(settings: object) -> Iterator[str]:
+    """A stack id, cache volumes and fast timings of this test's own; cleaned up after."""
+    stack_id = f"tgtest-{uuid.uuid4().hex[:10]}"
+    settings.TOLLGATE_STACK_ID = stack_id
+    settings.TOLLGATE_MODEL_CACHE_VOLUME = f"{stack_id}-models"
+    settings.TOLLGATE_COMPILE_CACHE_VOLUME = f"{stack_id}-compile"
+    settings.TOLLGATE_PULL_POLICY = "never"
+    settings.TOLLGATE_ENGINE_POLL_SECONDS = 0.1
+    settings.TOLLGATE_ENGINE_READY_TIMEOUT = 60.0
+    settings.TOLLGATE_RESTART_BACKOFF_SECONDS = 0.5
+    settings.TOLLGATE_RESTART_BACKOFF_MAX_SECONDS = 2.0
+    settings.TOLLGATE_MAX_CRASHES = 3
+    settings.TOLLGATE_ORPHAN_GRACE_SECONDS = 0.0
+    settings.TOLLGATE_DRAIN_TIMEOUT = 10.0
+    settings.TOLLGATE_STOP_GRACE_SECONDS = 3
+    yield stack_id
+    client = docker.from_env()
+    for container in client.containers.list(
+        all=True, filters={"label": f"{runtime.LABEL_STACK}={stack_id}"}
+    ):
+        container.remove(force=True)
+    for name in (f"{stack_id}-models", f"{stack_id}-compile"):
+        try:
+            client.volumes.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+@pytest.fixture
+def eager_tasks() -> Iterator[None]:
+    """Queued tasks run inline once the transaction commits (no worker in these tests)."""
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def docker_node(transactional_db: None, stack: str) -> Node:
+    """The local Docker Engine as a node; engines publish their port on loopback only."""
+    return deployment_services.register_node(
+        None, name=f"n-{stack[-10:]}", docker_url=django_settings.TOLLGATE_DOCKER_URL,
+        engine_host="127.0.0.1", total_memory_bytes=64 * 2**30,
+        queue=f"node.{stack}",
+    )
+
+
+@pytest.fixture
+def sim_model(transactional_db: None) -> CatalogModel:
+    return deployment_services.create_model(
+        None, served_name="tiny-chat", source="Qwen/Qwen3-0.6B",
+        params_billions=Decimal("0.6"), context_length=4096,
+    )
+
+
+def sim_env(**extra: str) -> dict[str, str]:
+    """Simulator knobs through the ordinary, allow-listed engine environment."""
+    return {"SIM_LOAD_SECONDS": "0.4", "SIM_SHARDS": "4", "SIM_DECODE_TPS": "0",
+            "SIM_TTFT_MS": "1", **extra}

@@ -1,0 +1,296 @@
+"""Engines on the real local Docker Engine, with the simulator image built locally
+(scripts/build-images). No registry is contacted: the pull policy is "never"."""
+
+import threading
+import time
+from collections.abc import Callable
+
+import docker
+import httpx
+import orjson
+import pytest
+from django.db import connection
+
+from config.redis import get_redis
+from deployments import fleet, lifecycle, reconcile, runtime, services, tasks
+from deployments.choices import DeploymentState, OperationKind, OperationStatus, ReplicaState
+from deployments.models import Deployment, EngineProfile, Node, Operation, Replica
+from deployments.profiles import ensure_builtin_profiles
+from gateway.invalidation import channel
+from gateway.state import load_snapshot
+from tests.deployments.conftest import SIM_IMAGE, sim_env
+
+pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
+
+
+def wait_for(check: Callable[[], object], timeout: float = 30.0) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {check}")
+
+
+def containers(stack: str) -> list:
+    return docker.from_env().containers.list(
+        all=True, filters={"label": f"{runtime.LABEL_STACK}={stack}"}
+    )
+
+
+def deploy(node: Node, model: object, name: str = "tiny", **fields: object) -> Deployment:
+    fields.setdefault("env", sim_env())
+    fields.setdefault("engine_args", {"max-num-seqs": 4, "max-model-len": 4096})
+    services.create_deployment(None, name=name, model=model, node=node, image=SIM_IMAGE, **fields)
+    return Deployment.objects.get(name=name)
+
+
+def test_deploy_serves_then_stop_drains_and_removes(
+    docker_node: Node, sim_model: object, stack: str, eager_tasks: None
+) -> None:
+    pubsub = get_redis().pubsub()
+    pubsub.subscribe(channel())
+    deployment = deploy(docker_node, sim_model,
+                        env=sim_env(SIM_DECODE_TPS="25", SIM_OUTPUT_TOKENS_MIN="40"))
+
+    replica = Replica.objects.get(deployment=deployment)
+    assert (replica.state, replica.healthy, replica.host) == ("ready", True, "127.0.0.1")
+    assert Deployment.objects.get(pk=deployment.pk).state == DeploymentState.READY
+
+    (container,) = containers(stack)
+    attrs = container.attrs
+    assert container.labels[runtime.LABEL_MANAGED] == "true"
+    assert container.labels[runtime.LABEL_DEPLOYMENT] == str(deployment.pk)
+    assert container.labels[runtime.LABEL_REPLICA] == "0"
+    assert attrs["Config"]["Cmd"] == ["Qwen/Qwen3-0.6B", "--served-model-name", "tiny-chat", "--host",
+                             "0.0.0.0", "--port", "8000", "--max-num-seqs", "4",
+                             "--max-model-len", "4096"]
+    host_config = attrs["HostConfig"]
+    assert host_config["IpcMode"] == "host"
+    assert {m["Destination"]: m["Name"] for m in attrs["Mounts"]} == {
+        "/root/.cache/huggingface": f"{stack}-models", "/root/.cache/vllm": f"{stack}-compile"}
+    assert "no-new-privileges" in host_config["SecurityOpt"]
+    assert host_config["LogConfig"]["Config"] == {"max-size": "50m", "max-file": "3"}
+    assert host_config["PortBindings"]["8000/tcp"][0]["HostIp"] == "127.0.0.1"
+    assert host_config["RestartPolicy"]["Name"] in ("", "no")  # Tollgate supervises
+    # This node has no GPU: no device request, no GPU ulimits (CPU-only hosts refuse them).
+    assert not host_config.get("DeviceRequests") and not host_config.get("Ulimits")
+    assert "SIM_LOAD_SECONDS=0.4" in attrs["Config"]["Env"]
+
+    # Cold-start profile per phase and a real progress bar from the shard lines.
+    op = Operation.objects.get(deployment=deployment, kind=OperationKind.DEPLOY)
+    assert op.status == OperationStatus.SUCCEEDED and op.progress == 100
+    phases = op.detail["replicas"]["0"]["phases"]
+    assert {"pull", "create", "start", "load", "models", "warmup", "total"} <= phases.keys()
+
+    # The gateway's routing table has it; the replica change was published to gateways.
+    routes = load_snapshot().routes[sim_model.pk]
+    assert [u.base_url for u in routes] == [replica.base_url]
+    reply = httpx.post(f"{routes[0].base_url}/v1/chat/completions", timeout=10, json={
+        "model": "tiny-chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+    published = []
+    while (message := pubsub.get_message(timeout=0.2)) is not None or not published:
+        if message and message["type"] == "message":
+            published.append(orjson.loads(message["data"]))
+        if message is None:
+            break
+    assert {"kind": "replica", "id": str(replica.pk)} in published
+
+    # Stop with a request in flight: it finishes, then the container is gone.
+    slow = {}
+
+    def long_request() -> None:
+        slow["reply"] = httpx.post(f"{replica.base_url}/v1/chat/completions", timeout=30, json={
+            "model": "tiny-chat", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 40, "stream": False})
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    wait_for(lambda: (fleet.scrape_replica(replica) or {}).get("running"))
+    services.set_desired_state(None, deployment, "stopped")
+    worker.join()
+    assert slow["reply"].status_code == 200
+    assert containers(stack) == []
+    assert Replica.objects.get(pk=replica.pk).state == ReplicaState.STOPPED
+    assert Deployment.objects.get(pk=deployment.pk).state == DeploymentState.STOPPED
+    assert sim_model.pk not in load_snapshot().routes
+
+
+def test_killed_engine_is_restarted_by_reconcile_with_backoff(
+    docker_node: Node, sim_model: object, stack: str, eager_tasks: None, settings: object
+) -> None:
+    settings.TOLLGATE_RESTART_BACKOFF_SECONDS = 1.5
+    deployment = deploy(docker_node, sim_model)
+    (container,) = containers(stack)
+    container.kill()
+
+    done = reconcile.reconcile_node(docker_node)
+    replica = Replica.objects.get(deployment=deployment)
+    assert done["crashed"] == 1 and replica.state == ReplicaState.CRASHED and not replica.healthy
+    assert replica.crash_count == 1 and replica.exit_code == 137
+    assert sim_model.pk not in load_snapshot().routes
+    # Within the backoff nothing restarts it.
+    assert reconcile.reconcile_node(docker_node)["restarts"] == 0
+
+    wait_for(lambda: Replica.objects.get(pk=replica.pk).next_restart_at
+             <= __import__("django.utils.timezone").utils.timezone.now(), 5)
+    assert reconcile.reconcile_node(docker_node)["restarts"] == 1
+    replica.refresh_from_db()
+    assert replica.state == ReplicaState.READY and replica.healthy
+    (new_container,) = containers(stack)
+    assert new_container.id != container.id and new_container.status == "running"
+
+
+def test_engine_that_exits_0_or_answers_503_counts_as_crashed(
+    docker_node: Node, sim_model: object, stack: str, eager_tasks: None
+) -> None:
+    # The warm-up is request 1; the engine dies after request 2 with exit code 0.
+    env = sim_env(SIM_CRASH_AFTER_REQUESTS="2", SIM_CRASH_EXIT_CODE="0",
+                  SIM_CRASH_GRACE_SECONDS="1.5")
+    deployment = deploy(docker_node, sim_model, env=env)
+    replica = Replica.objects.get(deployment=deployment)
+    httpx.post(f"{replica.base_url}/v1/chat/completions", timeout=10, json={
+        "model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    # During the grace period /health answers 503: out of routing at once.
+    assert reconcile.reconcile_node(docker_node)["crashed"] == 1
+    replica.refresh_from_db()
+    assert replica.state == ReplicaState.CRASHED and "503" in replica.last_error
+
+
+def test_crash_loop_fails_the_deployment_with_the_log_tail(
+    docker_node: Node, sim_model: object, stack: str, eager_tasks: None, settings: object
+) -> None:
+    settings.TOLLGATE_MAX_CRASHES = 2
+    settings.TOLLGATE_RESTART_BACKOFF_SECONDS = 0.1
+    deployment = deploy(docker_node, sim_model, env=sim_env(SIM_LOAD_FAIL_EXIT_CODE="3"))
+    replica = Replica.objects.get(deployment=deployment)
+    assert replica.state == ReplicaState.CRASHED and replica.exit_code == 3
+    op = Operation.objects.get(deployment=deployment, kind=OperationKind.DEPLOY)
+    assert op.status == OperationStatus.FAILED and "exited with code 3" in op.error
+
+    time.sleep(0.2)  # the 0.1 s backoff
+    reconcile.reconcile_node(docker_node)
+    deployment.refresh_from_db()
+    assert deployment.state == DeploymentState.FAILED
+    assert "crashed 2 times" in deployment.state_message
+    assert "Loading safetensors checkpoint shards" in deployment.state_message  # the log tail
+    # Failed stays failed: no more restarts.
+    time.sleep(0.2)
+    assert reconcile.reconcile_node(docker_node)["restarts"] == 0
+
+
+def test_orphans_are_removed_and_foreign_containers_untouched(
+    docker_node: Node, stack: str, settings: object
+) -> None:
+    dc = docker.from_env()
+    labels = runtime.labels_for(stack, docker_node.name, deployment_id=999999, index=0)
+    orphan = dc.containers.create(SIM_IMAGE, labels=labels, name=f"{stack}-orphan")
+    foreign = dc.containers.create(SIM_IMAGE, name=f"{stack}-foreign",
+                                   labels={runtime.LABEL_STACK: stack})  # not managed: not ours
+    try:
+        settings.TOLLGATE_ORPHAN_GRACE_SECONDS = 3600.0
+        assert reconcile.reconcile_node(docker_node)["orphans"] == 0  # still in its grace period
+        settings.TOLLGATE_ORPHAN_GRACE_SECONDS = 0.0
+        assert reconcile.reconcile_node(docker_node)["orphans"] == 1
+        with pytest.raises(docker.errors.NotFound):
+            orphan.reload()
+        foreign.reload()
+    finally:
+        foreign.remove(force=True)
+
+
+def test_the_same_deploy_task_delivered_twice_starts_one_container(
+    docker_node: Node, sim_model: object, stack: str
+) -> None:
+    deployment = deploy(docker_node, sim_model)  # not eager: the task is only queued
+    op = Operation.objects.get(deployment=deployment, kind=OperationKind.DEPLOY)
+    assert op.status == OperationStatus.QUEUED and containers(stack) == []
+
+    def deliver() -> None:
+        try:
+            tasks.deploy(op.pk)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tasks.deploy(op.pk)  # and a third, late delivery
+    assert len(containers(stack)) == 1
+    assert Replica.objects.get(deployment=deployment).state == ReplicaState.READY
+
+
+def test_a_second_deploy_operation_leaves_a_ready_replica_alone(
+    docker_node: Node, sim_model: object, stack: str, eager_tasks: None
+) -> None:
+    deployment = deploy(docker_node, sim_model)
+    first = containers(stack)[0].id
+    op = lifecycle.queue_operation(OperationKind.DEPLOY, deployment)
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.SUCCEEDED
+    assert [c.id for c in containers(stack)] == [first]
+
+
+def test_disallowed_flag_or_image_is_a_400_and_creates_nothing(
+    docker_node: Node, sim_model: object, stack: str, root: object, client_for: Callable,
+    eager_tasks: None,
+) -> None:
+    api = client_for(root)
+    base = {"name": "bad", "model": "tiny-chat", "node": docker_node.name, "image": SIM_IMAGE}
+    for body in ({**base, "engine_args": {"api-key": "x"}},
+                 {**base, "engine_args": {"trust-remote-code": True}},
+                 {**base, "image": "evil/miner:latest"},
+                 {**base, "env": {"LD_PRELOAD": "/tmp/x.so"}}):
+        answer = api.post("/api/v1/deployments/", body, format="json")
+        assert answer.status_code == 400, answer.content
+    assert containers(stack) == [] and not Deployment.objects.exists()
+
+
+def test_a_deployment_that_does_not_fit_is_a_400_with_the_arithmetic(
+    docker_node: Node, stack: str, root: object, client_for: Callable, eager_tasks: None,
+) -> None:
+    api = client_for(root)
+    api.post("/api/v1/models/", {"served_name": "huge", "source": "org/huge",
+                                 "params_billions": "405", "context_length": 131072}, format="json")
+    answer = api.post("/api/v1/deployments/", {
+        "name": "huge", "model": "huge", "node": docker_node.name, "image": SIM_IMAGE,
+        "engine_args": {"max-num-seqs": 4}}, format="json")
+    assert answer.status_code == 400
+    message = answer.json()["memory"][0]
+    assert "405 B params × 2 bytes (bf16) = 810.0 GB" in message
+    assert "> 68.7 GB" in message  # the node's 64 GiB
+    assert containers(stack) == [] and not Deployment.objects.exists()
+
+
+def test_scale_up_and_down_through_the_api(
+    docker_node: Node, sim_model: object, stack: str, root: object, client_for: Callable,
+    eager_tasks: None,
+) -> None:
+    ensure_builtin_profiles()  # transactional tests empty the table the migration filled
+    profile = EngineProfile.objects.get(name="simulator")
+    services.create_deployment(None, name="tiny", model=sim_model, node=docker_node,
+                               profile=profile, env=sim_env())
+    api = client_for(root)
+    assert api.patch("/api/v1/deployments/tiny/", {"replicas": 2}, format="json").status_code == 200
+    assert sorted(c.labels[runtime.LABEL_REPLICA] for c in containers(stack)) == ["0", "1"]
+    assert len(load_snapshot().routes[sim_model.pk]) == 2
+    logs = api.get("/api/v1/deployments/tiny/logs/?replica=1&lines=50").json()
+    assert "Loading safetensors checkpoint shards: 100% Completed | 4/4" in logs["log"]
+    assert api.patch("/api/v1/deployments/tiny/", {"replicas": 1}, format="json").status_code == 200
+    assert [c.labels[runtime.LABEL_REPLICA] for c in containers(stack)] == ["0"]
+    # The simulator profile's flags reached the engine.
+    assert "--max-num-seqs" in containers(stack)[0].attrs["Args"]
+
+
+def test_missing_image_with_pulls_disabled_fails_the_operation_clearly(
+    docker_node: Node, sim_model: object, stack: str, eager_tasks: None
+) -> None:
+    services.create_deployment(None, name="ghost", model=sim_model, node=docker_node,
+                               image="tollgate/engine-sim:does-not-exist", env=sim_env())
+    op = Operation.objects.get(deployment__name="ghost")
+    assert op.status == OperationStatus.FAILED
+    assert "not on node" in op.error and "TOLLGATE_PULL_POLICY=never" in op.error
+    assert containers(stack) == []

@@ -1,0 +1,192 @@
+"""Pure rules: memory-fit arithmetic, container-state mapping, progress parsing,
+engine environment and argument validation, backoff, metrics parsing."""
+
+from decimal import Decimal
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from deployments import engine, lifecycle, planner, progress, runtime
+from deployments.choices import ReplicaState
+from deployments.engine_args import to_argv, validate_engine_args
+from deployments.engine_env import validate_engine_env
+from deployments.models import CatalogModel, Deployment
+
+# --- memory fit --------------------------------------------------------------------------------
+
+
+def test_footprint_adds_weights_kv_cache_and_overhead() -> None:
+    need = planner.footprint(8, "", 32768, 4, kv_bytes_per_token=131072)
+    assert need.weights == 16_000_000_000
+    assert need.kv_cache == 32768 * 4 * 131072
+    assert need.overhead == 1_600_000_000
+    assert need.per_replica == need.weights + need.kv_cache + need.overhead
+    assert "8 B params × 2 bytes (bf16) = 16.0 GB" in need.explanation
+    assert "32768 tokens × 4 seqs × 128 KiB/token (from the model) = 17.2 GB" in need.explanation
+
+
+def test_quantization_and_fp8_kv_cache_shrink_the_footprint() -> None:
+    full = planner.footprint(70, "", 8192, 4, kv_bytes_per_token=327680)
+    small = planner.footprint(70, "nvfp4", 8192, 4, kv_bytes_per_token=327680, kv_cache_dtype="fp8")
+    assert small.weights == int(70e9 * 0.5625) and small.kv_cache == full.kv_cache // 2
+
+
+def test_moe_kv_estimate_follows_active_parameters() -> None:
+    dense = planner.footprint(120, "mxfp4", 32768, 4)
+    moe = planner.footprint(120, "mxfp4", 32768, 4, active_params_billions=5.1)
+    assert moe.kv_cache < dense.kv_cache / 4
+
+
+def test_a_120b_mxfp4_model_fits_a_spark_and_two_do_not() -> None:
+    spark = planner.capacity(128 * 2**30, 118 * 2**30, 0, unified=True)
+    need = planner.footprint(117, "mxfp4", 32768, 4, active_params_billions=5.1,
+                             gpu_memory_utilization=0.6, pool_bytes=128 * 2**30)
+    assert planner.check_fit(need, 1, 0, "spark", spark).fits
+    verdict = planner.check_fit(need, 2, 0, "spark", spark)
+    assert not verdict.fits
+    assert "per replica × 2" in verdict.message and "> 126.7 GB" in verdict.message
+
+
+def test_unified_capacity_counts_back_what_running_engines_hold() -> None:
+    cap = planner.capacity(128 * GiB, 40 * GiB, 0, unified=True, held_by_running_engines=70 * GiB)
+    assert cap.usable == 110 * GiB and "available host memory" in cap.explanation
+    assert planner.capacity(128 * GiB, 0, 80 * GiB, unified=False).usable == 80 * GiB
+
+
+def test_utilisation_too_small_for_the_model_is_refused() -> None:
+    need = planner.footprint(70, "", 32768, 4, gpu_memory_utilization=0.5, pool_bytes=128 * GiB)
+    verdict = planner.check_fit(need, 1, 0, "spark", planner.capacity(128 * GiB, 0, 0, True))
+    assert not verdict.fits and "gives it only 68.7 GB" in verdict.message
+
+
+GiB = 2**30
+
+
+@pytest.mark.django_db
+def test_service_refuses_a_deployment_that_does_not_fit(local_node: object) -> None:
+    big = CatalogModel.objects.create(served_name="big", source="org/big", params_billions=Decimal("70"),
+                                      context_length=131072)
+    from deployments import services
+
+    with pytest.raises(ValidationError) as refused:
+        services.create_deployment(None, name="big", model=big, node=local_node,
+                                   image="vllm/vllm-openai:v0.33.0",
+                                   engine_args={"max-model-len": "128k", "max-num-seqs": 16})
+    message = refused.value.message_dict["memory"][0]
+    assert "70 B params × 2 bytes (bf16) = 140.0 GB" in message and "137.4 GB" in message
+    assert not Deployment.objects.exists()
+
+
+# --- container state ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "health", "expected"),
+    [
+        (None, None, runtime.MISSING),
+        ("created", None, ReplicaState.STARTING),
+        ("running", None, ReplicaState.LOADING),
+        ("running", 200, ReplicaState.READY),
+        ("running", 503, ReplicaState.CRASHED),
+        ("exited", None, ReplicaState.CRASHED),  # exit code 0 too: vLLM sometimes exits 0 on death
+        ("dead", None, ReplicaState.CRASHED),
+        ("restarting", None, ReplicaState.CRASHED),
+        ("removing", None, ReplicaState.STOPPED),
+    ],
+)
+def test_container_state_maps_to_replica_state(status: str | None, health: int | None,
+                                               expected: str) -> None:
+    assert runtime.replica_state_for(status, health) == expected
+
+
+def test_backoff_doubles_from_ten_seconds_to_five_minutes() -> None:
+    assert [lifecycle.backoff_seconds(n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+
+def test_shard_progress_reads_the_last_vllm_line() -> None:
+    log = ("INFO starting\nLoading safetensors checkpoint shards:  10% Completed | 4/39 "
+           "[00:03<00:30,  1.2it/s]\rLoading safetensors checkpoint shards:  46% Completed | "
+           "18/39 [00:12<00:14,  1.50it/s]\n")
+    assert progress.shard_progress(log) == (18, 39)
+    assert progress.shard_progress("INFO nothing yet") is None
+
+
+def test_download_progress_reads_the_hf_cli_bar() -> None:
+    log = "Fetching 39 files:  46%|████▌     | 18/39 [01:02<01:10,  3.4s/it]\r"
+    assert progress.download_progress(log) == pytest.approx(100 * 18 / 39)
+    assert progress.download_progress("Downloading config.json") is None
+
+
+def test_pull_progress_sums_layers() -> None:
+    layers: dict[str, tuple[int, int]] = {}
+    progress.record_pull_event(layers, {"id": "a", "status": "Downloading",
+                                        "progressDetail": {"current": 50, "total": 100}})
+    progress.record_pull_event(layers, {"id": "b", "status": "Downloading",
+                                        "progressDetail": {"current": 0, "total": 300}})
+    assert progress.pull_progress(layers) == 12.5
+    progress.record_pull_event(layers, {"id": "b", "status": "Pull complete"})
+    assert progress.pull_progress(layers) == 87.5
+
+
+# --- engine arguments and environment ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"host": "0.0.0.0"}, {"port": 9000}, {"api-key": "x"}, {"trust-remote-code": True},
+     {"tool-call-parser": "x; rm -rf /"}, {"download-dir": "/etc"}, {"chat-template": "/etc/passwd"},
+     {"quantization": "$(id)"}],
+)
+def test_dangerous_engine_flags_are_refused(args: dict) -> None:
+    with pytest.raises(ValidationError):
+        validate_engine_args(args)
+
+
+def test_trust_remote_code_only_for_trusted_models() -> None:
+    assert validate_engine_args({"trust-remote-code": True}, trust_remote_code_allowed=True)
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "PATH", "HF_TOKEN", "VLLM_API_KEY",
+                                  "VLLM_PLUGINS", "HTTPS_PROXY", "BASH_ENV", "lower"])
+def test_engine_env_refuses_dangerous_or_unlisted_names(name: str) -> None:
+    with pytest.raises(ValidationError):
+        validate_engine_env({name: "x"})
+
+
+def test_engine_env_allows_engine_tuning() -> None:
+    env = {"NCCL_SOCKET_IFNAME": "enp1s0f0np0", "VLLM_HOST_IP": "10.0.0.2",
+           "RAY_memory_usage_threshold": "1.0", "SIM_LOAD_SECONDS": 2}
+    with pytest.raises(ValidationError):  # lower-case letters are not a valid name
+        validate_engine_env(env)
+    env.pop("RAY_memory_usage_threshold")
+    assert validate_engine_env(env)["SIM_LOAD_SECONDS"] == "2"
+
+
+def test_engine_command_is_vllm_serve_argv() -> None:
+    model = CatalogModel(served_name="qwen3-8b", source="Qwen/Qwen3-8B", revision="abc123",
+                         params_billions=8, context_length=32768)
+    deployment = Deployment(model=model, engine_args={"max-num-seqs": 4, "enforce-eager": True,
+                                                      "enable-prefix-caching": False})
+    argv = engine.engine_command(deployment)
+    assert argv[:7] == ["Qwen/Qwen3-8B", "--served-model-name", "qwen3-8b", "--host", "0.0.0.0",
+                        "--port", "8000"]
+    assert argv[7:] == ["--revision", "abc123", *to_argv(deployment.engine_args)]
+    assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
+
+
+def test_metrics_parse_reads_old_and_new_names() -> None:
+    text = (
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3\n'
+        '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="m"} 1\n'
+        '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+        '# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{model_name="m"} 42\n'
+        '# TYPE vllm:time_to_first_token_seconds histogram\n'
+        'vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5\n'
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 3\n'
+    )
+    figures = engine.parse_metrics(text)
+    assert figures == {"running": 3, "waiting": 1, "kv_cache_usage": 0.5,
+                       "generation_tokens_total": 42, "ttft_seconds_sum": 1.5, "ttft_count": 3}
