@@ -399,7 +399,8 @@ class Gateway:
         model: ModelInfo, upstream: Upstream | None, endpoint: str, request_id: str, occurred: float,
         started: float,
     ) -> None:
-        billable = outcome.status == "ok" or (outcome.status == "client_closed" and outcome.completion_tokens)
+        # Delivered tokens are billed however the request ended; nothing else is.
+        billable = outcome.status == "ok" or outcome.completion_tokens > 0
         if not billable:
             outcome.prompt_tokens = outcome.cached_tokens = outcome.completion_tokens = outcome.reasoning_tokens = 0
         tokens = outcome.prompt_tokens + outcome.completion_tokens

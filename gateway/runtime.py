@@ -108,6 +108,10 @@ class Runtime:
         """Settle a finished request; if Redis is away, keep it and retry until it is back."""
         try:
             await self.limiter.settle(reservation, tokens, money_nano, event)
+        except redis.exceptions.ResponseError:
+            # Redis answered with an error: a bug, not an outage. Retrying cannot help.
+            log.exception("settling %s failed", reservation.request_id)
+            return
         except (redis.exceptions.RedisError, OSError):
             if len(self.unsettled) >= MAX_UNSETTLED:
                 log.error("dropping usage of %s: %d settlements already waiting for Redis",

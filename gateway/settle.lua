@@ -23,6 +23,7 @@ redis.call('ZREM', KEYS[3], rid)
 redis.call('ZREM', KEYS[4], rid)
 
 local function release(field, amount)
+  if amount == 0 then return end  -- Lua would send "-0", which HINCRBY refuses
   local left = redis.call('HINCRBY', KEYS[5], field, -amount)
   if left < 0 then redis.call('HSET', KEYS[5], field, 0) end
 end

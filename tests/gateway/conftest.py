@@ -198,3 +198,12 @@ def world(transactional_db: None, gateway_url: str, engines: dict[str, Engine]) 
     wait_until_served(gateway_url, key_a, "sim-slow")
     wait_until_served(gateway_url, key_b, "sim-slow")
     return World(gateway_url, tenant_a, tenant_b, key_a, key_b, chat, private_a, deployment)
+
+
+def add_routed_model(world: World, name: str, port: int) -> CatalogModel:
+    """A public model served by the engine on ``port``, known to the gateway on return."""
+    model = make_model(name)
+    node = Node.objects.get(name="sim-node")
+    deploy(model, node, port)
+    wait_until_served(world.url, world.key_a, name)
+    return model
