@@ -312,7 +312,7 @@ def create_deployment(actor: Actor, **fields: Any) -> Deployment:
     _check_memory_fit(deployment)
     deployment.save()
     record(actor, AuditAction.CREATE, deployment, changes=snapshot(deployment, DEPLOYMENT_FIELDS))
-    if deployment.desired_state == DesiredState.RUNNING:
+    if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
         lifecycle.queue_operation(OperationKind.DEPLOY, deployment, actor)
     publish_change("deployment", deployment.pk)
     return deployment
