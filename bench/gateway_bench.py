@@ -1,0 +1,568 @@
+"""Gateway overhead: direct-to-engine vs Tollgate vs the LiteLLM proxy, in one run.
+
+Starts three simulator engines (zero-delay; 64 tokens 5 ms apart; 200 tokens 50 ms
+apart), a throw-away PostgreSQL database and Redis prefix with one tenant/key/price (rate
+limits on but never reached, metering on), then for each column — direct, Tollgate with 1
+and 2 gunicorn workers, LiteLLM with 1 and 2 workers — runs the same closed-loop scenarios
+from a separate load-generator process (bench/gateway_load.py, aiohttp client):
+
+  json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
+  stream c=1/16/64    64 tokens 5 ms apart: time to first token, token rate, CPU per chunk
+  hold                1,000 concurrent streams of 200 tokens 50 ms apart: errors, RSS
+
+Server CPU is the utime+stime of the server's whole process tree (from /proc) before and
+after each scenario; memory is the peak summed RSS of its workers while the streams are
+held. LiteLLM is installed on demand into .bench-venvs/litellm (not committed).
+
+    .venv/bin/python bench/gateway_bench.py            # print the table
+    .venv/bin/python bench/gateway_bench.py --write    # and replace the section in bench/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = str(ROOT / ".venv" / "bin" / "python")
+LITELLM_VERSION = "1.108.7"
+LITELLM_VENV = ROOT / ".bench-venvs" / "litellm"
+DB_NAME = "tollgate_bench"
+PG = "postgres://postgres@127.0.0.1:5432"
+SECTION = "## Gateway overhead"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+
+# name -> (tokens per reply, decode tokens/s per sequence; 0 = no delay)
+SIMS = {"bench-model": (16, 0), "bench-stream": (64, 200), "bench-hold": (200, 20)}
+
+
+# --- processes ------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listening on {port}")
+
+
+def children(pid: int) -> list[int]:
+    """All descendants of ``pid`` (from /proc's parent links)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+    return total
+
+
+@dataclass
+class Server:
+    """A process we started, and how to find its workers."""
+
+    proc: subprocess.Popen
+    pids: list[int] = field(default_factory=list)  # root + descendants, fixed once warm
+
+    def refresh(self) -> None:
+        self.pids = [self.proc.pid, *children(self.proc.pid)]
+
+    @property
+    def workers(self) -> list[int]:
+        return self.pids[1:] or self.pids[:1]
+
+    def stop(self) -> None:
+        self.refresh()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.pids[1:]:  # a worker its parent left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_sim(name: str, tokens: int, tps: float) -> tuple[int, Server]:
+    port = free_port()
+    cmd = [PY, "-m", "engine_sim", name, "--served-model-name", name, "--host", "127.0.0.1",
+           "--port", str(port), "--max-model-len", "4096", "--max-num-seqs", "4096",
+           "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0",
+           "--sim-decode-tps", str(tps), "--sim-bandwidth-alpha", "0",
+           "--sim-output-tokens-min", str(tokens), "--sim-output-tokens-max", str(tokens)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(proc)
+    wait_listening(port, proc)
+    return port, server
+
+
+def start_tollgate(workers: int, env: dict, key: str, log: Path) -> tuple[str, Server]:
+    port = free_port()
+    cmd = [PY, "-m", "gunicorn", "config.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
+           "-w", str(workers), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
+    server = Server(proc)
+    wait_listening(port, proc)
+    url = f"http://127.0.0.1:{port}"
+    wait_serving(url, key, proc)
+    return url, server
+
+
+def wait_serving(url: str, key: str | None, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    """Until several /v1/models calls in a row list every bench model (all workers up)."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline and streak < 8:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        req = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {key or 'none'}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                names = {m["id"] for m in json.load(r)["data"]}
+            streak = streak + 1 if set(SIMS) <= names else 0
+        except OSError:
+            streak = 0
+        time.sleep(0.1)
+    if streak < 8:
+        raise TimeoutError(f"{url} did not serve the bench models in {timeout}s")
+
+
+def ensure_litellm() -> Path:
+    exe = LITELLM_VENV / "bin" / "litellm"
+    pip = LITELLM_VENV / "bin" / "pip"
+    if exe.exists():
+        out = subprocess.run([str(pip), "show", "litellm"], capture_output=True, text=True).stdout
+        if f"Version: {LITELLM_VERSION}" in out:
+            return exe
+    print(f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV} …", file=sys.stderr)
+    LITELLM_VENV.parent.mkdir(exist_ok=True)
+    if not (LITELLM_VENV / "bin" / "python").exists():
+        subprocess.run(["python3", "-m", "venv", str(LITELLM_VENV)], check=True)
+    subprocess.run([str(pip), "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"], check=True)
+    return exe
+
+
+def start_litellm(workers: int, ports: dict[str, int], tmp: Path, log: Path) -> tuple[str, Server]:
+    exe = ensure_litellm()
+    lines = ["model_list:"]
+    for name, port in ports.items():
+        lines += [f"  - model_name: {name}",
+                  "    litellm_params:",
+                  f"      model: openai/{name}",
+                  f"      api_base: http://127.0.0.1:{port}/v1",
+                  "      api_key: sk-bench"]
+    lines += ["litellm_settings:", "  telemetry: false", "  set_verbose: false", "  drop_params: true",
+              "  turn_off_message_logging: true", "general_settings: {}"]
+    config = tmp / "litellm.yaml"
+    config.write_text("\n".join(lines) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS", "LITELLM"))}
+    env.update(LITELLM_LOG="ERROR", LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
+               TELEMETRY="False", DISABLE_SCHEMA_UPDATE="True", NO_DOCS="True")
+    port = free_port()
+    cmd = [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+           "--num_workers", str(workers)]
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+    server = Server(proc)
+    wait_listening(port, proc, timeout=120)
+    url = f"http://127.0.0.1:{port}"
+    wait_serving(url, None, proc)
+    return url, server
+
+
+# --- the load generator ---------------------------------------------------------------------
+
+class Load:
+    """The separate client process: one JSON scenario in, one JSON result out."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([PY, str(ROOT / "bench" / "gateway_load.py")], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert json.loads(self.proc.stdout.readline()).get("ready")
+
+    def run(self, spec: dict) -> dict:
+        self.proc.stdin.write(json.dumps(spec) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("load generator died")
+        return json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class PeakRss(threading.Thread):
+    """Samples the summed RSS of some processes every 100 ms; keeps the peak."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.peak, self.done = pids, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            self.peak = max(self.peak, rss_bytes(self.pids))
+
+    def __enter__(self) -> PeakRss:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join()
+
+
+# --- scenarios --------------------------------------------------------------------------------
+
+@dataclass
+class Column:
+    name: str
+    url_for: dict[str, str]  # model -> base URL
+    key: str | None
+    server: Server | None
+
+
+def scenarios(scale: float) -> list[tuple[str, dict]]:
+    d = lambda s: max(1.0, s * scale)  # noqa: E731
+    return [
+        ("json c=1", {"model": "bench-model", "stream": False, "concurrency": 1, "duration": d(4), "requests": 20000}),
+        ("json c=16", {"model": "bench-model", "stream": False, "concurrency": 16, "duration": d(3), "requests": 50000}),
+        ("json c=64", {"model": "bench-model", "stream": False, "concurrency": 64, "duration": d(5), "requests": 50000}),
+        ("stream c=1", {"model": "bench-stream", "stream": True, "concurrency": 1, "duration": d(5), "requests": 1000}),
+        ("stream c=16", {"model": "bench-stream", "stream": True, "concurrency": 16, "duration": d(4), "requests": 10000}),
+        ("stream c=64", {"model": "bench-stream", "stream": True, "concurrency": 64, "duration": d(5), "requests": 10000}),
+    ]
+
+
+def run_scenario(load: Load, col: Column, spec: dict) -> dict:
+    spec = {**spec, "url": col.url_for[spec["model"]], "key": col.key, "tokens": SIMS[spec["model"]][0]}
+    pids = col.server.pids if col.server else []
+    cpu0 = cpu_seconds(pids)
+    with PeakRss(col.server.workers if col.server else []) as rss:
+        result = load.run(spec)
+    result["server_cpu_s"] = cpu_seconds(pids) - cpu0 if col.server else None
+    result["peak_rss"] = rss.peak if col.server else None
+    return result
+
+
+def run_column(load: Load, col: Column, scale: float, hold: int) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    # Warm-up: imports, caches, connection pools, JIT-free but lazy paths.
+    run_scenario(load, col, {"model": "bench-model", "stream": False, "concurrency": 16, "duration": 2, "requests": 2000})
+    run_scenario(load, col, {"model": "bench-stream", "stream": True, "concurrency": 16, "duration": 1, "requests": 200})
+    if col.server:
+        col.server.refresh()
+    for name, spec in scenarios(scale):
+        out[name] = r = run_scenario(load, col, spec)
+        print(f"  {col.name:<12} {name:<12} n={r['requests']:<6} err={r['errors']:<3} "
+              f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms ttft50={fmt(r['ttft_p50'], 2)} "
+              f"rps={r['rps']:.0f} tok/s={r['tok_s']:.0f} cpu={fmt(r['server_cpu_s'], 2)} s "
+              f"{r['first_error']}", file=sys.stderr, flush=True)
+    if hold:
+        base = rss_bytes(col.server.workers) if col.server else 0
+        spec = {"model": "bench-hold", "stream": True, "concurrency": hold, "duration": 120, "requests": hold}
+        r = run_scenario(load, col, spec)
+        r["base_rss"] = base
+        out["hold"] = r
+        print(f"  {col.name:<12} hold {hold:<7} n={r['requests']} err={r['errors']} peak RSS="
+              f"{fmt((r['peak_rss'] or 0) / 2**20, 0)} MB (idle {base / 2**20:.0f} MB) "
+              f"ttft99={fmt(r['ttft_p99'], 0)} ms {r['first_error']}", file=sys.stderr, flush=True)
+    return out
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[str, float | None]]:
+    direct = res.get("direct", {})
+    rows: list[tuple[str, list[str]]] = []
+    facts: dict[str, float | None] = {}
+
+    def get(col: str, scen: str, metric: str) -> float | None:
+        return res.get(col, {}).get(scen, {}).get(metric)
+
+    def added(col: str, scen: str, metric: str) -> float | None:
+        a, b = get(col, scen, metric), direct.get(scen, {}).get(metric)
+        return None if a is None or b is None or col == "direct" else a - b
+
+    for c in (1, 16, 64):
+        s = f"json c={c}"
+        rows.append((f"non-streaming c={c}: p50 / p99 latency, ms",
+                     [f"{fmt(get(k, s, 'lat_p50'), 2)} / {fmt(get(k, s, 'lat_p99'), 2)}" for k in cols]))
+        rows.append((f"non-streaming c={c}: added p50 / p99, ms",
+                     [f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}" for k in cols]))
+        rows.append((f"non-streaming c={c}: requests/s", [fmt(get(k, s, "rps"), 0) for k in cols]))
+    for c in (1, 16, 64):
+        s = f"stream c={c}"
+        rows.append((f"streaming c={c}: TTFT p50 / p99, ms",
+                     [f"{fmt(get(k, s, 'ttft_p50'), 2)} / {fmt(get(k, s, 'ttft_p99'), 2)}" for k in cols]))
+        rows.append((f"streaming c={c}: added TTFT p50 / p99, ms",
+                     [f"{fmt(added(k, s, 'ttft_p50'), 2)} / {fmt(added(k, s, 'ttft_p99'), 2)}" for k in cols]))
+        rows.append((f"streaming c={c}: added total p50 / p99, ms",
+                     [f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}" for k in cols]))
+        ratio = []
+        for k in cols:
+            a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
+            ratio.append(f"{fmt(a, 0)} ({a / b:.2f})" if a is not None and b else fmt(a, 0))
+        rows.append((f"streaming c={c}: tokens/s (vs direct)", ratio))
+    per_req, per_chunk, net_chunk = [], [], []
+    for k in cols:
+        j, st = res.get(k, {}).get("json c=64", {}), res.get(k, {}).get("stream c=64", {})
+        cpu_req = j["server_cpu_s"] / j["requests"] if j.get("server_cpu_s") is not None and j.get("requests") else None
+        per_req.append(fmt(cpu_req * 1000 if cpu_req is not None else None, 3))
+        if st.get("server_cpu_s") is not None and st.get("frames"):
+            per_chunk.append(fmt(st["server_cpu_s"] / st["frames"] * 1e6, 1))
+            net = (st["server_cpu_s"] - st["requests"] * (cpu_req or 0)) / st["frames"]
+            net_chunk.append(fmt(net * 1e6, 1))
+        else:
+            per_chunk.append("–")
+            net_chunk.append("–")
+        facts[f"{k}.cpu_req_ms"] = cpu_req * 1000 if cpu_req is not None else None
+    rows.append(("server CPU per request (json c=64), ms", per_req))
+    rows.append(("server CPU per streamed chunk (stream c=64, all CPU / chunks), µs", per_chunk))
+    rows.append(("  … net of the per-request cost, µs", net_chunk))
+    rows.append(("client CPU per request (json c=64), ms",
+                 [fmt(get(k, "json c=64", "client_cpu_s") / get(k, "json c=64", "requests") * 1000, 3)
+                  if get(k, "json c=64", "requests") else "–" for k in cols]))
+    hold_rows = [[], [], []]
+    for k in cols:
+        h = res.get(k, {}).get("hold")
+        if not h:
+            hold_rows[0].append("–")
+            hold_rows[1].append("–")
+            hold_rows[2].append("–")
+            continue
+        hold_rows[0].append(f"{h['requests']} ok / {h['errors']} err")
+        if h.get("peak_rss"):
+            hold_rows[1].append(f"{h['peak_rss'] / 2**20:,.0f} (idle {h['base_rss'] / 2**20:,.0f})")
+            hold_rows[2].append(fmt((h["peak_rss"] - h["base_rss"]) / max(h["requests"] + h["errors"], 1) / 1024, 0))
+        else:
+            hold_rows[1].append("–")
+            hold_rows[2].append("–")
+    rows.append(("1,000 streams (200 tok, 50 ms apart): completed", hold_rows[0]))
+    rows.append(("1,000 streams: peak RSS of the workers, MB", hold_rows[1]))
+    rows.append(("1,000 streams: RSS per stream, kB", hold_rows[2]))
+
+    width = max(len(r[0]) for r in rows)
+    cw = [max(len(k), *(len(r[1][i]) for r in rows)) for i, k in enumerate(cols)]
+    lines = ["| " + "metric".ljust(width) + " | " + " | ".join(k.rjust(w) for k, w in zip(cols, cw)) + " |",
+             "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in cw) + "|"]
+    for label, vals in rows:
+        lines.append("| " + label.ljust(width) + " | " + " | ".join(v.rjust(w) for v, w in zip(vals, cw)) + " |")
+
+    for k in cols:
+        facts[f"{k}.added_p50_c1"] = added(k, "json c=1", "lat_p50")
+        facts[f"{k}.added_ttft_c16"] = added(k, "stream c=16", "ttft_p50")
+        facts[f"{k}.rps_c64"] = get(k, "json c=64", "rps")
+        a, b = get(k, "stream c=64", "tok_s"), direct.get("stream c=64", {}).get("tok_s")
+        facts[f"{k}.tok_ratio_c64"] = a / b if a is not None and b else None
+        h = res.get(k, {}).get("hold")
+        facts[f"{k}.hold_errors"] = h["errors"] if h else None
+        facts[f"{k}.hold_ok"] = h["requests"] if h else None
+        facts[f"{k}.hold_rss"] = h["peak_rss"] / 2**20 if h and h.get("peak_rss") else None
+    return "\n".join(lines), facts
+
+
+def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
+    out = []
+    for g in ("Tollgate w2", "Tollgate w1"):
+        if facts.get(f"{g}.rps_c64") is None:
+            continue
+        v = facts[f"{g}.added_p50_c1"]
+        out.append(f"- {g}: added p50 at c=1, non-streaming ≤ 1.0 ms: "
+                   f"{'met' if v is not None and v <= 1.0 else 'MISSED'} ({fmt(v, 2)} ms)")
+        v = facts[f"{g}.added_ttft_c16"]
+        out.append(f"- {g}: added TTFT p50 at c=16 ≤ 2 ms: "
+                   f"{'met' if v is not None and v <= 2.0 else 'MISSED'} ({fmt(v, 2)} ms)")
+        lite = facts.get("LiteLLM w2.rps_c64")
+        if lite:
+            x = facts[f"{g}.rps_c64"] / lite
+            out.append(f"- {g}: req/s at c=64 ≥ 12× LiteLLM w2: {'met' if x >= 12 else 'MISSED'} "
+                       f"({fmt(facts[f'{g}.rps_c64'], 0)} vs {fmt(lite, 0)} req/s = {x:.1f}×)")
+        v = facts[f"{g}.tok_ratio_c64"]
+        out.append(f"- {g}: token rate at 64 streams ≥ 95% of direct: "
+                   f"{'met' if v is not None and v >= 0.95 else 'MISSED'} ({fmt(v * 100 if v else None, 1)}%)")
+        if facts.get(f"{g}.hold_ok") is not None:
+            ok = facts[f"{g}.hold_errors"] == 0 and facts[f"{g}.hold_ok"] == hold
+            out.append(f"- {g}: {hold:,} concurrent streams with no errors: {'met' if ok else 'MISSED'} "
+                       f"({facts[f'{g}.hold_ok']} ok, {facts[f'{g}.hold_errors']} errors; "
+                       f"workers' peak RSS {fmt(facts[f'{g}.hold_rss'], 0)} MB)")
+    return out
+
+
+BEGIN, END = "<!-- gateway_bench.py --write: begin -->", "<!-- gateway_bench.py --write: end -->"
+
+
+def write_section(block: str) -> None:
+    """Replace the generated block inside this bench's section (prose around it stays)."""
+    path = ROOT / "bench" / "RESULTS.md"
+    page = path.read_text()
+    generated = f"{BEGIN}\n{block}{END}"
+    if BEGIN in page and END in page:
+        page = page[:page.index(BEGIN)] + generated + page[page.index(END) + len(END):]
+    else:
+        page = page.rstrip("\n") + f"\n\n{SECTION}\n\n{generated}\n"
+    path.write_text(page)
+
+
+# --- main --------------------------------------------------------------------------------------
+
+def sh(cmd: list[str], **kw: object) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def psql(sql: str) -> None:
+    sh(["psql", f"{PG}/postgres", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql])
+
+
+def load_avg() -> str:
+    return sh(["uptime"]).strip().split("load average:")[-1].strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="replace the section in bench/RESULTS.md")
+    ap.add_argument("--columns", default="direct,Tollgate w1,Tollgate w2,LiteLLM w1,LiteLLM w2")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
+    ap.add_argument("--hold-litellm", action="store_true", help="also hold the streams through LiteLLM")
+    ap.add_argument("--profile", choices=["none", "py-spy"], default="none", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    cols = [c.strip() for c in a.columns.split(",")]
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = load_avg()
+    prefix = f"bench-{secrets.token_hex(4)}"
+    tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
+    env = {**os.environ, "TOLLGATE_ENV": "test", "DATABASE_URL": f"{PG}/{DB_NAME}",
+           "TOLLGATE_REDIS_PREFIX": prefix, "TOLLGATE_LOG_LEVEL": "WARNING"}
+    servers: list[Server] = []
+    load: Load | None = None
+    results: dict[str, dict[str, dict]] = {}
+    db_made = False
+    try:
+        if any(c.startswith("LiteLLM") for c in cols):
+            ensure_litellm()
+        ports: dict[str, int] = {}
+        for name, (tokens, tps) in SIMS.items():
+            ports[name], sim = start_sim(name, tokens, tps)
+            servers.append(sim)
+        psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        psql(f"CREATE DATABASE {DB_NAME}")
+        db_made = True
+        sh([PY, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
+        key = json.loads(sh([PY, "bench/gateway_setup.py", *(f"{n}={p}" for n, p in ports.items())],
+                            cwd=ROOT, env=env).strip().splitlines()[-1])["key"]
+        load = Load()
+        for col in cols:
+            print(f"{col} …", file=sys.stderr, flush=True)
+            if col == "direct":
+                column = Column(col, {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}, None, None)
+            elif col.startswith("Tollgate"):
+                url, srv = start_tollgate(int(col[-1]), env, key, tmp / "tollgate.log")
+                servers.append(srv)
+                column = Column(col, dict.fromkeys(SIMS, url), key, srv)
+            else:
+                url, srv = start_litellm(int(col[-1]), ports, tmp, tmp / "litellm.log")
+                servers.append(srv)
+                column = Column(col, dict.fromkeys(SIMS, url), None, srv)
+            hold = a.hold if (col.startswith("Tollgate") or (col.startswith("LiteLLM") and a.hold_litellm)) else 0
+            results[col] = run_column(load, column, a.scale, hold)
+            if column.server:
+                column.server.stop()
+                servers.remove(column.server)
+    finally:
+        if load:
+            load.stop()
+        for srv in servers:
+            srv.stop()
+        if db_made:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        with contextlib.suppress(Exception):
+            keys = sh(["redis-cli", "--scan", "--pattern", f"{prefix}:*"]).split()
+            for i in range(0, len(keys), 500):
+                sh(["redis-cli", "del", *keys[i:i + 500]])
+        shutil.rmtree(tmp, ignore_errors=True)
+    load_after = load_avg()
+    text, facts = table(cols, results)
+    lines = verdicts(facts, a.hold)
+    cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
+    machine = (f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}, "
+               f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after {load_after}")
+    print(f"\n{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(lines))
+    if a.write:
+        write_section(render_section(cmd.strip(), machine, text, lines))
+
+
+def render_section(cmd: str, machine: str, text: str, lines: list[str]) -> str:
+    return (f"Latest run: {machine}.\n\n```\n{cmd}\n```\n\n{text}\n\n"
+            "Targets:\n\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
