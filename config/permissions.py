@@ -22,16 +22,27 @@ class IsPlatformAdmin(permissions.BasePermission):
         return bool(request.user and request.user.is_staff)
 
 
-class PlatformAdminWrites(permissions.BasePermission):
-    """Anyone authenticated may read what their queryset shows; only platform admins write."""
+class PlatformAdminWrites(permissions.IsAuthenticated):
+    """Anyone authenticated may read what their queryset shows; only platform admins write.
+
+    On a single object the staff check waits until the object was found in the user's
+    queryset, so another tenant's object answers 404 before any 403.
+    """
 
     message = "Only platform admins can change this."
 
     def has_permission(self, request: Request, view: APIView) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        if request.method in permissions.SAFE_METHODS or request.user.is_staff:
+            return True
+        return bool(getattr(view, "detail", False))
+
+    def has_object_permission(self, request: Request, view: APIView, obj: Any) -> bool:
         return request.method in permissions.SAFE_METHODS or request.user.is_staff
 
 
-class TenantAdminWrites(permissions.BasePermission):
+class TenantAdminWrites(permissions.IsAuthenticated):
     """Members read; tenant admins (and platform admins) change objects of their tenant."""
 
     message = "Only tenant admins can do this."

@@ -79,7 +79,7 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
         body = GrantSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         services.grant_model(request.user, model, body.validated_data["tenant"])
-        return Response(self.get_serializer(model).data, status=status.HTTP_201_CREATED)
+        return Response(self.get_serializer(self.get_object()).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=GrantSerializer, responses=CatalogModelSerializer)
     @action(detail=True, methods=["post"])
@@ -90,7 +90,7 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
         body.is_valid(raise_exception=True)
         grant = get_object_or_404(ModelGrant, model=model, tenant=body.validated_data["tenant"])
         services.revoke_grant(request.user, grant)
-        return Response(self.get_serializer(model).data)
+        return Response(self.get_serializer(self.get_object()).data)
 
     @extend_schema(request=StageSerializer, responses={202: OperationSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsPlatformAdmin])

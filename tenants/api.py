@@ -146,6 +146,15 @@ class MembershipViewSet(UserScopedMixin, viewsets.ModelViewSet):
         members = Membership.objects.select_related("tenant", "user")
         return members if user.is_staff else members.filter(tenant_id__in=member_tenant_ids(user))
 
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        # Members learn nothing from validation (e.g. "already a member"): refuse them first.
+        tenant = Tenant.objects.filter(
+            slug=request.data.get("tenant"), pk__in=self.scope(request.user).values("tenant_id")
+        ).first() if isinstance(request.data.get("tenant"), str) else None
+        if tenant is not None:
+            _forbid_unless_tenant_admin(request, tenant)
+        return super().create(request, *args, **kwargs)
+
     def perform_create(self, serializer: BaseSerializer) -> None:
         data = serializer.validated_data
         _forbid_unless_tenant_admin(self.request, data["tenant"])

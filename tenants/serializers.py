@@ -61,17 +61,28 @@ class TenantSlugField(serializers.SlugRelatedField):
         return Tenant.objects.filter(pk__in=member_tenant_ids(user))
 
 
+class VisibleModelsField(serializers.SlugRelatedField):
+    """Catalogue models by served name, limited to those the requesting user may see.
+
+    A private model of another tenant is "does not exist", exactly like a missing one.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(slug_field="served_name", queryset=CatalogModel.objects.all(), **kwargs)
+
+    def get_queryset(self) -> Any:
+        from deployments.api import models_visible_to
+
+        return models_visible_to(self.context["request"].user)
+
+
 class ApiKeySerializer(serializers.ModelSerializer):
     tenant = TenantSlugField()
     key_hint = serializers.CharField(source="masked", read_only=True)
     status = serializers.CharField(read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    allowed_models = serializers.SlugRelatedField(
-        slug_field="served_name",
-        many=True,
-        required=False,
-        queryset=CatalogModel.objects.all(),
-        help_text="Empty: every model the tenant may use.",
+    allowed_models = VisibleModelsField(
+        many=True, required=False, help_text="Empty: every model the tenant may use."
     )
 
     class Meta:

@@ -234,6 +234,9 @@ def update_api_key(
     actor: Actor, key: ApiKey, allowed_models: list | None = None, **changes: Any
 ) -> ApiKey:
     """Rename a key or change its expiry, limits or model restriction."""
+    expires_at = changes.get("expires_at")
+    if expires_at is not None and expires_at != key.expires_at and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "The expiry must be in the future; revoke the key to end it now."})
     before = snapshot(key, KEY_FIELDS)
     for name, value in changes.items():
         setattr(key, name, value)
