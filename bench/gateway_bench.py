@@ -26,7 +26,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import secrets
 import shutil
 import signal
@@ -37,6 +36,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,9 +154,9 @@ def start_sim(name: str, tokens: int, tps: float) -> tuple[int, Server]:
     return port, server
 
 
-def start_tollgate(workers: int, env: dict, key: str, log: Path) -> tuple[str, Server]:
+def start_tollgate(workers: int, env: dict, key: str, log: Path, app: str = "config.asgi:application") -> tuple[str, Server]:
     port = free_port()
-    cmd = [PY, "-m", "gunicorn", "config.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
+    cmd = [PY, "-m", "gunicorn", app, "-k", "uvicorn_worker.UvicornWorker",
            "-w", str(workers), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
     server = Server(proc)
@@ -409,10 +409,10 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
 
     width = max(len(r[0]) for r in rows)
     cw = [max(len(k), *(len(r[1][i]) for r in rows)) for i, k in enumerate(cols)]
-    lines = ["| " + "metric".ljust(width) + " | " + " | ".join(k.rjust(w) for k, w in zip(cols, cw)) + " |",
+    lines = ["| " + "metric".ljust(width) + " | " + " | ".join(k.rjust(w) for k, w in zip(cols, cw, strict=True)) + " |",
              "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in cw) + "|"]
     for label, vals in rows:
-        lines.append("| " + label.ljust(width) + " | " + " | ".join(v.rjust(w) for v, w in zip(vals, cw)) + " |")
+        lines.append("| " + label.ljust(width) + " | " + " | ".join(v.rjust(w) for v, w in zip(vals, cw, strict=True)) + " |")
 
     for k in cols:
         facts[f"{k}.added_p50_c1"] = added(k, "json c=1", "lat_p50")
@@ -483,58 +483,41 @@ def load_avg() -> str:
     return sh(["uptime"]).strip().split("load average:")[-1].strip()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help="replace the section in bench/RESULTS.md")
-    ap.add_argument("--columns", default="direct,Tollgate w1,Tollgate w2,LiteLLM w1,LiteLLM w2")
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
-    ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
-    ap.add_argument("--hold-litellm", action="store_true", help="also hold the streams through LiteLLM")
-    ap.add_argument("--profile", choices=["none", "py-spy"], default="none", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    cols = [c.strip() for c in a.columns.split(",")]
-    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = load_avg()
+@dataclass
+class Stack:
+    """Everything a run shares: simulators, database rows, the key, the load generator."""
+
+    env: dict
+    tmp: Path
+    ports: dict[str, int]
+    key: str
+    load: Load
+    servers: list[Server]
+
+
+@contextlib.contextmanager
+def bench_stack(db_name: str = DB_NAME) -> Iterator[Stack]:
+    """Start simulators, a fresh database with the bench rows and a load generator; undo it all."""
     prefix = f"bench-{secrets.token_hex(4)}"
     tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
-    env = {**os.environ, "TOLLGATE_ENV": "test", "DATABASE_URL": f"{PG}/{DB_NAME}",
+    env = {**os.environ, "TOLLGATE_ENV": "test", "DATABASE_URL": f"{PG}/{db_name}",
            "TOLLGATE_REDIS_PREFIX": prefix, "TOLLGATE_LOG_LEVEL": "WARNING"}
     servers: list[Server] = []
     load: Load | None = None
-    results: dict[str, dict[str, dict]] = {}
     db_made = False
     try:
-        if any(c.startswith("LiteLLM") for c in cols):
-            ensure_litellm()
         ports: dict[str, int] = {}
         for name, (tokens, tps) in SIMS.items():
             ports[name], sim = start_sim(name, tokens, tps)
             servers.append(sim)
-        psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        psql(f"CREATE DATABASE {DB_NAME}")
+        psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
+        psql(f"CREATE DATABASE {db_name}")
         db_made = True
         sh([PY, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
         key = json.loads(sh([PY, "bench/gateway_setup.py", *(f"{n}={p}" for n, p in ports.items())],
                             cwd=ROOT, env=env).strip().splitlines()[-1])["key"]
         load = Load()
-        for col in cols:
-            print(f"{col} …", file=sys.stderr, flush=True)
-            if col == "direct":
-                column = Column(col, {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}, None, None)
-            elif col.startswith("Tollgate"):
-                url, srv = start_tollgate(int(col[-1]), env, key, tmp / "tollgate.log")
-                servers.append(srv)
-                column = Column(col, dict.fromkeys(SIMS, url), key, srv)
-            else:
-                url, srv = start_litellm(int(col[-1]), ports, tmp, tmp / "litellm.log")
-                servers.append(srv)
-                column = Column(col, dict.fromkeys(SIMS, url), None, srv)
-            hold = a.hold if (col.startswith("Tollgate") or (col.startswith("LiteLLM") and a.hold_litellm)) else 0
-            results[col] = run_column(load, column, a.scale, hold)
-            if column.server:
-                column.server.stop()
-                servers.remove(column.server)
+        yield Stack(env, tmp, ports, key, load, servers)
     finally:
         if load:
             load.stop()
@@ -542,12 +525,47 @@ def main() -> None:
             srv.stop()
         if db_made:
             with contextlib.suppress(subprocess.CalledProcessError):
-                psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+                psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
         with contextlib.suppress(Exception):
             keys = sh(["redis-cli", "--scan", "--pattern", f"{prefix}:*"]).split()
             for i in range(0, len(keys), 500):
                 sh(["redis-cli", "del", *keys[i:i + 500]])
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="replace the generated block in bench/RESULTS.md")
+    ap.add_argument("--columns", default="direct,Tollgate w1,Tollgate w2,LiteLLM w1,LiteLLM w2")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
+    ap.add_argument("--hold-litellm", action="store_true", help="also hold the streams through LiteLLM")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    cols = [c.strip() for c in a.columns.split(",")]
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = load_avg()
+    results: dict[str, dict[str, dict]] = {}
+    if any(c.startswith("LiteLLM") for c in cols):
+        ensure_litellm()
+    with bench_stack() as st:
+        for col in cols:
+            print(f"{col} …", file=sys.stderr, flush=True)
+            if col == "direct":
+                column = Column(col, {n: f"http://127.0.0.1:{p}" for n, p in st.ports.items()}, None, None)
+            elif col.startswith("Tollgate"):
+                url, srv = start_tollgate(int(col[-1]), st.env, st.key, st.tmp / "tollgate.log")
+                st.servers.append(srv)
+                column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
+            else:
+                url, srv = start_litellm(int(col[-1]), st.ports, st.tmp, st.tmp / "litellm.log")
+                st.servers.append(srv)
+                column = Column(col, dict.fromkeys(SIMS, url), None, srv)
+            hold = a.hold if (col.startswith("Tollgate") or (col.startswith("LiteLLM") and a.hold_litellm)) else 0
+            results[col] = run_column(st.load, column, a.scale, hold)
+            if column.server:
+                column.server.stop()
+                st.servers.remove(column.server)
     load_after = load_avg()
     text, facts = table(cols, results)
     lines = verdicts(facts, a.hold)
