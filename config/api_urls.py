@@ -3,6 +3,7 @@
 from rest_framework.routers import DefaultRouter
 
 from deployments.api import (
+    AllowedImageViewSet,
     CatalogModelViewSet,
     DeploymentViewSet,
     EngineProfileViewSet,
@@ -31,6 +32,7 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("operations", OperationViewSet, basename="operation")
 router.register("engine-profiles", EngineProfileViewSet, basename="engineprofile")
+router.register("engine-images", AllowedImageViewSet, basename="allowedimage")
 router.register("usage", UsageEventViewSet, basename="usageevent")
 router.register("audit", AuditLogViewSet, basename="auditlog")
 urlpatterns = router.urls

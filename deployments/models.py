@@ -238,7 +238,8 @@ class Replica(models.Model):
     @property
     def base_url(self) -> str:
         if self.external_url:
-            return self.external_url
+            # Admins paste either the server root or its OpenAI base (…/v1): accept both.
+            return self.external_url.rstrip("/").removesuffix("/v1")
         return f"http://{self.host}:{self.port}" if self.host and self.port else ""
 
 

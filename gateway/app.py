@@ -344,10 +344,13 @@ class Gateway:
                 metrics.IN_FLIGHT.labels(payload["model"]).inc()
                 try:
                     url = upstream.base_url + path
+                    sent_headers = up_headers
+                    if upstream.auth_header:
+                        sent_headers = {**up_headers, "authorization": upstream.auth_header}
                     if stream:
-                        await forward_stream(self.rt.session, url, out_body, up_headers, send, headers, st, self.max_frame)
+                        await forward_stream(self.rt.session, url, out_body, sent_headers, send, headers, st, self.max_frame)
                     else:
-                        await forward_whole(self.rt.session, url, out_body, up_headers, send, headers, st.outcome)
+                        await forward_whole(self.rt.session, url, out_body, sent_headers, send, headers, st.outcome)
                     break
                 except UpstreamRefused:
                     metrics.UPSTREAM_ERRORS.labels(payload["model"], "refused").inc()

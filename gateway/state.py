@@ -68,6 +68,7 @@ class Upstream:
     deployment_id: int
     base_url: str
     max_num_seqs: int
+    auth_header: str = ""  # external engines that expect their own key
     outstanding: int = 0
 
 
@@ -176,13 +177,14 @@ def _load_routes(snap: Snapshot, previous: Snapshot | None) -> None:
     old = {u.replica_id: u for ups in (previous.routes.values() if previous else ()) for u in ups}
     replicas = Replica.objects.filter(
         state=ReplicaState.READY, healthy=True, deployment__desired_state=DesiredState.RUNNING
-    ).select_related("deployment")
+    ).select_related("deployment__profile")
     for replica in replicas:
         if not replica.base_url:
             continue
         upstream = Upstream(
             replica_id=replica.pk, deployment_id=replica.deployment_id, base_url=replica.base_url,
             max_num_seqs=replica.deployment.max_num_seqs,
+            auth_header=f"Bearer {replica.deployment.upstream_key}" if replica.deployment.upstream_key else "",
             outstanding=old[replica.pk].outstanding if replica.pk in old else 0,
         )
         snap.routes.setdefault(replica.deployment.model_id, []).append(upstream)
