@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "metering",
     "gateway",
     "console",
+    "axes",  # console login throttling (after the apps whose templates it may use)
 ]
 
 MIDDLEWARE = [
@@ -70,6 +71,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # turns a locked-out login into the lockout page
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -147,6 +149,26 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+# Console login throttling (django-axes): after TOLLGATE_LOGIN_FAILURE_LIMIT failed logins
+# for one username from one address, that pair is locked out for the cool-off time.
+# Keyed on both so an attacker cannot lock the real admin out from elsewhere.
+AUTHENTICATION_BACKENDS = [
+    "console.auth.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("TOLLGATE_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = env_int("TOLLGATE_LOGIN_LOCKOUT_MINUTES", 15) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "console/locked_out.html"
+# Only behind reverse proxies (their count set) is X-Forwarded-For believed; else the socket.
+AXES_IPWARE_PROXY_COUNT = env_int("TOLLGATE_TRUSTED_PROXY_COUNT", 0) or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
+)
+AXES_VERBOSE = False
 
 # HMAC pepper for API-key hashes. Kept apart from SECRET_KEY so that rotating one does not
 # silently invalidate the other; derived from SECRET_KEY only when not set.
@@ -154,6 +176,13 @@ TOLLGATE_KEY_PEPPER = (
     env_secret("TOLLGATE_KEY_PEPPER")
     or hashlib.sha256(b"tollgate-key-pepper:" + SECRET_KEY.encode()).hexdigest()
 )
+
+# Key for secrets Tollgate stores encrypted (e.g. external engines' upstream keys);
+# derived from DJANGO_SECRET_KEY when not set.
+TOLLGATE_ENCRYPTION_KEY = env_secret("TOLLGATE_ENCRYPTION_KEY")
+
+# Months close for billing this long after they end; late usage then becomes an adjustment.
+TOLLGATE_PERIOD_CLOSE_GRACE_HOURS = env_int("TOLLGATE_PERIOD_CLOSE_GRACE_HOURS", 72)
 
 # Served over HTTPS (directly or behind a TLS-terminating proxy): secure cookies, HSTS.
 TOLLGATE_HTTPS = env_bool("TOLLGATE_HTTPS", False)
@@ -231,6 +260,9 @@ TOLLGATE_MAX_SSE_FRAME_BYTES = env_int("TOLLGATE_MAX_SSE_FRAME_BYTES", 1024 * 10
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.
 TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
 TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
+# Where the console's playground sends its chat requests (the gateway, like any client);
+# empty: this very server over loopback, on the port the request came in on.
+TOLLGATE_PLAYGROUND_UPSTREAM = env_str("TOLLGATE_PLAYGROUND_UPSTREAM", "")
 
 # --- I18N, static ---------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from config.fields import EncryptedTextField
+
 from deployments.choices import (
     Arch,
     DeploymentState,
@@ -159,8 +161,8 @@ class Deployment(models.Model):
         default=False, help_text="An engine Tollgate routes to but never starts or stops."
     )
     external_url = models.URLField(blank=True, help_text="Base URL of an external engine.")
-    upstream_key = models.CharField(
-        max_length=512, blank=True, help_text="Bearer key the external engine expects (write-only)."
+    upstream_key = EncryptedTextField(
+        blank=True, help_text="Bearer key the external engine expects (write-only, encrypted at rest)."
     )
     replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(16)])
     desired_state = models.CharField(
