@@ -199,8 +199,10 @@ def ensure_litellm() -> Path:
     return exe
 
 
-def start_litellm(workers: int, ports: dict[str, int], tmp: Path, log: Path) -> tuple[str, Server]:
+def start_litellm(workers: int, ports: dict[str, int], tmp: Path, log: Path) -> tuple[str, str, Server]:
+    """LiteLLM without a database; its master key is the only credential (it refuses to run without one)."""
     exe = ensure_litellm()
+    master = f"sk-{secrets.token_hex(32)}"
     lines = ["model_list:"]
     for name, port in ports.items():
         lines += [f"  - model_name: {name}",
@@ -209,7 +211,7 @@ def start_litellm(workers: int, ports: dict[str, int], tmp: Path, log: Path) -> 
                   f"      api_base: http://127.0.0.1:{port}/v1",
                   "      api_key: sk-bench"]
     lines += ["litellm_settings:", "  telemetry: false", "  set_verbose: false", "  drop_params: true",
-              "  turn_off_message_logging: true", "general_settings: {}"]
+              "  turn_off_message_logging: true", "general_settings:", f"  master_key: {master}"]
     config = tmp / "litellm.yaml"
     config.write_text("\n".join(lines) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS", "LITELLM"))}
@@ -219,11 +221,12 @@ def start_litellm(workers: int, ports: dict[str, int], tmp: Path, log: Path) -> 
     cmd = [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
            "--num_workers", str(workers)]
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+    print(f"  (LiteLLM log: {log})", file=sys.stderr)
     server = Server(proc)
     wait_listening(port, proc, timeout=120)
     url = f"http://127.0.0.1:{port}"
-    wait_serving(url, None, proc)
-    return url, server
+    wait_serving(url, master, proc)
+    return url, master, server
 
 
 # --- the load generator ---------------------------------------------------------------------
@@ -530,7 +533,10 @@ def bench_stack(db_name: str = DB_NAME) -> Iterator[Stack]:
             keys = sh(["redis-cli", "--scan", "--pattern", f"{prefix}:*"]).split()
             for i in range(0, len(keys), 500):
                 sh(["redis-cli", "del", *keys[i:i + 500]])
-        shutil.rmtree(tmp, ignore_errors=True)
+        if sys.exc_info()[0] is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"server logs kept in {tmp}", file=sys.stderr)
 
 
 def main() -> None:
@@ -558,9 +564,9 @@ def main() -> None:
                 st.servers.append(srv)
                 column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
             else:
-                url, srv = start_litellm(int(col[-1]), st.ports, st.tmp, st.tmp / "litellm.log")
+                url, master, srv = start_litellm(int(col[-1]), st.ports, st.tmp, st.tmp / "litellm.log")
                 st.servers.append(srv)
-                column = Column(col, dict.fromkeys(SIMS, url), None, srv)
+                column = Column(col, dict.fromkeys(SIMS, url), master, srv)
             hold = a.hold if (col.startswith("Tollgate") or (col.startswith("LiteLLM") and a.hold_litellm)) else 0
             results[col] = run_column(st.load, column, a.scale, hold)
             if column.server:
