@@ -1,0 +1,133 @@
+#!/bin/bash
+# Entry point of the Tollgate image. One image, one role per container:
+#
+#   keygen    generate the stack's secrets into the state volume when none are given
+#   migrate   migrate, bootstrap (first admin, local node), seed the demo on first start
+#   web       gunicorn + uvicorn workers: console, admin API, /v1 gateway, /healthz
+#   worker    Celery worker for the control queue and this node's queue
+#   beat      Celery beat (periodic reconcile, telemetry, usage safety net, rollups)
+#   usage     usage consumer: Redis stream -> PostgreSQL
+#   janitor   idle; on SIGTERM (compose down/stop) remove this stack's engine containers
+#   stop-engines  remove this stack's engine containers now
+#   manage …  any manage.py command;  anything else is executed as given
+#
+# Secrets: DJANGO_SECRET_KEY (or _FILE) and DATABASE_URL (or _FILE) win when set.
+# Otherwise the secret key and the database password are read from the state volume
+# ($TOLLGATE_STATE_DIR/secrets), where the `keygen` role created them on first start.
+set -euo pipefail
+
+STATE_DIR=${TOLLGATE_STATE_DIR:-/var/lib/tollgate}
+SECRETS_DIR=$STATE_DIR/secrets
+
+log() { printf '%s tollgate-entrypoint %s\n' "$(date -u +%FT%TZ)" "$*" >&2; }
+
+# Creates $1 with a fresh random value unless it exists; concurrent callers agree on one
+# value (the file is linked into place, which fails when another got there first).
+generate_secret() {
+  python3 - "$1" "$2" <<'PY'
+import os, secrets, sys, tempfile
+path, nbytes = sys.argv[1], int(sys.argv[2])
+if os.path.exists(path):
+    sys.exit(0)
+os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+with os.fdopen(fd, "w") as f:
+    f.write(secrets.token_urlsafe(nbytes) + "\n")
+# The database server runs as another user and must read its password file.
+os.chmod(tmp, 0o644 if path.endswith("postgres_password") else 0o600)
+try:
+    os.link(tmp, path)
+    print(f"generated {path}", file=sys.stderr)
+except FileExistsError:
+    pass
+finally:
+    os.unlink(tmp)
+PY
+}
+
+wait_for_file() {
+  for _ in $(seq 1 60); do [ -s "$1" ] && return 0; sleep 1; done
+  log "$1 is missing: did the 'keygen' service run?"; return 1
+}
+
+load_secrets() {
+  if [ -z "${DJANGO_SECRET_KEY:-}" ] && [ -z "${DJANGO_SECRET_KEY_FILE:-}" ]; then
+    wait_for_file "$SECRETS_DIR/secret_key"
+    export DJANGO_SECRET_KEY_FILE=$SECRETS_DIR/secret_key
+  fi
+  if [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then
+    local password_file=${POSTGRES_PASSWORD_FILE:-$SECRETS_DIR/postgres_password}
+    wait_for_file "$password_file"
+    DATABASE_URL="postgres://${POSTGRES_USER:-tollgate}:$(cat "$password_file")@${POSTGRES_HOST:-db}:${POSTGRES_PORT:-5432}/${POSTGRES_DB:-tollgate}"
+    export DATABASE_URL
+  fi
+}
+
+role_keygen() {
+  generate_secret "$SECRETS_DIR/secret_key" 48
+  if [ -z "${POSTGRES_PASSWORD_FILE:-}" ]; then
+    generate_secret "$SECRETS_DIR/postgres_password" 24
+  fi
+}
+
+role_migrate() {
+  load_secrets
+  python3 manage.py migrate --noinput
+  python3 manage.py bootstrap
+  if [ "${TOLLGATE_SEED_DEMO:-false}" = true ] && [ ! -e "$STATE_DIR/demo-seeded" ]; then
+    python3 manage.py seed_demo ${TOLLGATE_DEMO_IMAGE:+--image "$TOLLGATE_DEMO_IMAGE"}
+    touch "$STATE_DIR/demo-seeded"
+  fi
+}
+
+role_web() {
+  load_secrets
+  exec gunicorn config.asgi:application \
+    --worker-class uvicorn_worker.UvicornWorker \
+    --workers "${TOLLGATE_WEB_WORKERS:-2}" \
+    --bind "0.0.0.0:${TOLLGATE_WEB_PORT:-8000}" \
+    --graceful-timeout "${TOLLGATE_WEB_GRACEFUL_SECONDS:-30}" \
+    --timeout 0 --keep-alive 75 \
+    --forwarded-allow-ips "${TOLLGATE_FORWARDED_ALLOW_IPS:-127.0.0.1}" \
+    --access-logfile - --error-logfile -
+}
+
+role_worker() {
+  load_secrets
+  exec celery -A config worker \
+    --queues "control,node.${TOLLGATE_LOCAL_NODE_NAME:-local}" \
+    --concurrency "${TOLLGATE_WORKER_CONCURRENCY:-4}" \
+    --hostname "worker@%h" --without-gossip --without-mingle \
+    --loglevel "${TOLLGATE_LOG_LEVEL:-INFO}"
+}
+
+role_beat() {
+  load_secrets
+  exec celery -A config beat --schedule /run/tollgate/celerybeat-schedule \
+    --loglevel "${TOLLGATE_LOG_LEVEL:-INFO}"
+}
+
+role_usage() {
+  load_secrets
+  exec python3 manage.py consume_usage
+}
+
+role_janitor() {
+  load_secrets
+  exec python3 /app/compose/janitor.py "$@"
+}
+
+role=${1:-web}
+[ $# -gt 0 ] && shift
+case "$role" in
+  keygen) role_keygen ;;
+  migrate) role_migrate ;;
+  web) role_web ;;
+  worker) role_worker ;;
+  beat) role_beat ;;
+  usage) role_usage ;;
+  janitor) role_janitor ;;
+  stop-engines) role_janitor --now ;;
+  manage) load_secrets; exec python3 manage.py "$@" ;;
+  *) exec "$role" "$@" ;;
+esac
