@@ -94,3 +94,17 @@ def test_money_budget_cannot_be_overrun_by_more_than_one_reservation(world: Worl
     quota = get_redis().hgetall(quota_key(world.tenant_b.pk, world.tenant_b.quota_period, timezone.now()))
     assert int(quota[b"tokens_reserved"]) == 0 and int(quota[b"money_reserved"]) == 0
     assert int(quota[b"money_used"]) == billed_nano
+
+
+def test_the_sdk_raises_rate_limit_error_with_retry_after(world: World) -> None:
+    import openai
+
+    issued = tenant_services.issue_api_key(None, world.tenant_a, name="one-a-minute", requests_per_minute=1)
+    wait_until_served(world.url, issued.plaintext, "sim-chat")
+    client = openai.OpenAI(base_url=world.v1, api_key=issued.plaintext, max_retries=0)
+    client.chat.completions.create(model="sim-chat", messages=HELLO, max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as limited:
+        client.chat.completions.create(model="sim-chat", messages=HELLO, max_tokens=1)
+    assert limited.value.code == "rate_limit_exceeded"
+    retry_after = int(limited.value.response.headers["retry-after"])
+    assert 50 <= retry_after <= 60  # the first request leaves the window a minute after it came
