@@ -1,0 +1,276 @@
+"""Console forms. They only shape input; every rule runs in the service the view calls."""
+
+import json
+from typing import Any
+
+from django import forms
+
+from deployments.choices import Arch, NodeStatus
+from deployments.models import CatalogModel, Deployment, EngineProfile, Node
+from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
+
+LIMIT_LABELS = {
+    "requests_per_minute": "Requests per minute",
+    "tokens_per_minute": "Tokens per minute",
+    "max_concurrent_requests": "Concurrent requests (max)",
+}
+UNLIMITED = "Empty: unlimited."
+
+
+class DateTimeInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(format="%Y-%m-%dT%H:%M", **kwargs)
+
+
+class TenantForm(forms.ModelForm):
+    class Meta:
+        model = Tenant
+        fields = [
+            "name", "slug", "priority", *LIMIT_FIELDS, "quota_period", "quota_tokens",
+            "quota_amount", "currency", "model_access", "allowed_models",
+        ]
+        labels = {
+            **LIMIT_LABELS, "quota_tokens": "Token quota per period (tokens)",
+            "quota_amount": "Money quota per period", "priority": "Priority class",
+            "model_access": "Model access", "allowed_models": "Listed models",
+        }
+        help_texts = {
+            **{f: UNLIMITED for f in LIMIT_FIELDS},
+            "slug": "Short name used in URLs and exports; derived from the name when empty.",
+            "quota_tokens": "Prompt + completion tokens per quota period. Empty: no token quota.",
+            "quota_amount": "In the tenant's currency per quota period. Empty: no money quota.",
+            "currency": "ISO 4217 code, e.g. USD or EUR; prices are looked up in it.",
+            "allowed_models": "Only used with “Only the listed models”.",
+            "priority": "P0 requests are admitted before P1, P1 before P2 (batch).",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["slug"].required = False
+
+    def service_data(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        data["allowed_models"] = list(data.get("allowed_models") or [])
+        if not data.get("slug"):
+            data.pop("slug", None)
+        return data
+
+
+class KeyForm(forms.Form):
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
+    name = forms.CharField(max_length=100, help_text="What the key is for, e.g. “notebook” or “CI”.")
+    expires_at = forms.DateTimeField(
+        required=False, widget=DateTimeInput(), label="Expires at (UTC)",
+        help_text="Empty: never expires. Revoke a key to end it now.",
+    )
+    requests_per_minute = forms.IntegerField(required=False, min_value=1, label=LIMIT_LABELS["requests_per_minute"],
+                                             help_text="Empty: the tenant's limit.")
+    tokens_per_minute = forms.IntegerField(required=False, min_value=1, label=LIMIT_LABELS["tokens_per_minute"],
+                                           help_text="Empty: the tenant's limit.")
+    max_concurrent_requests = forms.IntegerField(required=False, min_value=1,
+                                                 label=LIMIT_LABELS["max_concurrent_requests"],
+                                                 help_text="Empty: the tenant's limit.")
+    allowed_models = forms.ModelMultipleChoiceField(
+        queryset=CatalogModel.objects.none(), required=False, label="Restrict to models",
+        help_text="Empty: every model the tenant may use.",
+    )
+
+    def __init__(self, *args: Any, tenants: Any, models: Any, editing: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants
+        self.fields["allowed_models"].queryset = models
+        if editing:
+            del self.fields["tenant"]
+
+    def service_data(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        data.pop("tenant", None)
+        data["allowed_models"] = list(data.get("allowed_models") or [])
+        return data
+
+    @classmethod
+    def initial_for(cls, key: ApiKey) -> dict[str, Any]:
+        return {
+            "name": key.name, "expires_at": key.expires_at,
+            **{f: getattr(key, f) for f in LIMIT_FIELDS},
+            "allowed_models": list(key.allowed_models.all()),
+        }
+
+
+class CatalogModelForm(forms.ModelForm):
+    class Meta:
+        model = CatalogModel
+        fields = [
+            "served_name", "source", "revision", "task", "params_billions",
+            "active_params_billions", "quantization", "context_length", "visibility",
+            "trust_remote_code", "kv_bytes_per_token", "description",
+        ]
+        labels = {
+            "served_name": "Served name", "params_billions": "Parameters (billions)",
+            "active_params_billions": "Active parameters (billions)",
+            "context_length": "Context length (tokens)", "kv_bytes_per_token": "KV cache (bytes per token)",
+        }
+        help_texts = {
+            "served_name": "The name tenants pass as `model`.",
+            "source": "Hugging Face repo id (org/name) or an absolute path in the model cache.",
+        }
+        widgets = {"description": forms.Textarea(attrs={"rows": 3})}
+
+
+class PriceForm(forms.Form):
+    currency = forms.CharField(max_length=3, initial="USD", help_text="ISO 4217, e.g. USD.")
+    input_per_mtok = forms.DecimalField(min_value=0, decimal_places=6, max_digits=14,
+                                        label="Input, per 1M tokens")
+    cached_input_per_mtok = forms.DecimalField(
+        min_value=0, decimal_places=6, max_digits=14, required=False,
+        label="Cached input, per 1M tokens", help_text="Empty: same as input.",
+    )
+    output_per_mtok = forms.DecimalField(min_value=0, decimal_places=6, max_digits=14,
+                                         label="Output, per 1M tokens")
+    effective_from = forms.DateTimeField(required=False, widget=DateTimeInput(), label="Effective from (UTC)",
+                                         help_text="Empty: now. Prices are never backdated.")
+
+    def clean_currency(self) -> str:
+        return self.cleaned_data["currency"].upper()
+
+
+class GrantForm(forms.Form):
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.all(), to_field_name="slug")
+
+
+class NodeForm(forms.ModelForm):
+    total_memory_gb = forms.DecimalField(
+        required=False, min_value=0, label="Total memory (GB)",
+        help_text="Filled in by the node's heartbeat; set it now to check memory fit before the first one.",
+    )
+    gpu_memory_gb = forms.DecimalField(required=False, min_value=0, label="Dedicated GPU memory (GB)",
+                                       help_text="0 on unified-memory nodes such as the DGX Spark.")
+
+    class Meta:
+        model = Node
+        fields = ["name", "docker_url", "queue", "engine_host", "arch", "gpu_description",
+                  "gpu_count", "unified_memory", "status"]
+        labels = {"docker_url": "Docker URL", "gpu_count": "GPUs", "gpu_description": "GPU"}
+        help_texts = {"queue": "Celery queue of the node's worker; empty: node.<name>."}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["queue"].required = False
+        self.fields["arch"].initial = Arch.ARM64
+        self.fields["status"].initial = NodeStatus.ONLINE
+
+    def service_data(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        for name, target in (("total_memory_gb", "total_memory_bytes"), ("gpu_memory_gb", "gpu_memory_bytes")):
+            value = data.pop(name, None)
+            if value is not None:
+                data[target] = int(value * 10**9)
+        if not data.get("queue"):
+            data.pop("queue", None)
+        return data
+
+
+def parse_flags(text: str) -> dict[str, Any]:
+    """Engine flags as written by an admin: a JSON object, or one ``name=value`` per line.
+
+    ``--max-num-seqs 4``, ``max-num-seqs=4`` and ``enable-prefix-caching`` (true) all work.
+    Values are only shaped here (numbers, true/false); the deployments service checks them
+    against the allow-list.
+    """
+    text = (text or "").strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}).") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("Give a JSON object or one flag per line.")
+        return value
+    flags: dict[str, Any] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, raw = line.partition("=") if "=" in line else line.partition(" ")
+        flags[name.strip().removeprefix("--")] = _scalar(raw.strip()) if raw.strip() else True
+    return flags
+
+
+def _scalar(raw: str) -> Any:
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def flags_text(flags: dict[str, Any]) -> str:
+    return "\n".join(
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (flags or {}).items()
+    )
+
+
+class DeploymentForm(forms.Form):
+    name = forms.SlugField(max_length=64, help_text="Letters, digits and hyphens, e.g. qwen3-8b-main.")
+    model = forms.ModelChoiceField(queryset=CatalogModel.objects.all())
+    node = forms.ModelChoiceField(queryset=Node.objects.all(), required=False,
+                                  help_text="Empty: the node with the most free memory.")
+    profile = forms.ModelChoiceField(queryset=EngineProfile.objects.all(), required=False,
+                                     help_text="Known-good defaults (image, flags); your flags override them.")
+    image = forms.CharField(required=False, max_length=255,
+                            help_text="Empty: the profile's image. Must match the allowed images.")
+    engine_args = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4, "class": "mono",
+                                                     "placeholder": "max-num-seqs=4\nmax-model-len=32k"}),
+        label="Engine flags", help_text="One vllm serve flag per line (name=value), or a JSON object. "
+        "Only allow-listed flags are accepted.",
+    )
+    env = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+        label="Engine environment", help_text="NAME=value per line; allow-listed names only (VLLM_*, NCCL_*, …).",
+    )
+    replicas = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Replicas (engines)")
+
+    def clean_engine_args(self) -> dict[str, Any]:
+        return parse_flags(self.cleaned_data.get("engine_args", ""))
+
+    def clean_env(self) -> dict[str, str]:
+        return {k: str(v) for k, v in parse_flags(self.cleaned_data.get("env", "")).items()}
+
+    def service_data(self) -> dict[str, Any]:
+        return dict(self.cleaned_data)
+
+    @staticmethod
+    def unsaved(data: dict[str, Any]) -> Deployment:
+        return Deployment(**{k: v for k, v in data.items() if k != "name"}, name=data.get("name") or "preview")
+
+
+class ScaleForm(forms.Form):
+    replicas = forms.IntegerField(min_value=1, max_value=16, label="Replicas")
+
+
+class UsageFilterForm(forms.Form):
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC)")
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
+                          label="To (UTC, inclusive)")
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, to_field_name="slug",
+                                    empty_label="All tenants")
+    model = forms.ModelChoiceField(queryset=CatalogModel.objects.none(), required=False,
+                                   to_field_name="served_name", empty_label="All models")
+    key = forms.CharField(required=False, max_length=16, label="Key prefix")
+    group = forms.ChoiceField(choices=[("tenant", "Tenant"), ("model", "Model")], required=False,
+                              label="Chart by")
+    granularity = forms.ChoiceField(choices=[("day", "Day"), ("hour", "Hour")], required=False)
+
+    def __init__(self, *args: Any, tenants: Any, models: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants
+        self.fields["model"].queryset = models

@@ -1,0 +1,63 @@
+"""The audit log: who changed what. Platform admins: all; tenant admins: their tenants'."""
+
+import django_filters
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html, format_html_join
+
+from console.access import admin_tenant_ids, audit_visible_to
+from console.generic import Column, ListPage
+from tenants.choices import AuditAction
+from tenants.models import AuditLog, Tenant
+
+
+class AuditFilter(django_filters.FilterSet):
+    tenant = django_filters.ModelChoiceFilter(queryset=Tenant.objects.none(), to_field_name="slug",
+                                              empty_label="All tenants")
+    action = django_filters.ChoiceFilter(choices=AuditAction.choices, empty_label="Any action")
+    object_type = django_filters.CharFilter(label="Object type")
+    actor_label = django_filters.CharFilter(lookup_expr="icontains", label="Who")
+
+    class Meta:
+        model = AuditLog
+        fields = ["tenant", "action", "object_type", "actor_label"]
+
+    def __init__(self, *args: object, request: HttpRequest, **kwargs: object) -> None:
+        super().__init__(*args, request=request, **kwargs)
+        user = request.user
+        self.filters["tenant"].queryset = (
+            Tenant.objects.all() if user.is_staff else Tenant.objects.filter(pk__in=admin_tenant_ids(user))
+        )
+
+
+def _changes(entry: AuditLog) -> str:
+    if not entry.changes:
+        return ""
+    items = entry.changes.items() if isinstance(entry.changes, dict) else []
+    return format_html_join(
+        format_html("<br>"), "<code>{}</code>: {}",
+        ((k, " → ".join(map(str, v)) if isinstance(v, list) and len(v) == 2 else v) for k, v in items),
+    )
+
+
+@login_required
+def audit_list(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_staff and not admin_tenant_ids(request.user):
+        raise PermissionDenied("Only platform and tenant admins can read the audit log.")
+    page = ListPage(
+        title="Audit log", nav="audit", queryset=audit_visible_to(request.user).select_related("tenant"),
+        filterset_class=AuditFilter, default_sort="-at", per_page=50,
+        columns=[
+            Column("When (UTC)", lambda e: e.at.strftime("%Y-%m-%d %H:%M:%S"), sort="at"),
+            Column("Who", lambda e: e.actor_label, sort="actor_label"),
+            Column("Action", lambda e: e.get_action_display(), sort="action"),
+            Column("Object", lambda e: format_html("{} <span class='muted'>{}</span>", e.object_repr, e.object_type),
+                   sort="object_type"),
+            Column("Tenant", lambda e: e.tenant.slug if e.tenant else "", sort="tenant__slug"),
+            Column("Changes", _changes),
+        ],
+        empty_title="Nothing recorded yet",
+        empty_hint="Every change to tenants, keys, models, prices, nodes and deployments is recorded here.",
+    )
+    return page.render(request)

@@ -1,0 +1,40 @@
+"""Login (throttled by django-axes), logout, password change, and the home redirect."""
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse_lazy
+
+from tenants.services import tenants_of
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "console/login.html"
+    redirect_authenticated_user = True
+
+
+class LogoutView(auth_views.LogoutView):
+    """POST only (Django's default): a link cannot log anyone out."""
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    template_name = "console/password_change.html"
+    success_url = reverse_lazy("console:home")
+
+    def form_valid(self, form: object) -> HttpResponse:
+        response = super().form_valid(form)
+        messages.success(self.request, "Your password was changed.")
+        return response
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """Platform admins land on the dashboard; tenant users on their tenant."""
+    if request.user.is_staff:
+        return redirect("console:dashboard")
+    tenants = list(tenants_of(request.user)[:2])
+    if len(tenants) == 1:
+        return redirect("console:tenant-detail", slug=tenants[0].slug)
+    return redirect("console:tenant-list")

@@ -1,0 +1,243 @@
+"""The model catalogue with prices and price history; nodes. Changes: platform admins."""
+
+import django_filters
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from console import queries
+from console.access import models_visible_to, staff_required, tenants_of
+from console.forms import CatalogModelForm, GrantForm, NodeForm, PriceForm
+from console.generic import Action, Column, ListPage, apply_errors, render_form
+from console.templatetags.console import ago, badge, gb, per_mtok, tokens
+from deployments import services
+from deployments.choices import NodeStatus, Task, Visibility
+from deployments.models import CatalogModel, ModelGrant, Node
+from metering import services as metering_services
+from tenants.models import Tenant
+
+
+class ModelFilter(django_filters.FilterSet):
+    served_name = django_filters.CharFilter(lookup_expr="icontains", label="Name")
+    task = django_filters.ChoiceFilter(choices=Task.choices, empty_label="Any task")
+    visibility = django_filters.ChoiceFilter(choices=Visibility.choices, empty_label="Any visibility")
+
+    class Meta:
+        model = CatalogModel
+        fields = ["served_name", "task", "visibility"]
+
+
+def _price_currency(request: HttpRequest) -> str:
+    """The currency prices are shown in: the user's (first) tenant's, else the default."""
+    tenant = None if request.user.is_staff else tenants_of(request.user).first()
+    from django.conf import settings
+
+    return tenant.currency if tenant else settings.TOLLGATE_DEFAULT_CURRENCY
+
+
+@login_required
+def model_list(request: HttpRequest) -> HttpResponse:
+    staff, currency = request.user.is_staff, _price_currency(request)
+    detail = lambda m: reverse("console:model-detail", args=[m.pk])  # noqa: E731
+
+    def price(m: CatalogModel, part: str) -> str:
+        p = queries.current_price(m, currency)
+        return per_mtok(getattr(p, part), p.currency) if p else "unpriced"
+
+    columns = [
+        Column("Served name", lambda m: m.served_name, sort="served_name", href=detail),
+        Column("Task", lambda m: m.get_task_display(), sort="task"),
+        Column("Parameters", lambda m: f"{m.params_billions:g} B", sort="params_billions", numeric=True),
+        Column("Context", lambda m: tokens(m.context_length), sort="context_length", numeric=True),
+        Column(f"Input ({currency})", lambda m: price(m, "input_per_mtok"), numeric=True),
+        Column(f"Output ({currency})", lambda m: price(m, "output_per_mtok"), numeric=True),
+    ]
+    if staff:
+        columns.insert(3, Column("Visibility", lambda m: m.get_visibility_display().split(":")[0], sort="visibility"))
+    page = ListPage(
+        title="Models & prices" if staff else "Models", nav="models",
+        queryset=models_visible_to(request.user), filterset_class=ModelFilter,
+        default_sort="served_name", columns=columns,
+        actions=[Action("Register model", reverse("console:model-new"), style="primary")] if staff else [],
+        empty_title="No models yet",
+        empty_hint="Register a model (its Hugging Face id, size and context), set its price, then deploy it."
+        if staff else "No model is available to your tenant yet; ask a platform admin.",
+        empty_action=Action("Register a model", reverse("console:model-new"), style="primary") if staff else None,
+    )
+    return page.render(request)
+
+
+@login_required
+def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(models_visible_to(request.user), pk=pk)
+    staff = request.user.is_staff
+    context = {
+        "model": model, "nav": "models", "staff": staff,
+        "prices": model.prices.select_related("created_by").order_by("currency", "-effective_from"),
+        "current": {p.currency: p for p in model.prices.order_by("currency", "-effective_from")
+                    .distinct("currency")},
+        "price_form": PriceForm(), "grant_form": GrantForm(),
+    }
+    if staff:
+        context.update(
+            grants=model.grants.select_related("tenant"),
+            deployments=model.deployments.select_related("node"),
+            grantable=Tenant.objects.exclude(model_grants__model=model),
+            actions=[Action("Edit", reverse("console:model-edit", args=[pk])),
+                     Action("Deploy", reverse("console:deployment-new") + f"?model={pk}", style="primary")],
+        )
+    return render(request, "console/models/detail.html", context)
+
+
+@staff_required
+def model_new(request: HttpRequest) -> HttpResponse:
+    form = CatalogModelForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            model = services.create_model(request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            apply_errors(form, exc)
+        else:
+            messages.success(request, f"{model} registered. Next: set its price, then deploy it.")
+            return redirect("console:model-detail", pk=model.pk)
+    return render_form(request, form, "Register a model", cancel=reverse("console:model-list"),
+                       submit="Register", nav="models")
+
+
+@staff_required
+def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(CatalogModel, pk=pk)
+    form = CatalogModelForm(request.POST or None, instance=CatalogModel.objects.get(pk=pk))
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.update_model(request.user, model, **form.cleaned_data)
+        except ValidationError as exc:
+            apply_errors(form, exc)
+        else:
+            messages.success(request, f"{model} saved.")
+            return redirect("console:model-detail", pk=pk)
+    return render_form(request, form, f"Edit {model}", nav="models",
+                       cancel=reverse("console:model-detail", args=[pk]))
+
+
+@staff_required
+def price_new(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(CatalogModel, pk=pk)
+    form = PriceForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            metering_services.set_price(
+                request.user, model, data["input_per_mtok"], data["cached_input_per_mtok"],
+                data["output_per_mtok"], currency=data["currency"], effective_from=data["effective_from"],
+            )
+        except ValidationError as exc:
+            apply_errors(form, exc)
+        else:
+            messages.success(request, f"New {data['currency']} price for {model} recorded; earlier requests keep theirs.")
+            return redirect("console:model-detail", pk=pk)
+    return render_form(request, form, f"New price for {model}", nav="models", submit="Set price",
+                       cancel=reverse("console:model-detail", args=[pk]),
+                       intro="A new price is a new version from its start; billed requests keep the price they had.")
+
+
+@staff_required
+@require_POST
+def model_grant(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(CatalogModel, pk=pk)
+    form = GrantForm(request.POST)
+    if form.is_valid():
+        try:
+            services.grant_model(request.user, model, form.cleaned_data["tenant"])
+            messages.success(request, f"{form.cleaned_data['tenant']} may now use {model}.")
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
+    else:
+        messages.error(request, "Choose a tenant to grant the model to.")
+    return redirect("console:model-detail", pk=pk)
+
+
+@staff_required
+@require_POST
+def model_ungrant(request: HttpRequest, pk: int, grant_id: int) -> HttpResponse:
+    grant = get_object_or_404(ModelGrant, pk=grant_id, model_id=pk)
+    services.revoke_grant(request.user, grant)
+    messages.success(request, f"{grant.tenant} may no longer use {grant.model}.")
+    return redirect("console:model-detail", pk=pk)
+
+
+# --- Nodes ------------------------------------------------------------------------------
+
+
+class NodeFilter(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(choices=NodeStatus.choices, empty_label="Any status")
+
+    class Meta:
+        model = Node
+        fields = ["status"]
+
+
+def _memory(node: Node) -> str:
+    from console.templatetags.console import bar
+
+    if not node.total_memory_bytes:
+        return "unknown until the first heartbeat"
+    if not node.available_memory_bytes:
+        return f"{gb(node.total_memory_bytes)} total"
+    used = node.total_memory_bytes - node.available_memory_bytes
+    from django.utils.html import format_html
+
+    return format_html("{} {} of {} in use", bar(used, node.total_memory_bytes), gb(used), gb(node.total_memory_bytes))
+
+
+@staff_required
+def node_list(request: HttpRequest) -> HttpResponse:
+    detail = lambda n: reverse("console:node-detail", args=[n.pk])  # noqa: E731
+    page = ListPage(
+        title="Nodes", nav="nodes", queryset=Node.objects.all(), filterset_class=NodeFilter,
+        default_sort="name",
+        intro="Docker hosts that run engines. Each runs a Celery worker on its own queue and reports a heartbeat.",
+        columns=[
+            Column("Name", lambda n: n.name, sort="name", href=detail),
+            Column("Status", lambda n: badge(n.status, n.get_status_display()), sort="status"),
+            Column("Arch", lambda n: n.arch, sort="arch"),
+            Column("GPU", lambda n: f"{n.gpu_count} × {n.gpu_description}" if n.gpu_count else "none"),
+            Column("Memory", _memory, sort="total_memory_bytes"),
+            Column("Last heartbeat", lambda n: ago(n.last_seen_at), sort="last_seen_at"),
+        ],
+        actions=[Action("Register node", reverse("console:node-new"), style="primary")],
+        empty_title="No nodes yet",
+        empty_hint="`manage.py bootstrap` registers the local Docker host; register more boxes here.",
+        empty_action=Action("Register a node", reverse("console:node-new"), style="primary"),
+    )
+    return page.render(request)
+
+
+@staff_required
+def node_new(request: HttpRequest) -> HttpResponse:
+    form = NodeForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.service_data()
+        try:
+            node = services.register_node(request.user, data.pop("name"), **data)
+        except ValidationError as exc:
+            apply_errors(form, exc)
+        else:
+            messages.success(request, f"Node {node} registered. Start its worker with -Q {node.queue}.")
+            return redirect("console:node-detail", pk=node.pk)
+    return render_form(request, form, "Register a node", cancel=reverse("console:node-list"),
+                       submit="Register", nav="nodes")
+
+
+@staff_required
+def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(Node, pk=pk)
+    return render(request, "console/nodes/detail.html", {
+        "node": node, "nav": "nodes", "memory": _memory(node),
+        "deployments": node.deployments.select_related("model"),
+        "replicas": node.replicas.select_related("deployment"),
+    })

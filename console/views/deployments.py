@@ -1,0 +1,241 @@
+"""Deployments: list, create (with a memory-fit preview), actions, live progress, logs,
+replica health and engine metrics. Platform admins only."""
+
+from typing import Any
+
+import django_filters
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from console import queries
+from console.access import staff_required
+from console.forms import DeploymentForm, ScaleForm, parse_flags
+from console.generic import Action, Column, ListPage, apply_errors, render_form
+from console.templatetags.console import badge
+from deployments import services
+from deployments.choices import DeploymentState, DesiredState, OperationStatus
+from deployments.engine_args import validate_engine_args
+from deployments.models import CatalogModel, Deployment, EngineProfile, Node, Operation
+
+# The start sequence of one replica, as deployments.engine.Starter reports it.
+PHASES = [("pull", "Pull image"), ("create", "Create"), ("start", "Start"),
+          ("load", "Load weights"), ("models", "Serve model"), ("warmup", "Warm up")]
+
+
+class DeploymentFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains", label="Name")
+    state = django_filters.ChoiceFilter(choices=DeploymentState.choices, empty_label="Any state")
+    node = django_filters.ModelChoiceFilter(queryset=Node.objects.all(), empty_label="Any node")
+
+    class Meta:
+        model = Deployment
+        fields = ["name", "state", "node"]
+
+
+@staff_required
+def deployment_list(request: HttpRequest) -> HttpResponse:
+    detail = lambda d: reverse("console:deployment-detail", args=[d.name])  # noqa: E731
+    new = reverse("console:deployment-new")
+    page = ListPage(
+        title="Deployments", nav="deployments",
+        queryset=Deployment.objects.select_related("model", "node"),
+        filterset_class=DeploymentFilter, default_sort="name",
+        columns=[
+            Column("Name", lambda d: d.name, sort="name", href=detail),
+            Column("Model", lambda d: d.model.served_name, sort="model__served_name"),
+            Column("Node", lambda d: d.node.name if d.node else ("external" if d.external else "any"),
+                   sort="node__name"),
+            Column("State", lambda d: badge(d.state, d.get_state_display()), sort="state"),
+            Column("Desired", lambda d: d.get_desired_state_display(), sort="desired_state"),
+            Column("Replicas", lambda d: f"{d.replicas} engine{'s' if d.replicas != 1 else ''}",
+                   sort="replicas", numeric=True),
+            Column("Image", lambda d: d.image),
+        ],
+        actions=[Action("New deployment", new, style="primary")],
+        empty_title="Nothing deployed yet",
+        empty_hint="Deploy a registered model on a node; the simulator profile needs no GPU.",
+        empty_action=Action("Deploy a model", new, style="primary"),
+    )
+    return page.render(request)
+
+
+@staff_required
+def deployment_new(request: HttpRequest) -> HttpResponse:
+    initial: dict[str, Any] = {"profile": EngineProfile.objects.filter(name="dgx-spark").first(),
+                               "node": Node.objects.order_by("name").first()}
+    if request.GET.get("model", "").isdigit():
+        initial["model"] = CatalogModel.objects.filter(pk=request.GET["model"]).first()
+        if initial["model"]:
+            initial["name"] = initial["model"].served_name.replace("/", "-").replace(".", "-").lower()[:60]
+    form = DeploymentForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            deployment = services.create_deployment(request.user, **form.service_data())
+        except ValidationError as exc:
+            apply_errors(form, exc)
+        else:
+            messages.success(request, f"{deployment} is queued: follow its progress below.")
+            return redirect("console:deployment-detail", name=deployment.name)
+    fit = _fit(form) if form.is_bound else None
+    return render_form(request, form, "New deployment", cancel=reverse("console:deployment-list"),
+                       submit="Deploy", nav="deployments", template="console/deployments/form.html",
+                       extra={"fit": fit, "profiles": EngineProfile.objects.all()})
+
+
+def _fit(form: DeploymentForm) -> dict[str, Any]:
+    """The memory-fit verdict for the form's current values, as the service computes it."""
+    data = {k: form.cleaned_data.get(k) for k in ("model", "node", "profile", "replicas")} \
+        if hasattr(form, "cleaned_data") else {}
+    if not data.get("model"):
+        return {"message": "Choose a model to see whether it fits.", "fits": None}
+    try:
+        args = parse_flags(form.data.get("engine_args", ""))
+        deployment = Deployment(name="preview", model=data["model"], node=data.get("node"),
+                                profile=data.get("profile"), replicas=data.get("replicas") or 1,
+                                engine_args=args)
+        validate_engine_args(deployment.effective_args,
+                             trust_remote_code_allowed=data["model"].trust_remote_code)
+        verdict = services.memory_fit(deployment)
+    except ValidationError as exc:
+        return {"message": " ".join(exc.messages), "fits": False}
+    if verdict is None:
+        return {"message": "No node chosen: Tollgate places it where memory is free.", "fits": None}
+    return {"message": verdict.message, "fits": verdict.fits}
+
+
+@staff_required
+@require_POST
+def deployment_fit(request: HttpRequest) -> HttpResponse:
+    """htmx: the memory-fit preview while the admin fills the form (nothing is saved)."""
+    form = DeploymentForm(request.POST)
+    form.is_valid()
+    return render(request, "console/deployments/_fit.html", {"fit": _fit(form)})
+
+
+def _deployment(name: str) -> Deployment:
+    return get_object_or_404(Deployment.objects.select_related("model", "node", "profile"), name=name)
+
+
+@staff_required
+def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
+    deployment = _deployment(name)
+    return render(request, "console/deployments/detail.html", {
+        "deployment": deployment, "nav": "deployments", **_live(deployment),
+        "scale_form": ScaleForm(initial={"replicas": deployment.replicas}),
+        "args": deployment.effective_args, "actions": _actions(deployment),
+    })
+
+
+@staff_required
+def deployment_progress(request: HttpRequest, name: str) -> HttpResponse:
+    """htmx: the live part of the detail page (operation progress, replicas, metrics)."""
+    deployment = _deployment(name)
+    return render(request, "console/deployments/_live.html", {"deployment": deployment, **_live(deployment)})
+
+
+def _live(deployment: Deployment) -> dict[str, Any]:
+    op = deployment.operations.first()
+    replicas = list(deployment.replica_set.select_related("node").order_by("index"))
+    for replica in replicas:
+        replica.metrics = queries.replica_metrics(replica)
+    return {"op": op, "op_replicas": _op_steps(op) if op else [], "replicas": replicas,
+            "ready_count": sum(r.state == "ready" for r in replicas),
+            "recent_ops": deployment.operations.all()[:8],
+            "busy": bool(op and op.status in (OperationStatus.QUEUED, OperationStatus.RUNNING))}
+
+
+def _op_steps(op: Operation) -> list[dict[str, Any]]:
+    """Per replica of the operation: each start phase done / current / waiting, with a bar."""
+    out = []
+    for index, info in sorted((op.detail or {}).get("replicas", {}).items()):
+        done = info.get("phases", {})
+        running = op.status == OperationStatus.RUNNING
+        current = op.phase if running and op.phase not in done else ""
+        steps = []
+        for key, label in PHASES:
+            if key in done:
+                steps.append({"key": key, "label": label, "state": "done", "pct": 100, "seconds": done[key]})
+            elif key == current:
+                pct = op.progress if key in ("pull", "load") else 50
+                steps.append({"key": key, "label": label, "state": "current", "pct": pct, "seconds": None})
+            else:
+                steps.append({"key": key, "label": label, "state": "", "pct": 0, "seconds": None})
+        out.append({"index": index, "steps": steps, "total": done.get("total")})
+    return out
+
+
+def _actions(deployment: Deployment) -> list[Action]:
+    url = lambda action: reverse("console:deployment-action", args=[deployment.name, action])  # noqa: E731
+    actions = []
+    if deployment.external:
+        pass
+    elif deployment.desired_state == DesiredState.RUNNING:
+        actions += [Action("Restart", url("restart"), method="post",
+                           confirm="Replace every replica, one after the other?"),
+                    Action("Stop", url("stop"), method="post", style="danger",
+                           confirm=f"Stop {deployment}? In-flight requests finish first.")]
+    else:
+        actions.append(Action("Start", url("start"), method="post", style="primary"))
+    actions.append(Action("Remove", url("remove"), method="post", style="danger",
+                          confirm=f"Drain, stop and remove {deployment} for good?"))
+    return actions
+
+
+@staff_required
+@require_POST
+def deployment_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    deployment = _deployment(name)
+    try:
+        if action == "start":
+            services.set_desired_state(request.user, deployment, DesiredState.RUNNING)
+        elif action == "stop":
+            services.set_desired_state(request.user, deployment, DesiredState.STOPPED)
+        elif action == "restart":
+            services.restart_deployment(request.user, deployment)
+        elif action == "remove":
+            services.remove_deployment(request.user, deployment)
+            messages.success(request, f"{name} is being drained, stopped and removed.")
+            return redirect("console:deployment-list")
+        else:
+            return HttpResponse(status=404)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"{name}: {action} requested.")
+    return redirect("console:deployment-detail", name=name)
+
+
+@staff_required
+@require_POST
+def deployment_scale(request: HttpRequest, name: str) -> HttpResponse:
+    deployment = _deployment(name)
+    form = ScaleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Replicas: " + " ".join(form.errors.get("replicas", [])))
+        return redirect("console:deployment-detail", name=name)
+    try:
+        services.update_deployment(request.user, deployment, replicas=form.cleaned_data["replicas"])
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"{name}: scaling to {form.cleaned_data['replicas']} replicas.")
+    return redirect("console:deployment-detail", name=name)
+
+
+@staff_required
+def deployment_logs(request: HttpRequest, name: str) -> HttpResponse:
+    """htmx: the last lines of one replica's engine log."""
+    deployment = _deployment(name)
+    index = int(request.GET.get("replica", "0") or 0)
+    lines = min(int(request.GET.get("lines", "200") or 200), 2000)
+    try:
+        text = services.replica_logs(deployment, index, lines)
+        error = ""
+    except ValidationError as exc:
+        text, error = "", " ".join(exc.messages)
+    return render(request, "console/deployments/_logs.html",
+                  {"log": text, "error": error, "index": index, "lines": lines})

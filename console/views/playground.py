@@ -1,0 +1,149 @@
+"""The playground: chat with a model through the gateway, like any client.
+
+The browser never holds a tenant key. The console issues a short-lived key per user and
+tenant (``tenants.services.issue_api_key``, stored hashed as always) and keeps its
+plaintext only in the user's server-side session; this view relays the streamed chat from
+``/v1/chat/completions`` and adds time to first token, tokens and cost for each reply.
+"""
+
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from console import queries
+from console.access import tenants_of
+from deployments.choices import Task
+from deployments.services import models_for_tenant
+from tenants import services
+from tenants.models import ApiKey, Tenant
+
+SESSION_KEY = "playground_keys"
+KEY_LIFETIME = timedelta(hours=12)
+MAX_TOKENS = 1024
+
+
+@login_required
+def playground(request: HttpRequest) -> HttpResponse:
+    tenants = list(tenants_of(request.user).filter(status="active").order_by("name"))
+    tenant = next((t for t in tenants if t.slug == request.GET.get("tenant")), tenants[0] if tenants else None)
+    models = list(models_for_tenant(tenant).filter(task=Task.GENERATE).order_by("served_name")) if tenant else []
+    return render(request, "console/playground/page.html", {
+        "nav": "playground", "tenants": tenants, "tenant": tenant, "models": models,
+        "max_tokens": MAX_TOKENS,
+    })
+
+
+def playground_key(request: HttpRequest, tenant: Tenant) -> str:
+    """This user's playground key for the tenant: from the session, or a fresh one."""
+    held = request.session.get(SESSION_KEY, {})
+    entry = held.get(str(tenant.pk))
+    if entry and ApiKey.objects.usable().filter(pk=entry["id"], tenant=tenant).exists():
+        return entry["key"]
+    issued = services.issue_api_key(
+        request.user, tenant, name=f"playground ({request.user.get_username()})",
+        expires_at=timezone.now() + KEY_LIFETIME,
+    )
+    held[str(tenant.pk)] = {"id": issued.key.pk, "key": issued.plaintext}
+    request.session[SESSION_KEY] = held
+    return issued.plaintext
+
+
+def upstream_url(request: HttpRequest) -> str:
+    """The gateway: the configured URL, else this very server over loopback."""
+    base = settings.TOLLGATE_PLAYGROUND_UPSTREAM or f"http://127.0.0.1:{request.META.get('SERVER_PORT', '8000')}"
+    return base.rstrip("/") + "/v1/chat/completions"
+
+
+@login_required
+@require_POST
+def playground_chat(request: HttpRequest) -> HttpResponse:
+    try:
+        body = json.loads(request.body)
+        slug, model_name, messages = body["tenant"], body["model"], body["messages"]
+        max_tokens = max(1, min(int(body.get("max_tokens") or MAX_TOKENS), 8192))
+    except (ValueError, KeyError, TypeError):
+        return JsonResponse({"error": "Send tenant, model and messages."}, status=400)
+    tenant = get_object_or_404(tenants_of(request.user), slug=slug)
+    if not isinstance(messages, list) or not messages:
+        return JsonResponse({"error": "messages must be a non-empty list."}, status=400)
+    model = models_for_tenant(tenant).filter(served_name=model_name).first()
+    price = queries.current_price(model, tenant.currency) if model else None
+    key = playground_key(request, tenant)
+    payload = {"model": model_name, "messages": messages, "max_tokens": max_tokens, "stream": True,
+               "stream_options": {"include_usage": True}}
+    response = StreamingHttpResponse(
+        relay(upstream_url(request), key, payload, price, tenant.currency),
+        content_type="text/event-stream",
+    )
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def relay(url: str, key: str, payload: dict[str, Any], price: Any, currency: str) -> AsyncIterator[bytes]:
+    """The gateway's SSE stream turned into delta / stats / error events for the page."""
+    started, ttft, usage, request_id = time.monotonic(), None, None, ""
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
+            async with client.stream("POST", url, json=payload,
+                                     headers={"Authorization": f"Bearer {key}"}) as answer:
+                request_id = answer.headers.get("x-request-id", "")
+                if answer.status_code != 200:
+                    yield sse("error", {"status": answer.status_code,
+                                        "message": _error_message(await answer.aread())})
+                    return
+                async for line in answer.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+                        if text:
+                            ttft = ttft if ttft is not None else time.monotonic() - started
+                            yield sse("delta", {"text": text})
+    except httpx.HTTPError as exc:
+        yield sse("error", {"status": 502, "message": f"The gateway could not be reached: {exc.__class__.__name__}"})
+        return
+    yield sse("stats", _stats(usage, ttft, time.monotonic() - started, price, currency, request_id))
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        return json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return raw.decode(errors="replace")[:300]
+
+
+def _stats(usage: dict | None, ttft: float | None, total: float, price: Any, currency: str,
+           request_id: str) -> dict[str, Any]:
+    usage = usage or {}
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    cost: Decimal | None = queries.cost_of(price, prompt, cached, completion)
+    return {
+        "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
+        "ttft_ms": round(ttft * 1000) if ttft is not None else None, "total_ms": round(total * 1000),
+        "tokens_per_s": round(completion / (total - ttft), 1) if ttft is not None and total > ttft and completion else None,
+        "cost": format(cost.normalize(), "f") if cost is not None else None, "currency": currency,
+        "request_id": request_id,
+    }

@@ -1,0 +1,94 @@
+"""Usage & showback: filters, charts of tokens and cost over time, totals, CSV download.
+
+Platform admins see every tenant; tenant admins their own; members 403 (as the export API).
+The CSV is the showback export itself (metering.export), so its totals are the page's.
+"""
+
+from datetime import UTC, datetime, time, timedelta
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from console import queries
+from console.access import export_scope, models_visible_to
+from console.forms import UsageFilterForm
+from metering import export
+from metering.models import UsageRollup
+from tenants.models import Tenant
+
+
+def _form(request: HttpRequest, scope: frozenset[int] | None) -> UsageFilterForm:
+    tenants = Tenant.objects.all() if scope is None else Tenant.objects.filter(pk__in=scope)
+    return UsageFilterForm(request.GET or None, tenants=tenants, models=models_visible_to(request.user))
+
+
+def _query(form: UsageFilterForm, scope: frozenset[int] | None) -> export.ExportQuery:
+    data = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    today = timezone.now().astimezone(UTC).date()
+    first = data.get("start") or today.replace(day=1)
+    last = data.get("end") or today
+    if last < first:
+        first, last = last, first
+    return export.ExportQuery(
+        start=datetime.combine(first, time.min, UTC),
+        end=datetime.combine(last + timedelta(days=1), time.min, UTC),
+        granularity=data.get("granularity") or "day",
+        tenant_ids=scope,
+        tenant=data["tenant"].slug if data.get("tenant") else "",
+        key=data.get("key") or "",
+        model=data["model"].served_name if data.get("model") else "",
+    )
+
+
+def _rollups(q: export.ExportQuery) -> Any:
+    rollups = UsageRollup.objects.filter(hour__gte=q.start, hour__lt=q.end)
+    if q.tenant_ids is not None:
+        rollups = rollups.filter(tenant_id__in=q.tenant_ids)
+    if q.tenant:
+        rollups = rollups.filter(tenant__slug=q.tenant)
+    if q.key:
+        rollups = rollups.filter(api_key__prefix=q.key)
+    if q.model:
+        rollups = rollups.filter(model__served_name=q.model)
+    return rollups
+
+
+@login_required
+def usage(request: HttpRequest) -> HttpResponse:
+    scope = export_scope(request.user)
+    form = _form(request, scope)
+    q = _query(form, scope)
+    group = (form.cleaned_data.get("group") if form.is_bound and form.is_valid() else "") or "tenant"
+    rollups = _rollups(q)
+    series = queries.usage_series(rollups, group, q.granularity, q.start, q.end)
+    params = request.GET.copy()
+    for name in ("group", "page"):
+        params.pop(name, None)
+    return render(request, "console/usage/page.html", {
+        "nav": "usage", "form": form, "query": q, "group": group, "series": series,
+        "totals": export.totals(q), "rows": queries.totals_by(rollups, group),
+        "group_label": "Tenant" if group == "tenant" else "Model",
+        "csv_query": params.urlencode(), "granularity": q.granularity,
+        "last_day": q.end - timedelta(days=1), "currency": series["currency"],
+    })
+
+
+@login_required
+def usage_export(request: HttpRequest) -> HttpResponse:
+    """The showback (or FOCUS) CSV for the page's filters, streamed from metering.export."""
+    scope = export_scope(request.user)
+    form = _form(request, scope)
+    if form.is_bound and not form.is_valid():
+        return HttpResponse("Invalid filters: " + form.errors.as_text(), status=400, content_type="text/plain")
+    q = _query(form, scope)
+    fmt = request.GET.get("format") or "showback"
+    if fmt not in export.FORMATS:
+        return HttpResponse("format: use showback or focus", status=400, content_type="text/plain")
+    q = export.ExportQuery(**{**q.__dict__, "fmt": fmt})
+    response = StreamingHttpResponse(export.csv_lines(q), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{export.filename(q)}"'
+    return response
+
