@@ -32,6 +32,8 @@ class TenantInfo:
     slug: str
     active: bool
     priority: str
+    boost_until: float  # P0 until this Unix time (0: no boost)
+    weight: int  # fair-share weight inside its class
     limits: Limits
     quota_period: str
     quota_tokens: int  # 0: no token quota
@@ -39,10 +41,13 @@ class TenantInfo:
     currency: str
     model_ids: frozenset[int]
 
+    def priority_at(self, now: float) -> str:
+        return "P0" if self.boost_until > now else self.priority
+
 
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
-    id: int
+    id: int  # the key billed and limited: a child key's parent
     prefix: str
     secret_hash: str
     tenant_id: int
@@ -147,7 +152,8 @@ def _load_tenants(snap: Snapshot) -> None:
     for tenant in Tenant.objects.all():
         snap.tenants[tenant.pk] = TenantInfo(
             id=tenant.pk, slug=tenant.slug, active=tenant.status == TenantStatus.ACTIVE,
-            priority=tenant.priority, limits=_limits(tenant), quota_period=tenant.quota_period,
+            priority=tenant.priority, boost_until=_ts(tenant.priority_boost_until),
+            weight=tenant.fair_share_weight, limits=_limits(tenant), quota_period=tenant.quota_period,
             quota_tokens=tenant.quota_tokens or 0, quota_money_nano=_nano(tenant.quota_amount),
             currency=tenant.currency,
             model_ids=frozenset(models_for_tenant(tenant).values_list("pk", flat=True)),
@@ -158,14 +164,20 @@ def _load_keys(snap: Snapshot) -> None:
     from tenants.models import ApiKey
 
     now = timezone.now()
-    keys = ApiKey.objects.filter(revoked_at__isnull=True).filter(
-        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
-    ).prefetch_related("allowed_models")
+    live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+    keys = ApiKey.objects.filter(live).select_related("parent").prefetch_related(
+        "allowed_models", "parent__allowed_models"
+    )
     for key in keys:
+        # A child key acts as its parent (limits, models, billing) while both are live.
+        acting = key.parent or key
+        if key.parent and (key.parent.revoked_at or (key.parent.expires_at and key.parent.expires_at <= now)):
+            continue
+        expiry = min(filter(None, [_ts(key.expires_at), _ts(acting.expires_at)]), default=0.0)
         snap.keys[key.prefix] = KeyInfo(
-            id=key.pk, prefix=key.prefix, secret_hash=key.secret_hash, tenant_id=key.tenant_id,
-            expires_at=_ts(key.expires_at), limits=_limits(key),
-            model_ids=frozenset(m.pk for m in key.allowed_models.all()),
+            id=acting.pk, prefix=key.prefix, secret_hash=key.secret_hash, tenant_id=key.tenant_id,
+            expires_at=expiry, limits=_limits(acting),
+            model_ids=frozenset(m.pk for m in acting.allowed_models.all()),
         )
 
 

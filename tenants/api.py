@@ -30,6 +30,7 @@ from tenants.serializers import (
     ApiKeyCreatedSerializer,
     ApiKeySerializer,
     AuditLogSerializer,
+    BoostSerializer,
     MembershipSerializer,
     TenantSerializer,
     UserSerializer,
@@ -74,6 +75,16 @@ class TenantViewSet(UserScopedMixin, viewsets.ModelViewSet):
     def suspend(self, request: Request, slug: str) -> Response:
         """Suspend the tenant: every key stops working within a second."""
         tenant = services.set_tenant_status(request.user, self.get_object(), TenantStatus.SUSPENDED)
+        return Response(self.get_serializer(tenant).data)
+
+    @extend_schema(request=BoostSerializer, responses=TenantSerializer)
+    @action(detail=True, methods=["post"])
+    def boost(self, request: Request, slug: str) -> Response:
+        """Serve the tenant as P0 (interactive) for the next `minutes`; 0 ends the boost."""
+        tenant = self.get_object()
+        body = BoostSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tenant = services.grant_interactive(request.user, tenant, body.validated_data["minutes"])
         return Response(self.get_serializer(tenant).data)
 
     @extend_schema(request=None, responses=TenantSerializer)

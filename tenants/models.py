@@ -37,6 +37,12 @@ class Tenant(models.Model):
         validators=[MinValueValidator(Decimal("0"))],
     )
     currency = models.CharField(max_length=3, default="USD", validators=[currency_validator])
+    # Admission: an admin may lift a tenant to P0 until a moment; its share inside a class.
+    priority_boost_until = models.DateTimeField(null=True, blank=True)
+    fair_share_weight = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1)],
+        help_text="Relative share of a saturated model among tenants of the same class.",
+    )
     model_access = models.CharField(max_length=8, choices=ModelAccess, default=ModelAccess.ALL)
     allowed_models = models.ManyToManyField(
         "deployments.CatalogModel", blank=True, related_name="listed_by_tenants"
@@ -53,6 +59,13 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == TenantStatus.ACTIVE
+
+    @property
+    def effective_priority(self) -> str:
+        """The tenant's class now: P0 while an admin's boost lasts, else its own."""
+        if self.priority_boost_until and self.priority_boost_until > timezone.now():
+            return Priority.INTERACTIVE
+        return self.priority
 
 
 class Membership(models.Model):
@@ -105,6 +118,12 @@ class ApiKey(models.Model):
     # Empty means every model the tenant may use.
     allowed_models = models.ManyToManyField(
         "deployments.CatalogModel", blank=True, related_name="+"
+    )
+
+    # A key Tollgate issues itself to run work on behalf of another key (e.g. a batch job):
+    # its usage and limits count against the parent, and it dies with the work.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
     )
 
     objects = ApiKeyQuerySet.as_manager()

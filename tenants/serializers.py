@@ -35,10 +35,12 @@ class TenantSerializer(serializers.ModelSerializer):
             "currency",
             "model_access",
             "allowed_models",
+            "priority_boost_until",
+            "fair_share_weight",
             "created_at",
             "updated_at",
         ]
-        read_only_fields = ["status", "created_at", "updated_at"]
+        read_only_fields = ["status", "priority_boost_until", "created_at", "updated_at"]
         extra_kwargs = {"slug": {"required": False}}
 
 
@@ -216,3 +218,7 @@ class AuditLogSerializer(serializers.ModelSerializer):
             "changes",
         ]
         read_only_fields = fields
+
+
+class BoostSerializer(serializers.Serializer):
+    minutes = serializers.IntegerField(min_value=0, max_value=24 * 60, help_text="0 ends the boost.")

@@ -1,7 +1,7 @@
 """Rules for tenants, members, API keys and admin tokens. Every view and command calls these."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -366,3 +366,33 @@ def delete_tenant(actor: Actor, tenant: Tenant) -> None:
     record(actor, AuditAction.DELETE, tenant)
     publish_change("tenant", tenant.pk)
     tenant.delete()
+
+
+# --- Admission -------------------------------------------------------------------------------
+
+
+MAX_BOOST_MINUTES = 24 * 60
+
+
+def grant_interactive(actor: Actor, tenant: Tenant, minutes: int) -> Tenant:
+    """Serve the tenant as P0 for the next ``minutes`` (0 ends a boost now)."""
+    if not 0 <= minutes <= MAX_BOOST_MINUTES:
+        raise ValidationError({"minutes": f"Give 0 to {MAX_BOOST_MINUTES} minutes."})
+    until = timezone.now() + timedelta(minutes=minutes) if minutes else None
+    Tenant.objects.filter(pk=tenant.pk).update(priority_boost_until=until)
+    tenant.refresh_from_db()
+    record(actor, AuditAction.ACTION, tenant, tenant=tenant,
+           changes={"priority_boost_until": until.isoformat() if until else None})
+    publish_change("tenant", tenant.pk)
+    return tenant
+
+
+def issue_child_key(parent: ApiKey, name: str, expires_at: datetime) -> IssuedKey:
+    """A key Tollgate uses itself on behalf of ``parent`` (batch work); revoke it when done."""
+    new = generate_key(TENANT_KEY)
+    key = ApiKey.objects.create(
+        tenant=parent.tenant, parent=parent, name=name[:100], prefix=new.prefix,
+        secret_hash=new.secret_hash, expires_at=expires_at,
+    )
+    publish_change("api_key", key.prefix)
+    return IssuedKey(key=key, plaintext=new.plaintext)

@@ -76,6 +76,7 @@ CAROL_CALLS = [
     Call("tenant-detail", "DELETE", NOT_FOUND, slug_a),
     Call("tenant-suspend", "POST", NOT_FOUND, slug_a),
     Call("tenant-activate", "POST", NOT_FOUND, slug_a),
+    Call("tenant-boost", "POST", NOT_FOUND, slug_a, lambda w: {"minutes": 30}),
     # Keys.
     Call("apikey-list", "GET", OK),
     Call("apikey-list", "POST", BAD, body=lambda w: {"tenant": "acme", "name": "planted"}),
@@ -167,6 +168,7 @@ BOB_CALLS = [
     Call("tenant-detail", "DELETE", FORBIDDEN, slug_a),
     Call("tenant-suspend", "POST", FORBIDDEN, slug_a),
     Call("tenant-activate", "POST", FORBIDDEN, slug_a),
+    Call("tenant-boost", "POST", FORBIDDEN, slug_a, lambda w: {"minutes": 30}),
     Call("apikey-list", "GET", OK),
     Call("apikey-list", "POST", FORBIDDEN, body=lambda w: {"tenant": "acme", "name": "mine"}),
     Call("apikey-detail", "GET", OK, lambda w: w.bob_key.pk),

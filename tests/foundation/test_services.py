@@ -186,3 +186,27 @@ def test_deployment_images_come_only_from_the_allow_list(public_model: CatalogMo
             None, name="evil", model=public_model, node=local_node, image="evil/miner:latest"
         )
     assert "not an allowed engine image" in str(error.value.message_dict["image"])
+
+
+def test_an_interactive_boost_lasts_its_window_then_falls_back(tenant_a: Tenant) -> None:
+    services.grant_interactive(None, tenant_a, 30)
+    assert tenant_a.effective_priority == "P0"
+    with time_machine.travel(timezone.now() + timedelta(minutes=31)):
+        assert tenant_a.effective_priority == "P1"
+    with pytest.raises(ValidationError, match="minutes"):
+        services.grant_interactive(None, tenant_a, 10_000)
+    services.grant_interactive(None, tenant_a, 0)
+    tenant_a.refresh_from_db()
+    assert tenant_a.priority_boost_until is None and tenant_a.effective_priority == "P1"
+
+
+def test_child_keys_act_for_their_parent_and_die_with_it(tenant_a: Tenant, public_model: CatalogModel) -> None:
+    from gateway.state import load_snapshot
+
+    parent = services.issue_api_key(None, tenant_a, name="p", requests_per_minute=30,
+                                    allowed_models=[public_model]).key
+    child = services.issue_child_key(parent, "batch 1", timezone.now() + timedelta(hours=1))
+    info = load_snapshot().keys[child.key.prefix]
+    assert info.id == parent.pk and info.limits.rpm == 30 and info.model_ids == {public_model.pk}
+    services.revoke_api_key(None, parent)
+    assert child.key.prefix not in load_snapshot().keys
