@@ -1,0 +1,316 @@
+"""The appliance end to end: `docker compose up -d` with the locally built images, then
+what an admin and a tenant do through the one published port, and `docker compose down`.
+
+Needs the images from `scripts/build-images compose` and Docker Compose v2
+(`./scripts/test compose` provides both). Each run is its own Compose project on a free
+loopback port, with its own engine network, stack id and cache volumes, and is torn down
+even when a test fails. Engines are the simulator image: there is no GPU here.
+"""
+
+import csv
+import io
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+pytestmark = [pytest.mark.compose, pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_PASSWORD = "compose-test-admin-password-42"
+# The local stand-ins for the official images (scripts/build-images builds them).
+LOCAL_IMAGES = {
+    "TOLLGATE_IMAGE": "tollgate/tollgate:latest",
+    "TOLLGATE_PYTHON_IMAGE": "tollgate/python:3.11-bookworm",
+    "TOLLGATE_POSTGRES_IMAGE": "tollgate/postgres:bookworm",
+    "TOLLGATE_REDIS_IMAGE": "tollgate/redis:bookworm",
+    "TOLLGATE_DOCKER_PROXY_IMAGE": "tollgate/haproxy:bookworm",
+}
+SIM_IMAGE = "tollgate/engine-sim:latest"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    """One Compose project of the appliance, driven through the `docker compose` CLI."""
+
+    project: str
+    port: int
+    env: dict[str, str]
+    token: str = ""
+    url: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def compose(self, *args: str, check: bool = True, timeout: float = 300) -> str:
+        cmd = ["docker", "compose", "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args]
+        done = subprocess.run(cmd, env=self.env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30,
+                            headers={"Authorization": f"Bearer {self.token}"})
+
+    def wait_healthy(self, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"/healthz never answered 200:\n{self.compose('logs', '--tail', '60', check=False)}")
+
+    def managed_containers(self) -> list[str]:
+        out = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", "label=tollgate.managed=true",
+             "--filter", f"label=tollgate.stack={self.project}"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        return out.split()
+
+
+def compose_env(project: str, port: int) -> dict[str, str]:
+    # Only what the stack needs: the test process's own settings (DATABASE_URL, …) must not
+    # leak into the containers through the compose file's ${…} defaults.
+    keep = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "LANG")
+    env = {name: os.environ[name] for name in keep if name in os.environ}
+    env.update({name: os.environ.get(name, default) for name, default in LOCAL_IMAGES.items()})
+    env.update({
+        "TOLLGATE_HTTP_PORT": str(port),
+        "TOLLGATE_BIND_ADDRESS": "127.0.0.1",
+        "TOLLGATE_PUBLIC_URL": f"http://127.0.0.1:{port}",
+        "TOLLGATE_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "TOLLGATE_STACK_ID": project,
+        "TOLLGATE_ENGINE_NETWORK": f"{project}-engines",
+        "TOLLGATE_MODEL_CACHE_VOLUME": f"{project}-model-cache",
+        "TOLLGATE_COMPILE_CACHE_VOLUME": f"{project}-compile-cache",
+        "TOLLGATE_PULL_POLICY": "never",
+        "TOLLGATE_WEB_WORKERS": "2",
+        "TOLLGATE_WORKER_CONCURRENCY": "2",
+    })
+    return env
+
+
+def issue_admin_token(stack: Stack) -> str:
+    """An admin API token for the bootstrap admin, issued by the app's own service.
+
+    The console login page is not part of this test; everything after this goes through
+    the published port.
+    """
+    code = (
+        "from django.contrib.auth import get_user_model; from tenants import services; "
+        "user = get_user_model().objects.get(username='admin', is_staff=True); "
+        "assert user.check_password(" + repr(ADMIN_PASSWORD) + "); "
+        "print('TOKEN=' + services.issue_admin_token(user, name='compose-test').plaintext)"
+    )
+    out = stack.compose("exec", "-T", "web", "tollgate", "manage", "shell", "-c", code)
+    return next(line[6:] for line in out.splitlines() if line.startswith("TOKEN="))
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    project = f"tgci{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    stack = Stack(project, port, compose_env(project, port))
+    try:
+        stack.compose("up", "-d", "--no-build", "--pull", "never", timeout=600)
+        stack.wait_healthy()
+        stack.token = issue_admin_token(stack)
+        yield stack
+    finally:
+        stack.compose("down", "-v", "--timeout", "30", check=False)
+        # Whatever a failed test left: this run's engines and cache volumes.
+        leftovers = stack.managed_containers()
+        if leftovers:
+            subprocess.run(["docker", "rm", "-f", *leftovers], capture_output=True)
+        subprocess.run(["docker", "volume", "rm", "-f", f"{project}-model-cache",
+                        f"{project}-compile-cache"], capture_output=True)
+        subprocess.run(["docker", "network", "rm", f"{project}-engines"], capture_output=True)
+
+
+def post(api: httpx.Client, path: str, body: dict) -> dict:
+    answer = api.post(path, json=body)
+    assert answer.status_code == 201, f"POST {path}: {answer.status_code} {answer.text}"
+    return answer.json()
+
+
+def wait_ready(api: httpx.Client, name: str, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        deployment = api.get(f"/api/v1/deployments/{name}/").json()
+        if deployment["state"] == "ready":
+            return deployment
+        assert deployment["state"] != "failed", deployment
+        time.sleep(1)
+    raise AssertionError(f"deployment {name} never became ready: {deployment}")
+
+
+@dataclass
+class Traffic:
+    """Requests one after another, streaming and not, recording each success's request id."""
+
+    client: OpenAI
+    model: str
+    succeeded: list[str] = field(default_factory=list)
+    failed: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def one(self, stream: bool) -> str:
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model, messages=[{"role": "user", "content": "Count to three."}],
+            max_tokens=12, stream=stream,
+        )
+        request_id = raw.headers["x-request-id"]
+        if stream:
+            chunks = list(raw.parse())
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            assert raw.parse().usage.completion_tokens > 0
+        return request_id
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                self.succeeded.append(self.one(stream=n % 2 == 0))
+            except Exception:  # noqa: BLE001 - a restart refuses connections for a moment
+                self.failed += 1
+                time.sleep(0.2)
+
+
+def test_docker_proxy_allows_only_what_the_worker_needs(stack: Stack) -> None:
+    """The socket proxy answers the worker's calls and refuses exec and privileged containers."""
+    probe = """
+import json, sys, urllib.request, urllib.error
+def call(method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request("http://docker-proxy:2375" + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+print(json.dumps({
+    "ping": call("GET", "/_ping"),
+    "list": call("GET", "/v1.41/containers/json"),
+    "exec": call("POST", "/v1.41/containers/anything/exec", {"Cmd": ["sh"]}),
+    "privileged": call("POST", "/v1.41/containers/create",
+                       {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Privileged": True}}),
+    "host_bind": call("POST", "/v1.41/containers/create",
+                      {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Binds": ["/:/host"]}}),
+    "build": call("POST", "/v1.41/build"),
+    "swarm": call("GET", "/v1.41/swarm"),
+}))
+"""
+    out = stack.compose("exec", "-T", "worker", "python3", "-c", probe)
+    answers = json.loads(out.strip().splitlines()[-1])
+    assert answers == {"ping": 200, "list": 200, "exec": 403, "privileged": 403,
+                       "host_bind": 403, "build": 403, "swarm": 403}
+    # The internet-facing web process cannot reach the Docker API at all.
+    unreachable = stack.compose(
+        "exec", "-T", "web", "python3", "-c",
+        "import socket\ntry:\n socket.create_connection(('docker-proxy', 2375), 3); print('reached')\n"
+        "except OSError: print('unreachable')")
+    assert unreachable.strip() == "unreachable"
+
+
+def test_compose_appliance_end_to_end(stack: Stack) -> None:
+    api = stack.api()
+
+    # First start did everything: migrations, the admin, the local node.
+    nodes = api.get("/api/v1/nodes/").json()["results"]
+    assert [(n["name"], n["docker_url"]) for n in nodes] == [("local", "tcp://docker-proxy:2375")]
+
+    # An admin sets up a model, its price, a tenant and a key, and deploys the model.
+    post(api, "/api/v1/models/", {"served_name": "sim-chat", "source": "tollgate/sim",
+                                   "params_billions": "0.5", "context_length": 8192})
+    post(api, "/api/v1/prices/", {"model": "sim-chat", "currency": "USD", "input_per_mtok": "1.00",
+                                   "cached_input_per_mtok": "0.50", "output_per_mtok": "2.00"})
+    post(api, "/api/v1/tenants/", {"name": "Acme Research", "slug": "acme"})
+    key = post(api, "/api/v1/keys/", {"tenant": "acme", "name": "compose-test"})["key"]
+    post(api, "/api/v1/deployments/", {"name": "sim", "model": "sim-chat", "node": "local",
+                                        "image": SIM_IMAGE, "profile": "simulator", "replicas": 1})
+    deployment = wait_ready(api, "sim")
+    assert len(stack.managed_containers()) == 1
+
+    # The engine sits on the internal engine network, published nowhere: only the gateway
+    # reaches it.
+    engine = json.loads(subprocess.run(
+        ["docker", "inspect", deployment["replica_set"][0]["container_name"]],
+        capture_output=True, text=True, check=True).stdout)[0]
+    assert list(engine["NetworkSettings"]["Networks"]) == [f"{stack.project}-engines"]
+    assert not engine["HostConfig"]["PortBindings"]
+    network = json.loads(subprocess.run(["docker", "network", "inspect", f"{stack.project}-engines"],
+                                        capture_output=True, text=True, check=True).stdout)[0]
+    assert network["Internal"] is True
+
+    # A tenant calls it with the official SDK through the published port.
+    client = OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=30)
+    traffic = Traffic(client, "sim-chat")
+    first = [traffic.one(stream=False), traffic.one(stream=True)]
+    assert [m.id for m in client.models.list().data] == ["sim-chat"]
+
+    # Restart web, the worker and the usage consumer under traffic: every request a client
+    # saw succeed is billed.
+    thread = threading.Thread(target=traffic.run, daemon=True)
+    thread.start()
+    time.sleep(3)
+    for service in ("web", "worker", "usage"):
+        stack.compose("restart", service)
+        stack.wait_healthy()
+        time.sleep(2)
+    before_stop = len(traffic.succeeded)
+    time.sleep(3)
+    traffic.stop.set()
+    thread.join(timeout=60)
+    assert len(traffic.succeeded) > before_stop, "no request succeeded after the restarts"
+    billed = first + traffic.succeeded
+
+    deadline = time.monotonic() + 120
+    missing = list(billed)
+    while missing and time.monotonic() < deadline:
+        missing = [r for r in missing if api.get(f"/api/v1/usage/{r}/").status_code != 200]
+        time.sleep(2)
+    assert not missing, f"{len(missing)} of {len(billed)} successful requests never billed"
+
+    # The showback CSV counts each request once: as many as usage rows, no fewer than the
+    # successes (a request cut off mid-stream by the restart is billed for what it got).
+    usage_count = api.get("/api/v1/usage/", params={"limit": 1}).json()["count"]
+    deadline = time.monotonic() + 60
+    while True:
+        export = api.get("/api/v1/usage/export.csv", params={"tenant": "acme"})
+        assert export.status_code == 200, export.text
+        rows = [r for r in csv.DictReader(io.StringIO(export.text)) if r["model"] == "sim-chat"]
+        requests = sum(int(r["requests"]) for r in rows)
+        if requests == usage_count or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert requests == usage_count >= len(billed)
+    assert sum(int(r["completion_tokens"]) for r in rows) > 0
+    assert {r["tenant"] for r in rows} == {"acme"}
+
+    # `docker compose down` leaves no engine behind.
+    stack.compose("down", "-v", "--timeout", "30")
+    assert stack.managed_containers() == []
