@@ -5,6 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from console.access import admin_tenant_ids, audit_visible_to
 from console.generic import Column, ListPage
@@ -36,7 +37,7 @@ def _changes(entry: AuditLog) -> str:
         return ""
     items = entry.changes.items() if isinstance(entry.changes, dict) else []
     return format_html_join(
-        format_html("<br>"), "<code>{}</code>: {}",
+        mark_safe("<br>"), "<code>{}</code>: {}",
         ((k, " → ".join(map(str, v)) if isinstance(v, list) and len(v) == 2 else v) for k, v in items),
     )
 

@@ -4,6 +4,7 @@ replica health and engine metrics. Platform admins only."""
 from typing import Any
 
 import django_filters
+from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -93,14 +94,14 @@ def _fit(form: DeploymentForm) -> dict[str, Any]:
     if not data.get("model"):
         return {"message": "Choose a model to see whether it fits.", "fits": None}
     try:
-        args = parse_flags(form.data.get("engine_args", ""))
+        trusted = data["model"].trust_remote_code
+        args = validate_engine_args(parse_flags(form.data.get("engine_args", "")), trusted)
         deployment = Deployment(name="preview", model=data["model"], node=data.get("node"),
                                 profile=data.get("profile"), replicas=data.get("replicas") or 1,
                                 engine_args=args)
-        validate_engine_args(deployment.effective_args,
-                             trust_remote_code_allowed=data["model"].trust_remote_code)
+        deployment.engine_args = validate_engine_args(deployment.effective_args, trusted)
         verdict = services.memory_fit(deployment)
-    except ValidationError as exc:
+    except (ValidationError, forms.ValidationError) as exc:
         return {"message": " ".join(exc.messages), "fits": False}
     if verdict is None:
         return {"message": "No node chosen: Tollgate places it where memory is free.", "fits": None}

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -82,6 +82,8 @@ def usage_export(request: HttpRequest) -> HttpResponse:
     scope = export_scope(request.user)
     form = _form(request, scope)
     if form.is_bound and not form.is_valid():
+        if "tenant" in form.errors:
+            raise Http404("No such tenant.")  # another tenant's slug: as if it did not exist
         return HttpResponse("Invalid filters: " + form.errors.as_text(), status=400, content_type="text/plain")
     q = _query(form, scope)
     fmt = request.GET.get("format") or "showback"
