@@ -220,6 +220,8 @@ print(json.dumps({
                        {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Privileged": True}}),
     "host_bind": call("POST", "/v1.41/containers/create",
                       {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Binds": ["/:/host"]}}),
+    "host_network": call("POST", "/v1.41/containers/create",
+                         {"Image": "tollgate/engine-sim:latest", "HostConfig": {"NetworkMode": "host"}}),
     "build": call("POST", "/v1.41/build"),
     "swarm": call("GET", "/v1.41/swarm"),
 }))
@@ -227,7 +229,7 @@ print(json.dumps({
     out = stack.compose("exec", "-T", "worker", "python3", "-c", probe)
     answers = json.loads(out.strip().splitlines()[-1])
     assert answers == {"ping": 200, "list": 200, "exec": 403, "privileged": 403,
-                       "host_bind": 403, "build": 403, "swarm": 403}
+                       "host_bind": 403, "host_network": 403, "build": 403, "swarm": 403}
     # The internet-facing web process cannot reach the Docker API at all.
     unreachable = stack.compose(
         "exec", "-T", "web", "python3", "-c",
