@@ -6,6 +6,7 @@ plaintext only in the user's server-side session; this view relays the streamed 
 ``/v1/chat/completions`` and adds time to first token, tokens and cost for each reply.
 """
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from tenants.models import ApiKey, Tenant
 SESSION_KEY = "playground_keys"
 KEY_LIFETIME = timedelta(hours=12)
 MAX_TOKENS = 1024
+FRESH_KEY_RETRIES = 25  # × 0.2 s
 
 
 @login_required
@@ -44,19 +46,19 @@ def playground(request: HttpRequest) -> HttpResponse:
     })
 
 
-def playground_key(request: HttpRequest, tenant: Tenant) -> str:
-    """This user's playground key for the tenant: from the session, or a fresh one."""
+def playground_key(request: HttpRequest, tenant: Tenant) -> tuple[str, bool]:
+    """This user's playground key for the tenant, from the session or fresh (True)."""
     held = request.session.get(SESSION_KEY, {})
     entry = held.get(str(tenant.pk))
     if entry and ApiKey.objects.usable().filter(pk=entry["id"], tenant=tenant).exists():
-        return entry["key"]
+        return entry["key"], False
     issued = services.issue_api_key(
         request.user, tenant, name=f"playground ({request.user.get_username()})",
         expires_at=timezone.now() + KEY_LIFETIME,
     )
     held[str(tenant.pk)] = {"id": issued.key.pk, "key": issued.plaintext}
     request.session[SESSION_KEY] = held
-    return issued.plaintext
+    return issued.plaintext, True
 
 
 def upstream_url(request: HttpRequest) -> str:
@@ -79,11 +81,11 @@ def playground_chat(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"error": "messages must be a non-empty list."}, status=400)
     model = models_for_tenant(tenant).filter(served_name=model_name).first()
     price = queries.current_price(model, tenant.currency) if model else None
-    key = playground_key(request, tenant)
+    key, fresh = playground_key(request, tenant)
     payload = {"model": model_name, "messages": messages, "max_tokens": max_tokens, "stream": True,
                "stream_options": {"include_usage": True}}
     response = StreamingHttpResponse(
-        relay(upstream_url(request), key, payload, price, tenant.currency),
+        relay(upstream_url(request), key, payload, price, tenant.currency, fresh),
         content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-store"
@@ -95,36 +97,52 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def relay(url: str, key: str, payload: dict[str, Any], price: Any, currency: str) -> AsyncIterator[bytes]:
+async def relay(url: str, key: str, payload: dict[str, Any], price: Any, currency: str,
+                fresh: bool = False) -> AsyncIterator[bytes]:
     """The gateway's SSE stream turned into delta / stats / error events for the page."""
-    started, ttft, usage, request_id = time.monotonic(), None, None, ""
+    started, state = time.monotonic(), {"ttft": None, "usage": None, "request_id": ""}
+    # A key issued a moment ago reaches the gateway's cache through pub/sub: give it a few
+    # seconds before taking "invalid key" for an answer.
+    attempts = FRESH_KEY_RETRIES if fresh else 1
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
-            async with client.stream("POST", url, json=payload,
-                                     headers={"Authorization": f"Bearer {key}"}) as answer:
-                request_id = answer.headers.get("x-request-id", "")
-                if answer.status_code != 200:
-                    yield sse("error", {"status": answer.status_code,
-                                        "message": _error_message(await answer.aread())})
-                    return
-                async for line in answer.aiter_lines():
-                    if not line.startswith("data:"):
+            for attempt in range(attempts):
+                async with client.stream("POST", url, json=payload,
+                                         headers={"Authorization": f"Bearer {key}"}) as answer:
+                    state["request_id"] = answer.headers.get("x-request-id", "")
+                    if answer.status_code == 401 and attempt + 1 < attempts:
+                        await asyncio.sleep(0.2)
                         continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
-                        if text:
-                            ttft = ttft if ttft is not None else time.monotonic() - started
-                            yield sse("delta", {"text": text})
+                    if answer.status_code != 200:
+                        yield sse("error", {"status": answer.status_code,
+                                            "message": _error_message(await answer.aread())})
+                        return
+                    async for frame in _deltas(answer, started, state):
+                        yield frame
+                    break
     except httpx.HTTPError as exc:
         yield sse("error", {"status": 502, "message": f"The gateway could not be reached: {exc.__class__.__name__}"})
         return
-    yield sse("stats", _stats(usage, ttft, time.monotonic() - started, price, currency, request_id))
+    yield sse("stats", _stats(state["usage"], state["ttft"], time.monotonic() - started, price, currency,
+                              state["request_id"]))
+
+
+async def _deltas(answer: httpx.Response, started: float, state: dict[str, Any]) -> AsyncIterator[bytes]:
+    async for line in answer.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        state["usage"] = chunk.get("usage") or state["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+            if text:
+                if state["ttft"] is None:
+                    state["ttft"] = time.monotonic() - started
+                yield sse("delta", {"text": text})
 
 
 def _error_message(raw: bytes) -> str:

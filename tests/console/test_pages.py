@@ -450,12 +450,12 @@ def test_playground_key_is_issued_once_per_session_and_kept_server_side(web: obj
     request.user = bob
     request.session = web(bob).session
     tenant = Tenant.objects.get(slug="acme")
-    first = playground_key(request, tenant)
-    assert playground_key(request, tenant) == first
+    first, fresh = playground_key(request, tenant)
+    assert fresh and playground_key(request, tenant) == (first, False)
     key = ApiKey.objects.get(name="playground (bob)")
     assert key.created_by == bob and key.expires_at < timezone.now() + timedelta(hours=13)
     services.revoke_api_key(None, key)
-    assert playground_key(request, tenant) != first  # a revoked key is replaced
+    assert playground_key(request, tenant)[0] != first  # a revoked key is replaced
 
 
 def test_units_on_numbers() -> None:
