@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "metering",
     "gateway",
     "console",
+    "batches",  # OpenAI Files and Batch APIs (/v1/files, /v1/batches)
     "axes",  # console login throttling (after the apps whose templates it may use)
 ]
 

@@ -8,6 +8,7 @@ from config.views import healthz
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("", include("metering.urls")),  # /v1/usage, /api/v1/usage/export.csv
+    path("", include("batches.urls")),  # /v1/files, /v1/batches
     path("api/v1/", include("config.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
