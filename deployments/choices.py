@@ -38,6 +38,15 @@ class NodeStatus(models.TextChoices):
     DISABLED = "disabled", "Disabled"
 
 
+class ContainerRole(models.TextChoices):
+    """The ``tollgate.role`` label: what a container Tollgate created is for."""
+
+    ENGINE = "engine", "Engine"
+    HEAD = "head", "Ray head + engine"
+    WORKER = "worker", "Ray worker"
+    STAGE = "stage", "Weight staging helper"
+
+
 class DesiredState(models.TextChoices):
     RUNNING = "running", "Running"
     STOPPED = "stopped", "Stopped"
@@ -76,6 +85,8 @@ class OperationKind(models.TextChoices):
     REMOVE = "remove", "Remove"
     PULL = "pull", "Pull image"
     STAGE = "stage", "Stage weights"
+    WORKER_START = "worker_start", "Start Ray worker"
+    WORKER_STOP = "worker_stop", "Stop Ray worker"
 
 
 class OperationStatus(models.TextChoices):

@@ -31,6 +31,13 @@ DEFAULTS: dict[str, Any] = {
     "TOLLGATE_DRAIN_TIMEOUT": env_float("TOLLGATE_DRAIN_TIMEOUT", 60.0),
     "TOLLGATE_STOP_GRACE_SECONDS": env_int("TOLLGATE_STOP_GRACE_SECONDS", 30),
     "TOLLGATE_RECONCILE_SECONDS": env_float("TOLLGATE_RECONCILE_SECONDS", 5.0),
+    # A node whose worker sent no heartbeat for this long is unreachable: its replicas
+    # leave routing and unpinned ones are placed on other nodes.
+    "TOLLGATE_NODE_HEARTBEAT_TIMEOUT": env_float("TOLLGATE_NODE_HEARTBEAT_TIMEOUT", 30.0),
+    # How long a Ray head waits for its worker node(s) to join (and a worker for its head).
+    "TOLLGATE_RAY_JOIN_TIMEOUT": env_float("TOLLGATE_RAY_JOIN_TIMEOUT", 300.0),
+    # Join tokens for new nodes expire after this long.
+    "TOLLGATE_JOIN_TOKEN_HOURS": env_float("TOLLGATE_JOIN_TOKEN_HOURS", 24.0),
     "TOLLGATE_TELEMETRY_TTL_SECONDS": env_int("TOLLGATE_TELEMETRY_TTL_SECONDS", 30),
     "TOLLGATE_LOG_TAIL_LINES": env_int("TOLLGATE_LOG_TAIL_LINES", 40),
     # Environment names an engine may be given (fnmatch); see engine_env.DENIED for the rest.

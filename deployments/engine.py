@@ -13,8 +13,8 @@ import httpx
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from deployments import conf, progress, runtime
-from deployments.choices import ReplicaState, Task
+from deployments import cluster, conf, placement, progress, runtime
+from deployments.choices import ContainerRole, ReplicaState, Task
 from deployments.engine_args import to_argv
 from deployments.models import Deployment, Operation, Replica
 from gateway.invalidation import publish_change
@@ -27,7 +27,10 @@ class Starter:
 
     def __init__(self, deployment: Deployment, replica: Replica, op: Operation) -> None:
         self.deployment, self.replica, self.op = deployment, replica, op
-        self.node = deployment.node
+        self.node = replica.node or deployment.node
+        # A two-box tensor-parallel replica: this is its Ray head; the worker is queued.
+        self.group = placement.spans_nodes(deployment) and replica.worker_node_id is not None
+        self.worker_op_id: int | None = None
         self.dc = runtime.client(self.node.docker_url)
         self.phases: dict[str, float] = {}
         self.container: Any = None
@@ -69,6 +72,9 @@ class Starter:
         self.set_replica(state=ReplicaState.STARTING)
         self.timed("create", self.create)
         self.timed("start", runtime.start, self.container)
+        if self.group:
+            self.worker_op_id = cluster.queue_worker(self.replica).pk
+            self.report("start", None, f"Ray head started; worker queued on {self.replica.worker_node}")
         self.locate()
         self.set_replica(state=ReplicaState.LOADING, started_at=timezone.now())
         self.timed("load", self.wait_listening)
@@ -109,14 +115,33 @@ class Starter:
                 raise runtime.RuntimeFailure(f"a container named {name} exists and is not Tollgate's")
             # Our own leftover (a crashed run): we hold the replica, so it is safe to replace.
             runtime.stop_and_remove(stale, 0)
-        spec = runtime.engine_spec(
+        fields: dict[str, Any] = dict(
             name=name, image=self.deployment.image, command=engine_command(self.deployment),
             env=engine_environment(self.deployment),
             labels=runtime.labels_for(stack, self.node.name, self.deployment.pk, self.replica.index),
             gpus=self.node.gpu_count > 0, engine_host=self.node.engine_host,
         )
+        spec = runtime.engine_spec(**{**fields, **self.group_spec()})
         self.container = runtime.create_engine(self.dc, spec)
         self.set_replica(container_id=self.container.id, container_name=name)
+
+    def group_spec(self) -> dict[str, Any]:
+        """What makes a container the Ray head of a two-box group (nothing otherwise)."""
+        if not self.group:
+            return {}
+        recipe = cluster.settings_for(self.deployment)
+        host = recipe["network"] == cluster.HOST_NETWORK
+        env = {**cluster.node_env(self.node), **engine_environment(self.deployment),
+               "VLLM_HOST_IP": self.node.cluster_address}
+        return {
+            "entrypoint": cluster.head_entrypoint(self.deployment),
+            "command": cluster.head_command(engine_command(self.deployment)),
+            "env": env,
+            "labels": runtime.labels_for(conf.get("TOLLGATE_STACK_ID"), self.node.name,
+                                         self.deployment.pk, self.replica.index,
+                                         role=ContainerRole.HEAD),
+            "host_network": host, "join_network": not host,
+        }
 
     def container_name(self) -> str:
         return f"{conf.get('TOLLGATE_STACK_ID')}-{self.deployment.name}-{self.replica.index}"
@@ -124,7 +149,10 @@ class Starter:
     def locate(self) -> None:
         from deployments.lifecycle import EngineFailed
 
-        if self.node.engine_host:
+        if self.group and cluster.settings_for(self.deployment)["network"] == cluster.HOST_NETWORK:
+            self.set_replica(host=self.node.engine_host or self.node.cluster_address,
+                             port=runtime.ENGINE_PORT)
+        elif self.node.engine_host:
             runtime.refresh(self.container)
             port = runtime.published_port(self.container)
             if port is None:
@@ -141,6 +169,11 @@ class Starter:
     def check_alive(self) -> None:
         from deployments.lifecycle import EngineFailed
 
+        if self.worker_op_id is not None:
+            failure = cluster.worker_failure(self.worker_op_id)
+            if failure:
+                raise EngineFailed(f"the Ray worker on {self.replica.worker_node} failed: "
+                                   f"{failure}", None, self.tail())
         container = runtime.refresh(self.container)
         if container is None:
             raise EngineFailed("the engine container disappeared while starting")

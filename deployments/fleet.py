@@ -21,8 +21,6 @@ from deployments.models import Deployment, Node, Replica
 from gateway.invalidation import publish_change
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 15
-STALE_AFTER = timedelta(seconds=4 * HEARTBEAT_SECONDS)
 
 
 # --- Nodes --------------------------------------------------------------------------------
@@ -55,10 +53,8 @@ def heartbeat(node: Node) -> Node:
     try:
         facts = runtime.info(runtime.client(node.docker_url))
     except runtime.RuntimeFailure as exc:
-        Node.objects.filter(pk=node.pk).exclude(status=NodeStatus.DISABLED).update(
-            status=NodeStatus.UNREACHABLE
-        )
         log.warning("node %s: %s", node.name, exc)
+        mark_unreachable(node, f"its Docker Engine does not answer: {exc}")
         return node
     gpus, description = gpu_facts()
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(facts.get("Architecture", ""),
@@ -83,11 +79,39 @@ def heartbeat(node: Node) -> Node:
 
 
 def mark_silent_nodes() -> int:
-    """Nodes whose worker stopped sending heartbeats are marked unreachable."""
-    cutoff = timezone.now() - STALE_AFTER
-    return Node.objects.filter(status=NodeStatus.ONLINE, last_seen_at__lt=cutoff).update(
-        status=NodeStatus.UNREACHABLE
-    )
+    """Nodes whose worker sent no heartbeat within the timeout are marked unreachable."""
+    timeout = conf.get("TOLLGATE_NODE_HEARTBEAT_TIMEOUT")
+    cutoff = timezone.now() - timedelta(seconds=timeout)
+    count = 0
+    for node in Node.objects.filter(status=NodeStatus.ONLINE, last_seen_at__lt=cutoff):
+        count += mark_unreachable(node, f"no heartbeat for more than {timeout:g} s")
+    return count
+
+
+def mark_unreachable(node: Node, reason: str) -> int:
+    """Flip a node to unreachable (once) and take its replicas out of routing at once.
+
+    Unpinned replicas are then placed on other nodes by the next placement pass; when the
+    node comes back, its reconcile removes what now runs elsewhere and re-admits the rest.
+    """
+    flipped = Node.objects.filter(pk=node.pk).exclude(
+        status__in=[NodeStatus.DISABLED, NodeStatus.UNREACHABLE]
+    ).update(status=NodeStatus.UNREACHABLE)
+    if not flipped:
+        return 0
+    log.warning("node %s is unreachable: %s", node.name, reason)
+    affected = Replica.objects.filter(Q(node=node) | Q(worker_node=node))
+    for replica in affected.filter(healthy=True):
+        if Replica.objects.filter(pk=replica.pk, healthy=True).update(
+            healthy=False, last_error=f"node {node.name} unreachable: {reason}"
+        ):
+            publish_change("replica", replica.pk)
+    for deployment_id in set(affected.values_list("deployment_id", flat=True)):
+        Deployment.objects.filter(pk=deployment_id, state=DeploymentState.READY).update(
+            state=DeploymentState.DEGRADED, state_message=f"node {node.name} unreachable: {reason}"
+        )
+        publish_change("deployment", deployment_id)
+    return 1
 
 
 # --- External engines ---------------------------------------------------------------------

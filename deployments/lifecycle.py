@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
-from deployments import conf, engine, runtime
+from deployments import cluster, conf, engine, placement, runtime
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -61,6 +61,39 @@ def queue_operation(kind: str, deployment: Deployment | None, actor: Actor = Non
     queue = node.queue if node else "control"
     transaction.on_commit(lambda: task.apply_async(args=[op.pk], queue=queue))
     return op
+
+
+def queue_on_nodes(kind: str, deployment: Deployment, actor: Actor = None,
+                   **detail: Any) -> Operation | None:
+    """Queue ``kind`` on each node that runs (or is to run) replicas of the deployment.
+
+    Deploys, scales and restarts place replicas first (pinned node, or the node with the
+    most free memory). Returns the first operation (None when there is nothing to do).
+    """
+    if kind in (OperationKind.DEPLOY, OperationKind.SCALE, OperationKind.RESTART):
+        placement.place(deployment)
+    node_ids = set(deployment.replica_set.exclude(node=None).values_list("node_id", flat=True))
+    if deployment.node_id:
+        node_ids.add(deployment.node_id)
+    ops = [queue_operation(kind, deployment, actor, node=node, **detail)
+           for node in Node.objects.filter(pk__in=node_ids).order_by("name")]
+    if not ops and kind == OperationKind.STOP:
+        Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
+            state=DeploymentState.STOPPED, state_message="")
+    return ops[0] if ops else None
+
+
+def op_node(op: Operation) -> Node:
+    """The node an operation acts on (its own, else the deployment's pinned node)."""
+    return op.node or op.deployment.node
+
+
+def on_node(deployment: Deployment, node: Node) -> Any:
+    """The deployment's replicas this node runs (rows not yet placed count for the pinned node)."""
+    rows = deployment.replica_set.all()
+    if deployment.node_id == node.pk:
+        return rows.filter(Q(node=node) | Q(node__isnull=True))
+    return rows.filter(node=node)
 
 
 def update_op(op: Operation, **fields: Any) -> None:
@@ -119,7 +152,7 @@ def _deploy(op: Operation) -> None:
         state=DeploymentState.DEPLOYING
     )
     errors = []
-    for index in range(deployment.replicas):
+    for index in _indexes(deployment, op_node(op)):
         try:
             start_replica(deployment, index, op)
         except (EngineFailed, RuntimeFailure) as exc:
@@ -130,25 +163,37 @@ def _deploy(op: Operation) -> None:
         raise errors[0]
 
 
+def _indexes(deployment: Deployment, node: Node) -> list[int]:
+    """Replica indexes this node should run: every one when pinned here, else those placed here."""
+    if deployment.node_id == node.pk and not placement.spans_nodes(deployment):
+        return list(range(deployment.replicas))
+    return sorted(on_node(deployment, node).filter(index__lt=deployment.replicas)
+                  .values_list("index", flat=True))
+
+
 def _restart(op: Operation) -> None:
     deployment = op.deployment
-    indexes = [op.detail["replica"]] if "replica" in op.detail else range(deployment.replicas)
+    mine = _indexes(deployment, op_node(op))
+    indexes = [op.detail["replica"]] if "replica" in op.detail else mine
     for index in indexes:
         replica = Replica.objects.filter(deployment=deployment, index=index).first()
         if replica and replica.state not in (ReplicaState.CRASHED, ReplicaState.PENDING):
-            drain_and_remove(replica, op)
+            # The new start replaces a Ray worker container itself: no separate stop.
+            drain_and_remove(replica, op, stop_worker=False)
         start_replica(deployment, index, op)
     refresh_deployment_state(deployment)
 
 
 def start_replica(deployment: Deployment, index: int, op: Operation) -> Replica:
     """Bring one replica from nothing to ready; does nothing if another run owns it."""
+    node = op_node(op)
     replica, _ = Replica.objects.get_or_create(
-        deployment=deployment, index=index, defaults={"node": deployment.node}
+        deployment=deployment, index=index, defaults={"node": node}
     )
-    claimed = Replica.objects.filter(pk=replica.pk, state__in=STARTABLE).update(
-        state=ReplicaState.PULLING, healthy=False, node=deployment.node, last_error=""
-    )
+    # Only the node the replica is placed on starts it (it may have moved meanwhile).
+    claimed = Replica.objects.filter(pk=replica.pk, state__in=STARTABLE).filter(
+        Q(node=node) | Q(node__isnull=True)
+    ).update(state=ReplicaState.PULLING, healthy=False, node=node, last_error="")
     if not claimed:
         # Another worker (or an earlier delivery of this task) has it in hand.
         replica.refresh_from_db()
@@ -169,7 +214,7 @@ def _scale(op: Operation) -> None:
 
 
 def _scale_down(deployment: Deployment, op: Operation) -> None:
-    for replica in deployment.replica_set.filter(index__gte=deployment.replicas):
+    for replica in on_node(deployment, op_node(op)).filter(index__gte=deployment.replicas):
         drain_and_remove(replica, op)
         replica.delete()
 
@@ -210,8 +255,11 @@ def record_crash(replica: Replica, reason: str, exit_code: int | None, log_tail:
 # --- Stop and remove ----------------------------------------------------------------------
 
 
-def drain_and_remove(replica: Replica, op: Operation | None) -> None:
-    """Out of routing, in-flight requests finish (up to a timeout), then stop and remove."""
+def drain_and_remove(replica: Replica, op: Operation | None, stop_worker: bool = True) -> None:
+    """Out of routing, in-flight requests finish (up to a timeout), then stop and remove.
+
+    A two-box replica's Ray head goes first; its worker is then stopped on its own node.
+    """
     Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.DRAINING, healthy=False)
     publish_change("replica", replica.pk)
     if op is not None:
@@ -227,6 +275,10 @@ def drain_and_remove(replica: Replica, op: Operation | None) -> None:
     Replica.objects.filter(pk=replica.pk).update(
         state=ReplicaState.STOPPED, healthy=False, container_id="", port=None, ready_at=None
     )
+    if stop_worker and replica.worker_node_id and replica.worker_container_name:
+        queue_operation(OperationKind.WORKER_STOP, None, node=replica.worker_node,
+                        replica_id=replica.pk, container=replica.worker_container_name,
+                        deployment_name=replica.deployment.name)
 
 
 def _is_ours(container: Any, node: Node) -> bool:
@@ -239,18 +291,24 @@ def _is_ours(container: Any, node: Node) -> bool:
 def _stop(op: Operation) -> None:
     deployment = op.deployment
     Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPING)
-    for replica in deployment.replica_set.all():
+    for replica in on_node(deployment, op_node(op)):
         drain_and_remove(replica, op)
-    Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
-        state=DeploymentState.STOPPED, state_message=""
-    )
+    # Stopped once no node has a live replica left (each node stops its own).
+    if not deployment.replica_set.exclude(state=ReplicaState.STOPPED).exists():
+        Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
+            state=DeploymentState.STOPPED, state_message=""
+        )
 
 
 def _remove(op: Operation) -> None:
     deployment = op.deployment
     _stop(op)
-    update_op(op, detail={**op.detail, "deployment_name": deployment.name}, deployment=None)
-    deployment.delete()
+    with transaction.atomic():
+        on_node(deployment, op_node(op)).delete()
+        update_op(op, detail={**op.detail, "deployment_name": deployment.name}, deployment=None)
+        # The last node to finish removes the deployment itself.
+        if not Replica.objects.filter(deployment_id=deployment.pk).exists():
+            Deployment.objects.filter(pk=deployment.pk).delete()
     publish_change("deployment", deployment.pk)
 
 
@@ -280,5 +338,7 @@ HANDLERS: dict[str, Callable[[Operation], None]] = {
     OperationKind.RESTART: _restart,
     OperationKind.STOP: _stop,
     OperationKind.REMOVE: _remove,
+    OperationKind.WORKER_START: cluster.start_worker,
+    OperationKind.WORKER_STOP: cluster.stop_worker,
 }
 

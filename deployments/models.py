@@ -119,6 +119,14 @@ class Node(models.Model):
         default=0, help_text="Host MemAvailable at the last heartbeat."
     )
     cpu_count = models.PositiveSmallIntegerField(default=0)
+    high_speed_interface = models.CharField(
+        max_length=32, blank=True, validators=[RegexValidator(r"^[A-Za-z0-9_.:-]*$")],
+        help_text="Interconnect NIC for multi-node engines (NCCL_SOCKET_IFNAME), e.g. enp1s0f1np1.",
+    )
+    high_speed_address = models.GenericIPAddressField(
+        null=True, blank=True,
+        help_text="This node's IP on the interconnect (VLLM_HOST_IP); empty: engine_host.",
+    )
     docker_version = models.CharField(max_length=64, blank=True)
     status = models.CharField(max_length=16, choices=NodeStatus, default=NodeStatus.ONLINE)
     last_seen_at = models.DateTimeField(null=True, blank=True)
@@ -129,6 +137,34 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def cluster_address(self) -> str:
+        """Where the other nodes of a tensor-parallel group reach this one."""
+        return self.high_speed_address or self.engine_host
+
+
+class JoinToken(models.Model):
+    """A one-time secret a new node presents to claim its Node row (only its hash is kept)."""
+
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    node_name = models.SlugField(max_length=64)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="join_tokens"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"join {self.node_name} ({self.prefix})"
 
 
 class Deployment(models.Model):
@@ -143,6 +179,15 @@ class Deployment(models.Model):
         on_delete=models.PROTECT,
         related_name="deployments",
         help_text="Empty: Tollgate places replicas on the node with the most free memory.",
+    )
+    worker_node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="worker_deployments",
+        help_text="Two-box tensor parallelism: the node running the Ray worker "
+        "(empty: Tollgate picks one).",
     )
     profile = models.ForeignKey(
         "EngineProfile",
@@ -211,6 +256,11 @@ class Replica(models.Model):
     )
     container_id = models.CharField(max_length=64, blank=True)
     container_name = models.CharField(max_length=128, blank=True)
+    worker_node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="worker_replicas",
+        help_text="Tensor parallelism over two nodes: where the Ray worker container runs.",
+    )
+    worker_container_name = models.CharField(max_length=128, blank=True)
     host = models.CharField(max_length=255, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=ReplicaState, default=ReplicaState.PENDING)
@@ -290,6 +340,11 @@ class EngineProfile(models.Model):
     image = models.CharField(max_length=255)
     engine_args = models.JSONField(default=dict, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    cluster = models.JSONField(
+        default=dict, blank=True, editable=False,
+        help_text="How the image runs a multi-node (Ray) group: network, Ray port, head and "
+        "worker entrypoints. Built-in profiles only: never from user input.",
+    )
     builtin = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -10,6 +10,31 @@ from typing import Any
 DGX_SPARK_IMAGE = "vllm/vllm-openai:v0.33.0"
 SIMULATOR_IMAGE = "tollgate/engine-sim:latest"
 
+# How an image runs one replica over several nodes with vLLM's Ray backend: the head
+# container starts Ray, waits until every worker node joined, then runs `vllm serve` with
+# the deployment's argv ("$@"); each worker container joins the head and blocks. The
+# placeholders are filled by deployments.cluster; the environment (VLLM_HOST_IP,
+# NCCL_SOCKET_IFNAME, ...) is set per container. Host networking: NCCL and Ray's many
+# ports need the node's own interfaces (the pattern of vLLM's examples/run_cluster.sh).
+VLLM_RAY_HEAD = r"""set -e
+ray start --head --port={ray_port} --node-ip-address="$VLLM_HOST_IP" --disable-usage-stats
+deadline=$(( $(date +%s) + {timeout} ))
+alive() {{ python3 -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"]))' 2>/dev/null || echo 0; }}
+until [ "$(alive)" -ge {nodes} ]; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "tollgate: timed out after {timeout} s waiting for {workers} Ray worker node(s) to join the head at $VLLM_HOST_IP:{ray_port}" >&2
+    exit 3
+  fi
+  sleep 2
+done
+echo "tollgate: {nodes} Ray nodes alive; starting vllm serve" >&2
+exec vllm serve "$@"
+"""
+VLLM_RAY_WORKER = (
+    'exec ray start --address={head_address}:{ray_port} --node-ip-address="$VLLM_HOST_IP" '
+    "--block --disable-usage-stats"
+)
+
 BUILTIN_PROFILES: list[dict[str, Any]] = [
     {
         "name": "dgx-spark",
@@ -27,6 +52,12 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
             "shutdown-timeout": 30,
         },
         "env": {},
+        "cluster": {
+            "network": "host",
+            "ray_port": 6379,
+            "head_entrypoint": ["bash", "-c", VLLM_RAY_HEAD, "ray-head"],
+            "worker_entrypoint": ["bash", "-c", VLLM_RAY_WORKER],
+        },
     },
     {
         "name": "simulator",
@@ -36,6 +67,19 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
         "image": SIMULATOR_IMAGE,
         "engine_args": {"max-num-seqs": 8, "max-model-len": 8192, "enable-prefix-caching": True},
         "env": {},
+        # A stand-in for the Ray runtime (engine_sim/ray.py): the head listens on the Ray
+        # port and waits for its workers, each worker joins and blocks. Bridge networking:
+        # both containers must share one Docker engine (tests, demos).
+        "cluster": {
+            "network": "bridge",
+            "ray_port": 6379,
+            "head_entrypoint": ["python3", "-m", "engine_sim.ray", "start", "--head",
+                                "--port={ray_port}", "--num-workers={workers}",
+                                "--timeout={timeout}", "--"],
+            "worker_entrypoint": ["python3", "-m", "engine_sim.ray", "start",
+                                  "--address={head_address}:{ray_port}", "--block",
+                                  "--timeout={timeout}"],
+        },
     },
 ]
 

@@ -4,6 +4,8 @@ Runs every few seconds per node (on that node's queue). It finds Tollgate's cont
 by label, marks replicas whose engine died (any exit code, or ``/health`` 503) crashed,
 queues restarts once their backoff has passed, starts replicas that should exist,
 removes orphan containers after a grace period, and never touches other containers.
+A node only handles the replicas placed on it (and the Ray workers it hosts); placing
+unpinned replicas is done once, fleet-wide, by ``place_all`` on the control queue.
 """
 
 import logging
@@ -12,9 +14,11 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import conf, engine, lifecycle, runtime
+from deployments import conf, engine, lifecycle, placement, runtime
 from deployments.choices import (
+    ContainerRole,
     DeploymentState,
+    NodeStatus,
     DesiredState,
     OperationKind,
     OperationStatus,
@@ -32,32 +36,63 @@ def reconcile_node(node: Node) -> dict[str, int]:
     """One pass over a node; returns counts of what it did (for logs and tests)."""
     dc = runtime.client(node.docker_url)
     stack = conf.get("TOLLGATE_STACK_ID")
-    containers = {
-        (c.labels.get(runtime.LABEL_DEPLOYMENT), c.labels.get(runtime.LABEL_REPLICA)): c
-        for c in runtime.list_managed(dc, stack, node.name, **{runtime.LABEL_ROLE: "engine"})
-    }
+    engines: dict[tuple[str, str], object] = {}
+    workers: dict[tuple[str, str], object] = {}
+    for c in runtime.list_managed(dc, stack, node.name):
+        role = c.labels.get(runtime.LABEL_ROLE)
+        key = (c.labels.get(runtime.LABEL_DEPLOYMENT), c.labels.get(runtime.LABEL_REPLICA))
+        if role in (ContainerRole.ENGINE, ContainerRole.HEAD):
+            engines[key] = c
+        elif role == ContainerRole.WORKER:
+            workers[key] = c
     done = {"crashed": 0, "restarts": 0, "starts": 0, "orphans": 0, "stops": 0}
+    online = Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE).exists()
     expected: set[tuple[str, str]] = set()
-    deployments = Deployment.objects.filter(node=node, external=False).select_related("model")
+    expected_workers: set[tuple[str, str]] = set()
+    deployments = Deployment.objects.filter(
+        Q(node=node) | Q(replica_set__node=node), external=False
+    ).distinct().select_related("model", "node", "profile")
     for deployment in deployments:
-        for replica in deployment.replica_set.all():
+        for replica in lifecycle.on_node(deployment, node).select_related("worker_node"):
             key = (str(deployment.pk), str(replica.index))
             expected.add(key)
-            _observe(replica, containers.get(key), done)
-        _converge(deployment, done)
-    for key, container in containers.items():
-        if key not in expected and _older_than(container, conf.get("TOLLGATE_ORPHAN_GRACE_SECONDS")):
+            _observe(replica, engines.get(key), done, online)
+        _converge(deployment, node, done)
+    for replica in Replica.objects.filter(worker_node=node).select_related("deployment"):
+        key = (str(replica.deployment_id), str(replica.index))
+        expected_workers.add(key)
+        _observe_worker(replica, workers.get(key), done)
+    orphans = [c for k, c in engines.items() if k not in expected]
+    orphans += [c for k, c in workers.items() if k not in expected_workers]
+    for container in orphans:
+        if _older_than(container, conf.get("TOLLGATE_ORPHAN_GRACE_SECONDS")):
+            # Also what a returning node finds of replicas that were placed elsewhere.
             log.warning("removing orphan container %s", container.name)
             runtime.stop_and_remove(container, conf.get("TOLLGATE_STOP_GRACE_SECONDS"))
             done["orphans"] += 1
     return done
 
 
+def _observe_worker(replica: Replica, container: object | None, done: dict[str, int]) -> None:
+    """A ready two-box replica whose Ray worker died has crashed (vLLM cannot go on)."""
+    if replica.state != ReplicaState.READY or not replica.worker_container_name:
+        return
+    if container is not None and container.status == "running":
+        return
+    code = runtime.exit_code(container) if container is not None else None
+    tail = runtime.logs_tail(container, conf.get("TOLLGATE_LOG_TAIL_LINES")) if container else ""
+    lifecycle.record_crash(replica, f"the Ray worker on {replica.worker_node_id and replica.worker_node}"
+                           f" {'exited with code ' + str(code) if code is not None else 'disappeared'}",
+                           code, tail)
+    done["crashed"] += 1
+
+
 def _older_than(container: object, seconds: float) -> bool:
     return runtime.created_at(container) < timezone.now() - timedelta(seconds=seconds)
 
 
-def _observe(replica: Replica, container: object | None, done: dict[str, int]) -> None:
+def _observe(replica: Replica, container: object | None, done: dict[str, int],
+             online: bool = True) -> None:
     """Compare one replica's row with its container; record a crash when the engine died."""
     if replica.state == ReplicaState.READY:
         health = None
@@ -75,7 +110,8 @@ def _observe(replica: Replica, container: object | None, done: dict[str, int]) -
         elif observed == ReplicaState.LOADING:
             # Running but not answering: keep it out of routing until it answers again.
             _set_health(replica, False)
-        else:
+        elif online:
+            # Not while the node counts as unreachable: the heartbeat brings it back first.
             _set_health(replica, True)
             _forgive(replica)
     elif replica.state in IN_FLIGHT and _stale(replica) and not _operation_running(replica):
@@ -107,24 +143,31 @@ def _stale(replica: Replica) -> bool:
 
 
 def _operation_running(replica: Replica) -> bool:
-    return _operation_running_for(replica.deployment)
+    return _operation_running_for(replica.deployment, replica.node)
 
 
-def _converge(deployment: Deployment, done: dict[str, int]) -> None:
-    """Queue what brings the deployment to its desired state (restarts, starts, stops)."""
+def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
+    """Queue what brings this node's share of the deployment to its desired state."""
     deployment.refresh_from_db()
-    if _operation_running_for(deployment):
+    if _operation_running_for(deployment, node):
         return
+    mine = lifecycle.on_node(deployment, node)
     if deployment.desired_state == DesiredState.STOPPED:
-        live = deployment.replica_set.exclude(state=ReplicaState.STOPPED)
+        live = mine.exclude(state=ReplicaState.STOPPED)
         if live.exists() and deployment.state != DeploymentState.STOPPING:
-            lifecycle.queue_operation(OperationKind.STOP, deployment)
+            lifecycle.queue_operation(OperationKind.STOP, deployment, node=node)
             done["stops"] += 1
         return
     if deployment.state == DeploymentState.FAILED:
         return
+    if deployment.node_id == node.pk:
+        # Pinned here: rows for missing replicas (and a worker node for a Ray group).
+        try:
+            placement.place(deployment)
+        except placement.NoRoom as exc:
+            log.warning("%s: %s", deployment, exc)
     now = timezone.now()
-    due = deployment.replica_set.filter(
+    due = mine.filter(
         Q(next_restart_at__isnull=True) | Q(next_restart_at__lte=now),
         state__in=[ReplicaState.CRASHED, ReplicaState.FAILED], index__lt=deployment.replicas,
     )
@@ -135,26 +178,53 @@ def _converge(deployment: Deployment, done: dict[str, int]) -> None:
             state=ReplicaState.PENDING
         )
         if claimed:
-            lifecycle.queue_operation(OperationKind.RESTART, deployment, replica=replica.index)
+            lifecycle.queue_operation(OperationKind.RESTART, deployment, node=node,
+                                      replica=replica.index)
             restarted += 1
     done["restarts"] += restarted
     if restarted:
         return
-    present = set(deployment.replica_set.values_list("index", flat=True))
-    missing = [i for i in range(deployment.replicas) if i not in present]
-    pending = deployment.replica_set.filter(state__in=[ReplicaState.PENDING, ReplicaState.STOPPED],
-                                            index__lt=deployment.replicas)
-    extra = deployment.replica_set.filter(index__gte=deployment.replicas)
-    if missing or pending.exists() or extra.exists():
-        lifecycle.queue_operation(OperationKind.DEPLOY, deployment)
+    pending = mine.filter(state__in=[ReplicaState.PENDING, ReplicaState.STOPPED],
+                          index__lt=deployment.replicas)
+    extra = mine.filter(index__gte=deployment.replicas)
+    if pending.exists() or extra.exists():
+        lifecycle.queue_operation(OperationKind.DEPLOY, deployment, node=node)
         done["starts"] += 1
     else:
         lifecycle.refresh_deployment_state(deployment)
 
 
-def _operation_running_for(deployment: Deployment) -> bool:
+def _operation_running_for(deployment: Deployment, node: Node | None = None) -> bool:
     # An operation no worker picked up within the start timeout no longer blocks reconcile.
     since = timezone.now() - timedelta(seconds=conf.get("TOLLGATE_ENGINE_READY_TIMEOUT") + 120)
-    return deployment.operations.filter(
+    ops = deployment.operations.filter(
         status__in=[OperationStatus.QUEUED, OperationStatus.RUNNING], created_at__gte=since
-    ).exists()
+    ).exclude(kind=OperationKind.WORKER_START)  # it runs as long as its head's start
+    if node is not None:
+        ops = ops.filter(Q(node=node) | Q(node__isnull=True))
+    return ops.exists()
+
+
+# --- Fleet-wide, on the control queue ------------------------------------------------------
+
+
+def place_all() -> int:
+    """Place unpinned replicas (new ones, and those of nodes that became unreachable) and
+    queue their start on their new node; returns how many moved."""
+    moved = 0
+    running = Deployment.objects.filter(
+        desired_state=DesiredState.RUNNING, external=False
+    ).exclude(state=DeploymentState.FAILED).select_related("model", "node", "profile")
+    for deployment in running:
+        if deployment.node_id and not placement.spans_nodes(deployment):
+            continue  # pinned: its node's reconcile handles it
+        try:
+            replicas = placement.place(deployment)
+        except placement.NoRoom as exc:
+            Deployment.objects.filter(pk=deployment.pk).update(state_message=str(exc)[:2000])
+            continue
+        for node_id in sorted({r.node_id for r in replicas}):
+            lifecycle.queue_operation(OperationKind.DEPLOY, deployment,
+                                      node=Node.objects.get(pk=node_id))
+        moved += len(replicas)
+    return moved

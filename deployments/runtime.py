@@ -25,7 +25,7 @@ LABEL_STACK = "tollgate.stack"
 LABEL_NODE = "tollgate.node"
 LABEL_DEPLOYMENT = "tollgate.deployment"
 LABEL_REPLICA = "tollgate.replica"
-LABEL_ROLE = "tollgate.role"  # engine | stage
+LABEL_ROLE = "tollgate.role"  # engine | head | worker | stage (choices.ContainerRole)
 MISSING = "missing"
 
 
@@ -97,6 +97,10 @@ class EngineSpec:
     gpus: bool
     bind_host: str  # publish port 8000 on this address; empty: join the engine network
     network: str
+    entrypoint: list[str] | None = None  # None: the image's own (vllm serve)
+    ports: tuple[int, ...] = (ENGINE_PORT,)  # container ports published on bind_host
+    host_network: bool = False  # a Ray group's NCCL/Ray traffic needs the node's interfaces
+    join_network: bool = False  # also join the engine network (a Ray group on one engine)
 
 
 def _publish_address(engine_host: str) -> str:
@@ -107,11 +111,11 @@ def _publish_address(engine_host: str) -> str:
 
 
 def engine_spec(name: str, image: str, command: list[str], env: dict[str, str],
-                labels: dict[str, str], gpus: bool, engine_host: str) -> EngineSpec:
+                labels: dict[str, str], gpus: bool, engine_host: str, **more: Any) -> EngineSpec:
     return EngineSpec(
         name=name, image=image, command=command, env=env, labels=labels, gpus=gpus,
         bind_host=_publish_address(engine_host) if engine_host else "",
-        network=conf.settings.TOLLGATE_ENGINE_NETWORK,
+        network=conf.settings.TOLLGATE_ENGINE_NETWORK, **more,
     )
 
 
@@ -141,11 +145,16 @@ def create_engine(dc: docker.DockerClient, spec: EngineSpec) -> Container:
         # NVIDIA's recommended limits for PyTorch engines (GPU hosts allow raising them).
         kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1),
                              Ulimit(name="stack", soft=67108864, hard=67108864)]
-    if spec.bind_host:
-        kwargs["ports"] = {f"{ENGINE_PORT}/tcp": (spec.bind_host, None)}
+    if spec.entrypoint is not None:
+        kwargs["entrypoint"] = spec.entrypoint
+    if spec.host_network:
+        kwargs["network_mode"] = "host"
     else:
-        kwargs["network"] = spec.network
-        ensure_network(dc, spec.network)
+        if spec.bind_host and spec.ports:
+            kwargs["ports"] = {f"{port}/tcp": (spec.bind_host, None) for port in spec.ports}
+        if not spec.bind_host or spec.join_network:
+            kwargs["network"] = spec.network
+            ensure_network(dc, spec.network)
     with wrapped(f"creating container {spec.name}"):
         return dc.containers.create(spec.image, **kwargs)
 

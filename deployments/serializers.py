@@ -76,6 +76,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "cpu_count",
             "docker_version",
             "unified_memory",
+            "high_speed_interface",
+            "high_speed_address",
             "status",
             "last_seen_at",
             "created_at",
@@ -88,6 +90,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
 class ReplicaSerializer(serializers.ModelSerializer):
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    worker_node = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
     class Meta:
         model = Replica
@@ -95,6 +98,8 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "index",
             "node",
             "container_name",
+            "worker_node",
+            "worker_container_name",
             "host",
             "port",
             "state",
@@ -117,6 +122,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
     )
     node = serializers.SlugRelatedField(
         slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True
+    )
+    worker_node = serializers.SlugRelatedField(
+        slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True,
+        help_text="Two-box tensor parallelism: the Ray worker's node (empty: Tollgate picks).",
     )
     engine_args = serializers.JSONField(
         required=False, help_text='vLLM flags from the allow-list, e.g. {"max-num-seqs": 4}.'
@@ -142,6 +151,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "name",
             "model",
             "node",
+            "worker_node",
             "profile",
             "image",
             "engine_args",
@@ -225,3 +235,18 @@ class LogsSerializer(serializers.Serializer):
     replica = serializers.IntegerField()
     lines = serializers.IntegerField()
     log = serializers.CharField()
+
+
+class JoinTokenRequestSerializer(serializers.Serializer):
+    node_name = serializers.SlugField(max_length=63)
+    control_plane = serializers.CharField(
+        required=False, allow_blank=True, max_length=255,
+        help_text="Address of this control plane as the new node reaches it.",
+    )
+
+
+class IssuedJoinTokenSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="Shown once; only its hash is stored.")
+    node_name = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    command = serializers.CharField(help_text="Run this on the new node.")

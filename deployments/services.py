@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 
-from deployments import planner
+from deployments import placement, planner
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -56,14 +56,16 @@ NODE_FIELDS = [
     "total_memory_bytes",
     "gpu_memory_bytes",
     "unified_memory",
+    "high_speed_interface",
+    "high_speed_address",
     "status",
 ]
 DEPLOYMENT_FIELDS = [
-    "name", "model", "node", "profile", "image", "engine_args", "env", "replicas",
+    "name", "model", "node", "worker_node", "profile", "image", "engine_args", "env", "replicas",
     "desired_state", "external", "external_url",
 ]  # never the upstream key: audit rows must not hold secrets
 # Changing these replaces running containers; replicas only scales.
-REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node"}
+REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node", "worker_node"}
 
 
 # --- Catalogue and access ---------------------------------------------------------------
@@ -228,7 +230,38 @@ def _validate_deployment(deployment: Deployment) -> None:
         validate_engine_env(deployment.effective_env)
     if deployment.node and deployment.node.status == NodeStatus.DISABLED:
         raise ValidationError({"node": f"Node {deployment.node} is disabled."})
+    if not deployment.external:
+        _validate_group(deployment)
     deployment.full_clean()
+
+
+def _validate_group(deployment: Deployment) -> None:
+    """Tensor parallelism over nodes: two nodes, and a profile that can start a Ray group."""
+    if not placement.spans_nodes(deployment):
+        deployment.worker_node = None
+        return
+    if placement.tensor_parallel_size(deployment) > 2 * max(
+        deployment.node.gpu_count if deployment.node else 1, 1
+    ):
+        raise ValidationError({"engine_args": "Tollgate runs tensor parallelism over at most "
+                                              "two nodes (--tensor-parallel-size 2 on one-GPU nodes)."})
+    cluster = deployment.profile.cluster if deployment.profile_id and deployment.profile else {}
+    if not cluster.get("head_entrypoint") or not cluster.get("worker_entrypoint"):
+        raise ValidationError({"profile": "Tensor parallelism over two nodes needs a profile "
+                                          "that starts a Ray group (e.g. dgx-spark)."})
+    if deployment.worker_node_id and deployment.worker_node_id == deployment.node_id:
+        raise ValidationError({"worker_node": "Pick a second node, not the head's."})
+    if deployment.worker_node_id and not deployment.node_id:
+        raise ValidationError({"node": "Name the head node too, or neither."})
+
+
+def _queue(kind: str, deployment: Deployment, actor: Actor) -> Operation | None:
+    from deployments import lifecycle
+
+    try:
+        return lifecycle.queue_on_nodes(kind, deployment, actor)
+    except placement.NoRoom as exc:
+        raise ValidationError({"memory": str(exc)}) from None
 
 
 def _validate_external(deployment: Deployment) -> None:
@@ -247,16 +280,19 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
     pool = node.gpu_memory_bytes if node.gpu_memory_bytes and not node.unified_memory else (
         node.total_memory_bytes if node.unified_memory or node.gpu_count else 0
     )
+    # A replica spanning two nodes holds half its weights and KV cache on each.
+    share = placement.nodes_per_replica(deployment)
+    active = _float_or_none(model.active_params_billions)
     need = planner.footprint(
-        params_billions=float(model.params_billions),
+        params_billions=float(model.params_billions) / share,
         quantization=model.quantization,
         max_model_len=int(args.get("max-model-len") or model.context_length),
         max_num_seqs=int(args.get("max-num-seqs") or planner.DEFAULT_MAX_NUM_SEQS),
-        kv_bytes_per_token=model.kv_bytes_per_token,
+        kv_bytes_per_token=(model.kv_bytes_per_token // share) if model.kv_bytes_per_token else None,
         kv_cache_dtype=str(args.get("kv-cache-dtype", "auto")),
         gpu_memory_utilization=args.get("gpu-memory-utilization"),
         pool_bytes=pool,
-        active_params_billions=_float_or_none(model.active_params_billions),
+        active_params_billions=active / share if active is not None else None,
     )
     others = held = 0
     neighbours = (
@@ -294,7 +330,14 @@ def _float_or_none(value: Any) -> float | None:
 
 
 def _check_memory_fit(deployment: Deployment) -> None:
-    if deployment.desired_state != DesiredState.RUNNING:
+    if deployment.desired_state != DesiredState.RUNNING or deployment.external:
+        return
+    if deployment.node is None:
+        # Placed by Tollgate: some online node (or pair of nodes) must fit it.
+        try:
+            placement.check_placeable(deployment)
+        except placement.NoRoom as exc:
+            raise ValidationError({"memory": str(exc)}) from None
         return
     verdict = memory_fit(deployment)
     if verdict is not None and not verdict.fits:
@@ -313,7 +356,7 @@ def create_deployment(actor: Actor, **fields: Any) -> Deployment:
     deployment.save()
     record(actor, AuditAction.CREATE, deployment, changes=snapshot(deployment, DEPLOYMENT_FIELDS))
     if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
-        lifecycle.queue_operation(OperationKind.DEPLOY, deployment, actor)
+        _queue(OperationKind.DEPLOY, deployment, actor)
     publish_change("deployment", deployment.pk)
     return deployment
 
@@ -335,9 +378,9 @@ def update_deployment(actor: Actor, deployment: Deployment, **changes: Any) -> D
     record(actor, AuditAction.UPDATE, deployment, changes=changed)
     if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
         if REPLACING_FIELDS & changed.keys():
-            lifecycle.queue_operation(OperationKind.RESTART, deployment, actor)
+            _queue(OperationKind.RESTART, deployment, actor)
         elif "replicas" in changed:
-            lifecycle.queue_operation(OperationKind.SCALE, deployment, actor)
+            _queue(OperationKind.SCALE, deployment, actor)
     publish_change("deployment", deployment.pk)
     return deployment
 
@@ -368,7 +411,7 @@ def set_desired_state(actor: Actor, deployment: Deployment, desired: str) -> Dep
             publish_change("deployment", deployment.pk)
             if not deployment.external:
                 kind = OperationKind.DEPLOY if desired == DesiredState.RUNNING else OperationKind.STOP
-                lifecycle.queue_operation(kind, deployment, actor)
+                _queue(kind, deployment, actor)
     return deployment
 
 
@@ -395,7 +438,7 @@ def restart_deployment(actor: Actor, deployment: Deployment) -> Operation:
         raise ValidationError({"detail": "Start the deployment instead."})
     with transaction.atomic():
         record(actor, AuditAction.ACTION, deployment, changes={"restart": True})
-        return lifecycle.queue_operation(OperationKind.RESTART, deployment, actor)
+        return _queue(OperationKind.RESTART, deployment, actor)
 
 
 def remove_deployment(actor: Actor, deployment: Deployment) -> Operation | None:
@@ -406,10 +449,10 @@ def remove_deployment(actor: Actor, deployment: Deployment) -> Operation | None:
         Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
         record(actor, AuditAction.DELETE, deployment)
         publish_change("deployment", deployment.pk)
-        if deployment.external or deployment.node is None:
+        op = None if deployment.external else _queue(OperationKind.REMOVE, deployment, actor)
+        if op is None:
             deployment.delete()
-            return None
-        return lifecycle.queue_operation(OperationKind.REMOVE, deployment, actor)
+        return op
 
 
 def replica_logs(deployment: Deployment, index: int, lines: int = 200) -> str:

@@ -42,6 +42,16 @@ def stage_weights(operation_id: int) -> None:
     lifecycle.run_operation(operation_id, OperationKind.STAGE)
 
 
+@shared_task(name="deployments.start_ray_worker")
+def start_ray_worker(operation_id: int) -> None:
+    lifecycle.run_operation(operation_id, OperationKind.WORKER_START)
+
+
+@shared_task(name="deployments.stop_ray_worker")
+def stop_ray_worker(operation_id: int) -> None:
+    lifecycle.run_operation(operation_id, OperationKind.WORKER_STOP)
+
+
 TASK_FOR_KIND = {
     OperationKind.DEPLOY: deploy,
     OperationKind.SCALE: scale,
@@ -49,6 +59,8 @@ TASK_FOR_KIND = {
     OperationKind.RESTART: restart,
     OperationKind.REMOVE: remove,
     OperationKind.STAGE: stage_weights,
+    OperationKind.WORKER_START: start_ray_worker,
+    OperationKind.WORKER_STOP: stop_ray_worker,
 }
 
 
@@ -82,6 +94,7 @@ def reconcile_all() -> None:
         reconcile_node.apply_async(args=[node.pk], queue=node.queue, expires=interval * 3)
         node_heartbeat.apply_async(args=[node.pk], queue=node.queue, expires=interval * 3)
     fleet.mark_silent_nodes()
+    reconcile.place_all()
     fleet.check_externals()
 
 
