@@ -44,6 +44,13 @@ def count(value: Any, unit: str) -> str:
 
 
 @register.filter
+def limit(value: Any, unit: str) -> str:
+    """A per-minute or concurrency limit; None means unlimited."""
+    n = _num(value)
+    return "unlimited" if n is None else f"{int(n):,} {unit}"
+
+
+@register.filter
 def money(value: Any, currency: str = "") -> str:
     """A money amount with its currency; small amounts keep enough places to be seen."""
     try:
@@ -95,8 +102,11 @@ def rate(value: Any, unit: str) -> str:
 def ago(value: datetime | None) -> str:
     if not value:
         return "never"
-    if value > timezone.now():
-        return f"in {timesince(timezone.now(), value)}"
+    now = timezone.now()
+    if abs((now - value).total_seconds()) < 60:
+        return "just now"
+    if value > now:
+        return f"in {timesince(now, value)}"
     return f"{timesince(value)} ago"
 
 

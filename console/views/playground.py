@@ -107,6 +107,7 @@ async def relay(url: str, key: str, payload: dict[str, Any], price: Any, currenc
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
             for attempt in range(attempts):
+                started = time.monotonic()  # time to first token of the attempt that answered
                 async with client.stream("POST", url, json=payload,
                                          headers={"Authorization": f"Bearer {key}"}) as answer:
                     state["request_id"] = answer.headers.get("x-request-id", "")
