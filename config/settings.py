@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_list, env_secret, env_str
+from config.env import env_bool, env_float, env_int, env_list, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -133,9 +133,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TIMEZONE = "UTC"
 # Each app lists its periodic tasks in its own schedule module (plain dicts, no imports).
 from deployments.schedule import BEAT_SCHEDULE as _deployments_beat  # noqa: E402
+from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
 from metering.schedule import BEAT_SCHEDULE as _metering_beat  # noqa: E402
 
-CELERY_BEAT_SCHEDULE = {**_deployments_beat, **_metering_beat}
+CELERY_BEAT_SCHEDULE = {**_deployments_beat, **_metering_beat, **_gateway_beat}
 
 # --- Auth and security ----------------------------------------------------------------
 
@@ -259,6 +260,14 @@ TOLLGATE_DEFAULT_CURRENCY = env_str("TOLLGATE_DEFAULT_CURRENCY", "USD")
 TOLLGATE_MAX_BODY_BYTES = env_int("TOLLGATE_MAX_BODY_BYTES", 8 * 1024 * 1024)
 TOLLGATE_MAX_N = env_int("TOLLGATE_MAX_N", 8)  # choices per request
 TOLLGATE_MAX_SSE_FRAME_BYTES = env_int("TOLLGATE_MAX_SSE_FRAME_BYTES", 1024 * 1024)
+# Admission: how long a request may wait for an engine slot, per priority class.
+TOLLGATE_QUEUE_TIMEOUT_SECONDS = {
+    "P0": env_int("TOLLGATE_QUEUE_TIMEOUT_P0", 30),
+    "P1": env_int("TOLLGATE_QUEUE_TIMEOUT_P1", 60),
+    "P2": env_int("TOLLGATE_QUEUE_TIMEOUT_P2", 600),
+}
+# P2 (batch) runs only while engines report KV-cache use below this and nothing waiting.
+TOLLGATE_P2_KV_CACHE_THRESHOLD = env_float("TOLLGATE_P2_KV_CACHE_THRESHOLD", 0.9)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.
 TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
 TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")

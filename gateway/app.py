@@ -20,9 +20,17 @@ import redis.exceptions
 from django.conf import settings
 
 from gateway import metrics
+from gateway.admission import lowered
 from gateway.errors import INVALID_KEY, error_body, model_not_found
 from gateway.limiter import Decision, Reservation
-from gateway.relay import JSON_HEADERS, Outcome, StreamState, UpstreamRefused, forward_stream, forward_whole
+from gateway.relay import (
+    JSON_HEADERS,
+    Outcome,
+    StreamState,
+    UpstreamRefused,
+    forward_stream,
+    forward_whole,
+)
 from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo, Upstream
 from metering.events import UsageRecord
@@ -111,6 +119,26 @@ def refusal(decision: Decision) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     headers += [(b"retry-after", str(max(1, -(-decision.retry_ms // 1000))).encode()),
                 (b"retry-after-ms", str(max(decision.retry_ms, 1)).encode())]
     return 429, body, headers
+
+
+class Disconnect:
+    """Watches the client connection: sets ``event`` when it goes, and cancels the forwarding
+    task (so the engine request is aborted) once forwarding has begun."""
+
+    def __init__(self, receive: Any) -> None:
+        self.event = asyncio.Event()
+        self.cancel_on: asyncio.Task | None = None
+        self._task = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.event.set()
+        if self.cancel_on is not None:
+            self.cancel_on.cancel()
+
+    def close(self) -> None:
+        self._task.cancel()
 
 
 class Gateway:
@@ -307,14 +335,56 @@ class Gateway:
             return await respond(send, status, err, headers + [(b"x-request-id", request_id.encode())])
         self.rt.used_keys.add(key.id)
         headers = ratelimit_headers(decision) + [(b"x-request-id", request_id.encode())]
-        outcome, upstream = await self.forward(
-            receive, send, endpoint, payload, body, request_id, upstreams, headers, started)
+        disconnect = Disconnect(receive)
+        try:
+            outcome, upstream = await self.queue_and_forward(
+                send, endpoint, payload, body, request_id, key, tenant, model, upstreams, headers,
+                started, occurred, prompt_est + output_est, disconnect, scope)
+        finally:
+            disconnect.close()
+        self.rt.admission.finished(request_id, model.id, time.perf_counter() - started)
         await self.settle(decision.reservation, outcome, price, key, tenant, model, upstream,
                           endpoint, request_id, occurred, started)
 
+    async def queue_and_forward(
+        self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str, key: KeyInfo,
+        tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream],
+        headers: list[tuple[bytes, bytes]], started: float, occurred: float, cost: int,
+        disconnect: Disconnect, scope: dict,
+    ) -> tuple[Outcome, Upstream | None]:
+        """Wait for one of the model's engine slots (by priority), then forward."""
+        asked = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
+                     payload.get("priority"))
+        priority = lowered(tenant.priority_at(occurred), asked)
+        budget = sum(u.max_num_seqs for u in upstreams)
+        try:
+            ticket = await self.rt.admission.acquire(
+                model.id, budget, request_id, priority, tenant.id, tenant.weight, cost, disconnect.event)
+        except (redis.exceptions.RedisError, OSError):
+            await respond(send, 503, error_body(
+                "Tollgate cannot reach its admission queue right now. Please retry shortly.",
+                "server_error", code="service_unavailable"), headers + [(b"retry-after", b"5")])
+            return Outcome(http_status=503), None
+        if not ticket.admitted:
+            outcome = Outcome(http_status=429)
+            if disconnect.event.is_set():
+                outcome.status = "client_closed"
+                return outcome, None
+            metrics.REJECTIONS.labels(tenant.slug, "queue_timeout").inc()
+            await respond(send, 429, error_body(
+                f"The model `{model.served_name}` is busy: this {priority} request waited "
+                f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
+                "requests", code="rate_limit_exceeded"),
+                headers + [(b"retry-after", str(ticket.retry_after).encode())])
+            return outcome, None
+        headers = headers + [(b"x-tollgate-priority", priority.encode())]
+        return await self.forward(send, endpoint, payload, body, request_id, upstreams, headers,
+                                  started, disconnect)
+
     async def forward(
-        self, receive: Any, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str,
+        self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str,
         upstreams: list[Upstream], headers: list[tuple[bytes, bytes]], started: float,
+        disconnect: Disconnect,
     ) -> tuple[Outcome, Upstream | None]:
         stream = payload.get("stream") is True
         options = payload.get("stream_options") or {}
@@ -327,15 +397,10 @@ class Gateway:
         path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
         up_headers = {"content-type": "application/json", "x-request-id": request_id}
         task = asyncio.current_task()
-        disconnected = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            disconnected.set()
-            task.cancel()
-
-        watcher = asyncio.create_task(watch())
+        disconnect.cancel_on = task
+        if disconnect.event.is_set():
+            st.outcome.status = "client_closed"
+            return st.outcome, None
         chosen = None
         try:
             for upstream in sorted(upstreams, key=lambda u: u.outstanding):
@@ -364,7 +429,7 @@ class Gateway:
                     "server_error", code="model_not_ready"), headers + [(b"retry-after", b"5")])
                 st.outcome.http_status = 503
         except asyncio.CancelledError:
-            if not disconnected.is_set():
+            if not disconnect.event.is_set():
                 raise
             task.uncancel()
             st.outcome.status = "client_closed"
@@ -381,13 +446,16 @@ class Gateway:
                 await send({"type": "http.response.body", "body": b"data: " + error_body(
                     "The engine failed while answering.", "server_error") + b"\n\ndata: [DONE]\n\n"})
         finally:
-            watcher.cancel()
+            disconnect.cancel_on = None
         return st.outcome, chosen
 
     @staticmethod
     def upstream_body(payload: dict, body: bytes, stream: bool) -> bytes:
         """The body for the engine: redirect fields removed; streams report usage continuously."""
         dirty = False
+        if isinstance(payload.get("priority"), str):  # Tollgate's class, not vLLM's integer
+            del payload["priority"]
+            dirty = True
         for field in REDIRECT_FIELDS:
             if field in payload:
                 del payload[field]
@@ -422,7 +490,7 @@ class Gateway:
             http_status=outcome.http_status or 499, latency_ms=int(latency * 1000),
             ttft_ms=outcome.ttft_ms, price_id=price.id if price else None,
         )
-        await self.rt.settle(reservation, tokens, money, record.encode())
+        await self.rt.settle(reservation, tokens, money, record.encode(), model.id)
         labels = (tenant.slug, model.served_name)
         metrics.REQUESTS.labels(*labels, endpoint, outcome.status).inc()
         metrics.LATENCY.labels(*labels).observe(latency)

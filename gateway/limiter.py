@@ -101,11 +101,17 @@ class Limiter:
             reservation=reservation,
         )
 
-    async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes) -> None:
-        """Correct the reservation with real usage, release it and append the usage event."""
+    async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes,
+                     model_id: int) -> None:
+        """Correct the reservation with real usage, release it and the engine slot, and
+        append the usage event."""
+        from gateway.admission import pool_keys, wake_channel
+
         k = reservation.keys
+        running, queue = pool_keys(model_id)[:2]
         await self._settle(
-            keys=[k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id)],
+            keys=[k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id),
+                  running, queue],
             args=[reservation.request_id, reservation.tokens, tokens, reservation.money_nano,
-                  money_nano, event],
+                  money_nano, event, wake_channel(), model_id],
         )

@@ -37,6 +37,14 @@ IN_FLIGHT = Gauge(
     "tollgate_in_flight_requests", "Requests being served, per model.", ["model"],
     multiprocess_mode="livesum",
 )
+QUEUE_DEPTH = Gauge(
+    "tollgate_queue_depth", "Requests waiting for an engine slot.", ["priority", "tenant"],
+    multiprocess_mode="livesum",
+)
+QUEUE_WAIT = Histogram(
+    "tollgate_queue_wait_seconds", "Time requests waited for an engine slot.", ["priority", "tenant"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
 UPSTREAM_ERRORS = Counter(
     "tollgate_upstream_errors_total", "Engine failures seen by the gateway.", ["model", "kind"]
 )

@@ -17,6 +17,7 @@ import redis.exceptions
 from django.conf import settings
 from django.db import close_old_connections
 
+from gateway.admission import Admission, wake_channel
 from gateway.invalidation import channel
 from gateway.limiter import Limiter, Reservation
 from gateway.state import Snapshot, load_snapshot
@@ -60,7 +61,8 @@ class Runtime:
         self.limiter: Limiter | None = None
         self.session: aiohttp.ClientSession | None = None
         self.used_keys: set[int] = set()
-        self.unsettled: list[tuple[Reservation, int, int, bytes]] = []
+        self.unsettled: list[tuple[Reservation, int, int, bytes, int]] = []
+        self.admission: Admission | None = None
         self._tasks: list[asyncio.Task] = []
         self._reload_requested = asyncio.Event()
 
@@ -73,6 +75,7 @@ class Runtime:
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self.limiter = Limiter(self.redis)
+        self.admission = Admission(self.redis)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
@@ -89,6 +92,9 @@ class Runtime:
             asyncio.create_task(self._reloader(), name="gateway-reloader"),
             asyncio.create_task(self._flush_last_used(), name="gateway-last-used"),
             asyncio.create_task(self._retry_unsettled(), name="gateway-settle-retry"),
+            asyncio.create_task(self.admission.renew_leases(), name="gateway-leases"),
+            asyncio.create_task(self.admission.watch_telemetry(lambda: self.snapshot.routes),
+                                name="gateway-telemetry"),
         ]
         log.info("gateway ready: %d keys, %d models, %d routed models",
                  len(self.snapshot.keys), len(self.snapshot.models), len(self.snapshot.routes))
@@ -104,10 +110,11 @@ class Runtime:
         if self.redis:
             await self.redis.aclose()
 
-    async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes) -> None:
+    async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes,
+                     model_id: int) -> None:
         """Settle a finished request; if Redis is away, keep it and retry until it is back."""
         try:
-            await self.limiter.settle(reservation, tokens, money_nano, event)
+            await self.limiter.settle(reservation, tokens, money_nano, event, model_id)
         except redis.exceptions.ResponseError:
             # Redis answered with an error: a bug, not an outage. Retrying cannot help.
             log.exception("settling %s failed", reservation.request_id)
@@ -117,17 +124,17 @@ class Runtime:
                 log.error("dropping usage of %s: %d settlements already waiting for Redis",
                           reservation.request_id, MAX_UNSETTLED)
                 return
-            self.unsettled.append((reservation, tokens, money_nano, event))
+            self.unsettled.append((reservation, tokens, money_nano, event, model_id))
             log.warning("Redis unreachable: usage of %s kept for retry", reservation.request_id)
 
     async def _retry_unsettled(self) -> None:
         while True:
             await asyncio.sleep(SETTLE_RETRY_SECONDS)
             while self.unsettled:
-                reservation, tokens, money, event = self.unsettled[0]
+                reservation, tokens, money, event, model_id = self.unsettled[0]
                 try:
                     # Settling is idempotent per request id, so a lost reply is safe to repeat.
-                    await self.limiter.settle(reservation, tokens, money, event)
+                    await self.limiter.settle(reservation, tokens, money, event, model_id)
                 except (redis.exceptions.RedisError, OSError):
                     break
                 self.unsettled.pop(0)
@@ -155,10 +162,14 @@ class Runtime:
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(channel())
+                await pubsub.subscribe(channel(), wake_channel())
                 self.request_reload()  # changes made while we were not listening
-                async for _message in pubsub.listen():
-                    self.request_reload()
+                wake = wake_channel().encode()
+                async for message in pubsub.listen():
+                    if message["channel"] == wake:
+                        self.admission.wake_local(int(message["data"]))
+                    else:
+                        self.request_reload()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - Redis restarts; resubscribe

@@ -4,8 +4,9 @@
 --
 -- KEYS  1 key tokens hash  2 tenant tokens hash  3 key in-flight zset  4 tenant in-flight zset
 --       5 quota hash  6 usage stream  7 settled marker (makes a retried settle a no-op)
+--       8 the model's running-slots zset  9 the model's admission queue zset
 -- ARGV  1 request id  2 estimated tokens  3 actual tokens  4 estimated money (nano)
---       5 actual money (nano)  6 usage event (JSON, empty: none)
+--       5 actual money (nano)  6 usage event (JSON, empty: none)  7 wake channel  8 model id
 
 local rid = ARGV[1]
 if not redis.call('SET', KEYS[7], '1', 'NX', 'EX', 3600) then return 0 end
@@ -32,6 +33,10 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   release('money_reserved', est_money)
   redis.call('HINCRBY', KEYS[5], 'tokens_used', actual)
   redis.call('HINCRBY', KEYS[5], 'money_used', actual_money)
+end
+-- Free the engine slot; a waiting request (in any gateway process) can take it now.
+if redis.call('ZREM', KEYS[8], rid) == 1 and redis.call('ZCARD', KEYS[9]) > 0 then
+  redis.call('PUBLISH', ARGV[7], ARGV[8])
 end
 if ARGV[6] ~= '' then
   redis.call('XADD', KEYS[6], '*', 'e', ARGV[6])

@@ -107,6 +107,8 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
         "TOLLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
         "TOLLGATE_LOG_LEVEL": "WARNING",
+        # Short queue timeouts, so the admission tests see them without long waits.
+        "TOLLGATE_QUEUE_TIMEOUT_P0": "20", "TOLLGATE_QUEUE_TIMEOUT_P1": "4", "TOLLGATE_QUEUE_TIMEOUT_P2": "4",
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "config.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
@@ -150,12 +152,12 @@ def make_model(name: str, task: str = Task.GENERATE, visibility: str = Visibilit
     )
 
 
-def deploy(model: CatalogModel, node: Node, *ports: int) -> Deployment:
+def deploy(model: CatalogModel, node: Node, *ports: int, max_num_seqs: int = 256) -> Deployment:
     # Rows as the deployments app leaves them once its replicas are ready; the engines
     # themselves are the simulator processes started above (no Docker needed here).
     deployment = Deployment.objects.create(
         name=f"{model.served_name}-dep", model=model, node=node, image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": 256}, desired_state="running", state="ready",
+        engine_args={"max-num-seqs": max_num_seqs}, desired_state="running", state="ready",
     )
     for index, port in enumerate(ports):
         Replica.objects.create(deployment=deployment, index=index, node=node, host="127.0.0.1", port=port,
@@ -200,10 +202,10 @@ def world(transactional_db: None, gateway_url: str, engines: dict[str, Engine]) 
     return World(gateway_url, tenant_a, tenant_b, key_a, key_b, chat, private_a, deployment)
 
 
-def add_routed_model(world: World, name: str, port: int) -> CatalogModel:
+def add_routed_model(world: World, name: str, port: int, max_num_seqs: int = 256) -> CatalogModel:
     """A public model served by the engine on ``port``, known to the gateway on return."""
     model = make_model(name)
     node = Node.objects.get(name="sim-node")
-    deploy(model, node, port)
+    deploy(model, node, port, max_num_seqs=max_num_seqs)
     wait_until_served(world.url, world.key_a, name)
     return model

@@ -1,0 +1,198 @@
+"""Admission control: each model's engines get at most a ceiling of concurrent requests;
+the rest wait in a priority queue shared by every gateway process (in Redis).
+
+P0 (interactive) goes before P1 (standard) before P2 (batch); inside a class tenants get
+weighted fair shares by tokens. P2 takes a slot only while the engines report spare
+capacity. A freed slot is announced on a pub/sub channel, so a waiter in any process can
+take it at once; waiters also retry on a short timer, so nothing depends on one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from config.redis import rkey
+from gateway import metrics
+
+log = logging.getLogger("tollgate.gateway")
+
+LEASE_MS = 30_000  # a slot's lease; renewed while its request runs
+RENEW_SECONDS = 10.0
+RETRY_SECONDS = 0.25
+CLASS_INDEX = {"P0": 0, "P1": 1, "P2": 2}
+ACQUIRE_LUA = (Path(__file__).parent / "acquire.lua").read_text()
+TELEMETRY_FRESH_SECONDS = 20.0
+
+
+def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
+    """(running, queue, queue expiry, fair share, ceiling) keys of a model's engine pool."""
+    base = ("adm", model_id)
+    return (rkey(*base, "run"), rkey(*base, "q"), rkey(*base, "qexp"), rkey(*base, "vft"),
+            rkey(*base, "ceiling"))
+
+
+def wake_channel() -> str:
+    return rkey("adm", "wake")
+
+
+def queue_timeout(priority: str) -> float:
+    return float(settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS[priority])
+
+
+def lowered(tenant_class: str, asked: object) -> str:
+    """The class for one request: the tenant's, or a lower one the request asks for."""
+    if isinstance(asked, bool) or asked is None:
+        return tenant_class
+    if isinstance(asked, int) and 0 <= asked <= 2:
+        asked = f"P{asked}"
+    if isinstance(asked, str) and asked.upper() in CLASS_INDEX:
+        asked = asked.upper()
+        return asked if CLASS_INDEX[asked] > CLASS_INDEX[tenant_class] else tenant_class
+    return tenant_class
+
+
+@dataclass(slots=True)
+class Waiter:
+    request_id: str
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What waiting produced: a slot, or how long a client should wait before retrying."""
+
+    admitted: bool
+    waited: float
+    retry_after: int = 0
+
+
+class Admission:
+    """One gateway process's view of every model's engine pool."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.redis = client
+        self._acquire = client.register_script(ACQUIRE_LUA)
+        self.waiters: dict[int, list[Waiter]] = {}
+        self.running: dict[str, int] = {}  # request id -> model id (for lease renewal)
+        self.p2_open: dict[int, bool] = {}  # from engine telemetry
+        self.latency: dict[int, float] = {}  # EWMA seconds per request, per model
+
+    async def acquire(
+        self, model_id: int, budget: int, request_id: str, priority: str, tenant_id: int,
+        weight: int, cost: int, disconnected: asyncio.Event,
+    ) -> Ticket:
+        """Take a slot of the model's engines, waiting in the queue up to the class's timeout."""
+        started = time.monotonic()
+        deadline = started + queue_timeout(priority)
+        keys = pool_keys(model_id)
+        first = await self._try(keys, request_id, priority, tenant_id, weight, cost, budget)
+        if first[0] == 1:
+            self.running[request_id] = model_id
+            return Ticket(True, 0.0)
+        waiter = Waiter(request_id)
+        self.waiters.setdefault(model_id, []).append(waiter)
+        labels = (priority, str(tenant_id))
+        metrics.QUEUE_DEPTH.labels(*labels).inc()
+        try:
+            return await self._wait(model_id, keys, waiter, deadline, started, priority, tenant_id,
+                                    weight, cost, budget, disconnected)
+        finally:
+            metrics.QUEUE_DEPTH.labels(*labels).dec()
+            metrics.QUEUE_WAIT.labels(*labels).observe(time.monotonic() - started)
+            self.waiters[model_id].remove(waiter)
+
+    async def _wait(self, model_id: int, keys: tuple, waiter: Waiter, deadline: float, started: float,
+                    priority: str, tenant_id: int, weight: int, cost: int, budget: int,
+                    disconnected: asyncio.Event) -> Ticket:
+        ahead, ceiling = 0, budget
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or disconnected.is_set():
+                await self.redis.zrem(keys[1], waiter.request_id)
+                await self.redis.zrem(keys[2], waiter.request_id)
+                return Ticket(False, time.monotonic() - started, self.retry_after(model_id, ahead, ceiling))
+            waiter.event.clear()
+            try:
+                await asyncio.wait_for(waiter.event.wait(), min(remaining, RETRY_SECONDS))
+            except TimeoutError:
+                pass
+            got, ahead, ceiling = await self._try(keys, waiter.request_id, priority, tenant_id, weight, cost, budget)
+            if got == 1:
+                self.running[waiter.request_id] = model_id
+                self.wake_local(model_id)  # more slots may be free: let the next local waiter try
+                return Ticket(True, time.monotonic() - started)
+
+    async def _try(self, keys: tuple, request_id: str, priority: str, tenant_id: int, weight: int,
+                   cost: int, budget: int) -> list[int]:
+        model_id = int(keys[0].split(":")[-2])
+        now_ms = int(time.time() * 1000)
+        give_up_ms = int(queue_timeout(priority) * 1000) + 5000
+        result = await self._acquire(keys=list(keys), args=[
+            request_id, CLASS_INDEX[priority], tenant_id, weight, cost, now_ms, LEASE_MS, budget,
+            1 if self.p2_open.get(model_id, True) else 0, give_up_ms,
+        ])
+        return [int(x) for x in result]
+
+    def wake_local(self, model_id: int) -> None:
+        """Let this process's waiters of a model retry now (best-ranked first is fine: the
+        queue decides who wins)."""
+        for waiter in self.waiters.get(model_id, ()):
+            waiter.event.set()
+
+    def finished(self, request_id: str, model_id: int, seconds: float) -> None:
+        self.running.pop(request_id, None)
+        previous = self.latency.get(model_id)
+        self.latency[model_id] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
+    def retry_after(self, model_id: int, ahead: int, ceiling: int) -> int:
+        """Seconds until the queue ahead would drain: ahead / (slots / mean request time)."""
+        mean = self.latency.get(model_id, 5.0)
+        return max(1, int((ahead + 1) * mean / max(ceiling, 1)) + 1)
+
+    async def renew_leases(self) -> None:
+        """Keep the slots of running requests leased (a dead process's leases lapse)."""
+        while True:
+            await asyncio.sleep(RENEW_SECONDS)
+            if not self.running:
+                continue
+            deadline = int(time.time() * 1000) + LEASE_MS
+            pipe = self.redis.pipeline(transaction=False)
+            for request_id, model_id in list(self.running.items()):
+                pipe.zadd(pool_keys(model_id)[0], {request_id: deadline}, xx=True)
+            try:
+                await pipe.execute()
+            except Exception:  # noqa: BLE001 - Redis away: leases outlive a short outage
+                log.warning("could not renew admission leases", exc_info=True)
+
+    async def watch_telemetry(self, routes: object) -> None:
+        """Every second: may P2 run on each model (engines not waiting, KV cache not full)?"""
+        threshold = settings.TOLLGATE_P2_KV_CACHE_THRESHOLD
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self._refresh_p2(routes(), threshold)
+            except Exception:  # noqa: BLE001 - keep the last answer
+                log.warning("could not read engine telemetry", exc_info=True)
+
+    async def _refresh_p2(self, routes: dict, threshold: float) -> None:
+        replicas = [(model_id, u.replica_id) for model_id, ups in routes.items() for u in ups]
+        if not replicas:
+            return
+        raw = await self.redis.mget([rkey("engine", rid, "metrics") for _, rid in replicas])
+        now, verdict = time.time(), {}
+        for (model_id, _), blob in zip(replicas, raw, strict=True):
+            figures = orjson.loads(blob) if blob else None
+            fresh = figures and now - figures.get("scraped_at", 0) < TELEMETRY_FRESH_SECONDS
+            # Without fresh telemetry only the slot ceiling limits P2.
+            spare = not fresh or (figures.get("waiting", 0) == 0
+                                  and figures.get("kv_cache_usage", 0) < threshold)
+            verdict[model_id] = verdict.get(model_id, False) or spare
+        self.p2_open = verdict

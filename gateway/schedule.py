@@ -1,0 +1,5 @@
+"""Celery beat entries of the gateway app (merged into CELERY_BEAT_SCHEDULE)."""
+
+BEAT_SCHEDULE: dict[str, dict] = {
+    "gateway-tune-admission": {"task": "gateway.tune_admission", "schedule": 5.0},
+}

@@ -1,0 +1,11 @@
+"""Celery tasks of the gateway app (thin wrappers over gateway.tuning)."""
+
+from celery import shared_task
+
+from gateway import tuning
+
+
+@shared_task(name="gateway.tune_admission", ignore_result=True)
+def tune_admission() -> int:
+    """Adjust every model's concurrency ceiling from its engines' telemetry."""
+    return tuning.tune_all()

@@ -1,0 +1,130 @@
+"""Admission: the shared priority queue in Redis, fair share, P2 gating, the controller."""
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from gateway.admission import Admission, lowered, pool_keys
+from gateway.controller import ControllerState, Sample, next_ceiling
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)
+
+
+async def admission() -> tuple[Admission, aioredis.Redis]:
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    return Admission(client), client
+
+
+@pytest.mark.parametrize(
+    ("tenant", "asked", "expected"),
+    [("P1", None, "P1"), ("P1", "P2", "P2"), ("P1", "p2", "P2"), ("P1", "P0", "P1"), ("P2", "P0", "P2"),
+     ("P0", 2, "P2"), ("P1", "nonsense", "P1"), ("P1", True, "P1")],
+)
+def test_a_request_may_lower_its_class_never_raise_it(tenant: str, asked: object, expected: str) -> None:
+    assert lowered(tenant, asked) == expected
+
+
+def test_slots_go_by_class_then_fair_share() -> None:
+    async def scenario() -> list[str]:
+        adm, client = await admission()
+        never = asyncio.Event()
+        model = 900001
+        try:
+            assert (await adm.acquire(model, 1, "holder", "P1", 1, 1, 10, never)).admitted
+            order: list[str] = []
+
+            async def wait(rid: str, prio: str, tenant: int) -> None:
+                ticket = await adm.acquire(model, 1, rid, prio, tenant, 1, 100, never)
+                assert ticket.admitted
+                order.append(rid)
+                await asyncio.sleep(0.05)
+                await client.zrem(pool_keys(model)[0], rid)  # as settle does
+                adm.finished(rid, model, 0.05)
+                adm.wake_local(model)
+
+            tasks = []
+            for rid, prio, tenant in [("b1", "P2", 2), ("p1-t1-a", "P1", 1), ("p1-t1-b", "P1", 1),
+                                      ("p1-t1-c", "P1", 1), ("p1-t3-a", "P1", 3), ("p0", "P0", 4)]:
+                tasks.append(asyncio.create_task(wait(rid, prio, tenant)))
+                await asyncio.sleep(0.02)  # arrival order
+            await client.zrem(pool_keys(model)[0], "holder")
+            adm.wake_local(model)
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            return order
+        finally:
+            await client.delete(*pool_keys(model))
+            await client.aclose()
+
+    order = run(scenario())
+    assert order[0] == "p0" and order[-1] == "b1"
+    p1 = order[1:-1]
+    # Tenant 3 arrived after three of tenant 1's requests, but tenant 1 had already used
+    # tokens (the holder's): fair share serves tenant 3 first, not after tenant 1's burst.
+    assert p1 == ["p1-t3-a", "p1-t1-a", "p1-t1-b", "p1-t1-c"]
+
+
+def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_after(settings: object) -> None:
+    settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS = {"P0": 1, "P1": 1, "P2": 1}
+
+    async def scenario() -> tuple[object, object]:
+        adm, client = await admission()
+        model = 900002
+        try:
+            adm.p2_open[model] = False
+            started = time.monotonic()
+            batch = await adm.acquire(model, 4, "batch", "P2", 1, 1, 10, asyncio.Event())
+            waited = time.monotonic() - started
+            standard = await adm.acquire(model, 4, "std", "P1", 1, 1, 10, asyncio.Event())
+            leftovers = await client.zcard(pool_keys(model)[1])
+            return batch, waited, standard, leftovers
+        finally:
+            await client.delete(*pool_keys(model))
+            await client.aclose()
+
+    batch, waited, standard, leftovers = run(scenario())
+    assert not batch.admitted and batch.retry_after >= 1 and 0.9 < waited < 3
+    assert standard.admitted  # the free slots were there all along: only P2 was held back
+    assert leftovers == 0  # a timed-out request leaves the queue
+
+
+def test_a_dead_gateways_slot_lease_lapses() -> None:
+    async def scenario() -> bool:
+        adm, client = await admission()
+        model = 900003
+        try:
+            assert (await adm.acquire(model, 1, "ghost", "P1", 1, 1, 10, asyncio.Event())).admitted
+            # The gateway holding "ghost" died: nobody renews its lease.
+            await client.zadd(pool_keys(model)[0], {"ghost": int(time.time() * 1000) - 1})
+            return (await adm.acquire(model, 1, "next", "P1", 1, 1, 10, asyncio.Event())).admitted
+        finally:
+            await client.delete(*pool_keys(model))
+            await client.aclose()
+
+    assert run(scenario())
+
+
+def test_controller_backs_off_on_engine_queueing_and_slow_ttft_and_probes_up_under_demand() -> None:
+    state = ControllerState(ceiling=8)
+    state, why = next_ceiling(state, Sample(100.0, 0.2, 0, 5), budget=8)
+    assert (why, state.ceiling) == ("increase", 9)
+    state, why = next_ceiling(state, Sample(100.5, 0.2, 0, 5), budget=8)
+    assert (why, state.ceiling) == ("increase", 10)
+    state, why = next_ceiling(state, Sample(101.0, 0.9, 0, 5), budget=8)  # TTFT 4.5x baseline
+    assert (why, state.ceiling) == ("decrease", 8)
+    state, why = next_ceiling(state, Sample(90.0, 0.2, 3, 5), budget=8)  # the engine queues
+    assert (why, state.ceiling) == ("decrease", 6)
+    state, why = next_ceiling(state, Sample(80.0, 0.2, 0, 5), budget=8)  # throughput fell
+    assert why == "hold" and state.ceiling == 6
+    state, why = next_ceiling(state, Sample(80.0, 0.2, 0, 0), budget=8)  # no demand
+    assert why == "hold"
+    for _ in range(50):
+        state, _ = next_ceiling(state, Sample(1000.0, 0.2, 0, 9), budget=8)
+    assert state.ceiling == 16  # never above twice the static budget
+    for _ in range(50):
+        state, _ = next_ceiling(state, Sample(1.0, 5.0, 9, 9), budget=8)
+    assert state.ceiling == 1
