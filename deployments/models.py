@@ -119,6 +119,9 @@ class Node(models.Model):
         default=0, help_text="Host MemAvailable at the last heartbeat."
     )
     cpu_count = models.PositiveSmallIntegerField(default=0)
+    memory_limit_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="At most this much memory for engines on this node (0: no limit)."
+    )
     high_speed_interface = models.CharField(
         max_length=32, blank=True, validators=[RegexValidator(r"^[A-Za-z0-9_.:-]*$")],
         help_text="Interconnect NIC for multi-node engines (NCCL_SOCKET_IFNAME), e.g. enp1s0f1np1.",

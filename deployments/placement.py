@@ -89,9 +89,17 @@ def free_bytes(node: Node, exclude: Deployment | None = None) -> tuple[int, int]
         assigned += need
         if replica.state not in IDLE:
             held += need
+    return capacity(node, held).usable, assigned
+
+
+def capacity(node: Node, held: int) -> planner.Capacity:
+    """The node's capacity for engines, capped by its memory limit when the admin set one."""
     cap = planner.capacity(node.total_memory_bytes, node.available_memory_bytes,
                            node.gpu_memory_bytes, node.unified_memory, held)
-    return cap.usable, assigned
+    limit = node.memory_limit_bytes
+    if limit and (not cap.usable or limit < cap.usable):
+        return planner.Capacity(limit, f"the node's engine memory limit {planner.gb(limit)}")
+    return cap
 
 
 def candidates() -> list[Node]:

@@ -76,6 +76,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "cpu_count",
             "docker_version",
             "unified_memory",
+            "memory_limit_bytes",
             "high_speed_interface",
             "high_speed_address",
             "status",

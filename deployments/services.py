@@ -56,6 +56,7 @@ NODE_FIELDS = [
     "total_memory_bytes",
     "gpu_memory_bytes",
     "unified_memory",
+    "memory_limit_bytes",
     "high_speed_interface",
     "high_speed_address",
     "status",
@@ -307,10 +308,7 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
             state__in=[ReplicaState.STOPPED, ReplicaState.CRASHED, ReplicaState.FAILED]
         ).count()
         held += verdict_need * running
-    cap = planner.capacity(
-        node.total_memory_bytes, node.available_memory_bytes, node.gpu_memory_bytes,
-        node.unified_memory, held,
-    )
+    cap = placement.capacity(node, held)
     return planner.check_fit(need, deployment.replicas, others, node.name, cap)
 
 
