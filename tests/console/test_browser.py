@@ -193,7 +193,7 @@ def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
     assert "Ready" in page.inner_text("#live")
     fleet.scrape_all()  # beat's engine scrape, once: running/waiting, KV cache, TTFT into Redis
     page.wait_for_selector("#live td:has-text('%')", timeout=10_000)
-    page.click("button:has-text('Replica 0: last 200 lines')")
+    page.click("#live button[title='Replica 0: last 200 lines']")
     page.wait_for_selector("#logs pre", timeout=10_000)
     shot(page, "07-deployment-ready")
 
