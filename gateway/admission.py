@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import orjson
@@ -21,6 +22,7 @@ from django.conf import settings
 
 from config.redis import rkey
 from gateway import metrics
+from gateway.limiter import SlotRequest
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -28,15 +30,21 @@ LEASE_MS = 30_000  # a slot's lease; renewed while its request runs
 RENEW_SECONDS = 10.0
 RETRY_SECONDS = 0.25
 CLASS_INDEX = {"P0": 0, "P1": 1, "P2": 2}
-ACQUIRE_LUA = (Path(__file__).parent / "acquire.lua").read_text()
+_HERE = Path(__file__).parent
+RETRY_LUA = (_HERE / "acquire.lua").read_text() + (_HERE / "retry_slot.lua").read_text()
 TELEMETRY_FRESH_SECONDS = 20.0
+
+
+@lru_cache(maxsize=4096)
+def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
+    base = ("adm", model_id)
+    return (rkey(*base, "run"), rkey(*base, "q"), rkey(*base, "qexp"), rkey(*base, "vft"),
+            rkey(*base, "ceiling"))
 
 
 def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
     """(running, queue, queue expiry, fair share, ceiling) keys of a model's engine pool."""
-    base = ("adm", model_id)
-    return (rkey(*base, "run"), rkey(*base, "q"), rkey(*base, "qexp"), rkey(*base, "vft"),
-            rkey(*base, "ceiling"))
+    return _pool_keys(settings.TOLLGATE_REDIS_PREFIX, model_id)
 
 
 def wake_channel() -> str:
@@ -79,24 +87,32 @@ class Admission:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.redis = client
-        self._acquire = client.register_script(ACQUIRE_LUA)
+        self._retry = client.register_script(RETRY_LUA)
         self.waiters: dict[int, list[Waiter]] = {}
         self.running: dict[str, int] = {}  # request id -> model id (for lease renewal)
         self.p2_open: dict[int, bool] = {}  # from engine telemetry
         self.latency: dict[int, float] = {}  # EWMA seconds per request, per model
 
-    async def acquire(
+    def slot_request(self, model_id: int, budget: int, priority: str, weight: int) -> SlotRequest:
+        """What the admission call needs to also take (or queue for) an engine slot."""
+        return SlotRequest(
+            pool=pool_keys(model_id), priority_index=CLASS_INDEX[priority], weight=weight,
+            budget=budget, p2_open=self.p2_open.get(model_id, True),
+            give_up_ms=int(queue_timeout(priority) * 1000) + 5000, lease_ms=LEASE_MS,
+        )
+
+    def holding(self, request_id: str, model_id: int) -> None:
+        """The request holds a slot: keep its lease renewed until it finishes."""
+        self.running[request_id] = model_id
+
+    async def wait(
         self, model_id: int, budget: int, request_id: str, priority: str, tenant_id: int,
         weight: int, cost: int, disconnected: asyncio.Event,
     ) -> Ticket:
-        """Take a slot of the model's engines, waiting in the queue up to the class's timeout."""
+        """Wait in the queue (where admission put the request) up to the class's timeout."""
         started = time.monotonic()
         deadline = started + queue_timeout(priority)
         keys = pool_keys(model_id)
-        first = await self._try(keys, request_id, priority, tenant_id, weight, cost, budget)
-        if first[0] == 1:
-            self.running[request_id] = model_id
-            return Ticket(True, 0.0)
         waiter = Waiter(request_id)
         self.waiters.setdefault(model_id, []).append(waiter)
         labels = (priority, str(tenant_id))
@@ -112,7 +128,7 @@ class Admission:
     async def _wait(self, model_id: int, keys: tuple, waiter: Waiter, deadline: float, started: float,
                     priority: str, tenant_id: int, weight: int, cost: int, budget: int,
                     disconnected: asyncio.Event) -> Ticket:
-        ahead, ceiling = 0, budget
+        ahead, ceiling = 1, budget
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or disconnected.is_set():
@@ -124,21 +140,22 @@ class Admission:
                 await asyncio.wait_for(waiter.event.wait(), min(remaining, RETRY_SECONDS))
             except TimeoutError:
                 pass
-            got, ahead, ceiling = await self._try(keys, waiter.request_id, priority, tenant_id, weight, cost, budget)
+            got, ahead, ceiling = await self._try(keys, waiter.request_id, priority, tenant_id, weight,
+                                                  cost, budget, model_id)
             if got == 1:
                 self.running[waiter.request_id] = model_id
                 self.wake_local(model_id)  # more slots may be free: let the next local waiter try
                 return Ticket(True, time.monotonic() - started)
 
     async def _try(self, keys: tuple, request_id: str, priority: str, tenant_id: int, weight: int,
-                   cost: int, budget: int) -> list[int]:
-        model_id = int(keys[0].split(":")[-2])
+                   cost: int, budget: int, model_id: int) -> list[int]:
         now_ms = int(time.time() * 1000)
         give_up_ms = int(queue_timeout(priority) * 1000) + 5000
-        result = await self._acquire(keys=list(keys), args=[
-            request_id, CLASS_INDEX[priority], tenant_id, weight, cost, now_ms, LEASE_MS, budget,
-            1 if self.p2_open.get(model_id, True) else 0, give_up_ms,
-        ])
+        async with asyncio.timeout(5.0):
+            result = await self._retry(keys=list(keys), args=[
+                request_id, CLASS_INDEX[priority], tenant_id, weight, cost, now_ms, LEASE_MS, budget,
+                1 if self.p2_open.get(model_id, True) else 0, give_up_ms,
+            ])
         return [int(x) for x in result]
 
     def wake_local(self, model_id: int) -> None:

@@ -321,9 +321,16 @@ class Gateway:
         if price:
             money_est = -(-(prompt_est * price.input_nano_per_mtok + output_est * price.output_nano_per_mtok) // 1_000_000)
         request_id = "req_" + secrets.token_hex(12)
+        asked = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
+                     payload.get("priority"))
+        priority = lowered(tenant.priority_at(occurred), asked)
+        budget = sum(u.max_num_seqs for u in upstreams)
+        admission = self.rt.admission
+        slot = admission.slot_request(model.id, budget, priority, tenant.weight)
         try:
-            decision = await self.rt.limiter.admit(request_id, key, tenant, prompt_est + output_est, money_est, occurred)
-        except (redis.exceptions.RedisError, OSError) as exc:
+            decision = await self.rt.limiter.admit(
+                request_id, key, tenant, prompt_est + output_est, money_est, slot, occurred)
+        except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
             log.error("rate-limit store unreachable (%s): refusing request %s", exc.__class__.__name__, request_id)
             metrics.REJECTIONS.labels(tenant.slug, "redis_down").inc()
             return await respond(send, 503, error_body(
@@ -334,33 +341,35 @@ class Gateway:
             status, err, headers = refusal(decision)
             return await respond(send, status, err, headers + [(b"x-request-id", request_id.encode())])
         self.rt.used_keys.add(key.id)
-        headers = ratelimit_headers(decision) + [(b"x-request-id", request_id.encode())]
+        headers = ratelimit_headers(decision) + [
+            (b"x-request-id", request_id.encode()), (b"x-tollgate-priority", priority.encode())]
         disconnect = Disconnect(receive)
         try:
-            outcome, upstream = await self.queue_and_forward(
-                send, endpoint, payload, body, request_id, key, tenant, model, upstreams, headers,
-                started, occurred, prompt_est + output_est, disconnect, scope)
+            if decision.slot:
+                admission.holding(request_id, model.id)
+                outcome, upstream = await self.forward(
+                    send, endpoint, payload, body, request_id, upstreams, headers, started, disconnect)
+            else:
+                outcome, upstream = await self.queue_then_forward(
+                    send, endpoint, payload, body, request_id, tenant, model, upstreams, headers,
+                    started, prompt_est + output_est, priority, budget, disconnect)
         finally:
             disconnect.close()
-        self.rt.admission.finished(request_id, model.id, time.perf_counter() - started)
+        admission.finished(request_id, model.id, time.perf_counter() - started)
         await self.settle(decision.reservation, outcome, price, key, tenant, model, upstream,
                           endpoint, request_id, occurred, started)
 
-    async def queue_and_forward(
-        self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str, key: KeyInfo,
+    async def queue_then_forward(
+        self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str,
         tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream],
-        headers: list[tuple[bytes, bytes]], started: float, occurred: float, cost: int,
-        disconnect: Disconnect, scope: dict,
+        headers: list[tuple[bytes, bytes]], started: float, cost: int, priority: str, budget: int,
+        disconnect: Disconnect,
     ) -> tuple[Outcome, Upstream | None]:
-        """Wait for one of the model's engine slots (by priority), then forward."""
-        asked = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
-                     payload.get("priority"))
-        priority = lowered(tenant.priority_at(occurred), asked)
-        budget = sum(u.max_num_seqs for u in upstreams)
+        """All the model's engine slots are taken: wait for one by priority, then forward."""
         try:
-            ticket = await self.rt.admission.acquire(
+            ticket = await self.rt.admission.wait(
                 model.id, budget, request_id, priority, tenant.id, tenant.weight, cost, disconnect.event)
-        except (redis.exceptions.RedisError, OSError):
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
             await respond(send, 503, error_body(
                 "Tollgate cannot reach its admission queue right now. Please retry shortly.",
                 "server_error", code="service_unavailable"), headers + [(b"retry-after", b"5")])
@@ -377,7 +386,6 @@ class Gateway:
                 "requests", code="rate_limit_exceeded"),
                 headers + [(b"retry-after", str(ticket.retry_after).encode())])
             return outcome, None
-        headers = headers + [(b"x-tollgate-priority", priority.encode())]
         return await self.forward(send, endpoint, payload, body, request_id, upstreams, headers,
                                   started, disconnect)
 

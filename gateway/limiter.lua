@@ -2,15 +2,19 @@
 --
 -- KEYS  1 key requests zset   2 key tokens hash    3 tenant requests zset  4 tenant tokens hash
 --       5 key in-flight zset   6 tenant in-flight zset   7 quota hash
+--       8-12 the model's engine pool (running, queue, queue expiry, fair share, ceiling)
 -- ARGV  1 now_ms  2 request id  3 estimated tokens  4 window_ms
 --       5 key rpm  6 key tpm  7 tenant rpm  8 tenant tpm  9 key max concurrent  10 tenant max concurrent
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
---       15 quota ttl seconds
+--       15 quota ttl seconds  16 class  17 tenant weight  18 static budget  19 P2 allowed
+--       20 slot lease ms  21 queue give-up ms  22 tenant id
 -- Limits of 0 are off. A window is a zset (request id -> admission time) plus a hash
 -- (request id -> tokens, "_sum" -> total); entries older than the window are pruned here,
 -- each exactly once, so the check is exact at any instant (no fixed-window edge).
 --
--- Returns {code, retry_ms, limit_req, remaining_req, reset_req_ms, limit_tok, remaining_tok, reset_tok_ms}
+-- Returns {code, retry_ms, limit_req, remaining_req, reset_req_ms, limit_tok, remaining_tok, reset_tok_ms,
+--          slot}: once admitted, the request also tries for an engine slot in the same call
+--          (slot 1: it has one; 0: it is queued — see acquire.lua).
 -- code: 0 admitted, 1/2 requests per minute (key/tenant), 3/4 tokens per minute (key/tenant),
 --       5/6 concurrency (key/tenant), 7 token quota, 8 money quota, 9 larger than the tpm limit.
 
@@ -104,7 +108,7 @@ local function keep_tok(limit, rem, reset)
   end
 end
 local function refuse(code, wait)
-  return {code, wait, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset}
+  return {code, wait, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, 0}
 end
 
 if (key_tpm > 0 and est > key_tpm) or (ten_tpm > 0 and est > ten_tpm) then
@@ -155,4 +159,7 @@ end
 redis.call('HINCRBY', KEYS[7], 'tokens_reserved', est)
 redis.call('HINCRBY', KEYS[7], 'money_reserved', est_money)
 redis.call('EXPIRE', KEYS[7], tonumber(ARGV[15]))
-return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset}
+local slot = try_slot(KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], rid, tonumber(ARGV[16]),
+  ARGV[22], tonumber(ARGV[17]), est, now, tonumber(ARGV[20]), tonumber(ARGV[18]), ARGV[19],
+  tonumber(ARGV[21]))
+return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

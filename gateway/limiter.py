@@ -1,12 +1,17 @@
-"""Rate limits, concurrency and quotas in Redis: one Lua call to admit, one to settle."""
+"""Rate limits, concurrency and quotas in Redis: one Lua call to admit (which also tries
+for an engine slot), one to settle."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from django.conf import settings
 
 from config.redis import rkey
 from gateway.state import KeyInfo, TenantInfo
@@ -16,9 +21,11 @@ from metering.quota import QUOTA_TTL_SECONDS, quota_key
 WINDOW_MS = 60_000
 # A request that never settles (its gateway died) stops counting as in flight after this.
 IN_FLIGHT_DEADLINE_MS = 15 * 60_000
+CALL_TIMEOUT = 5.0  # seconds for one Redis call; then the request fails closed
 
 _HERE = Path(__file__).parent
-ADMIT_LUA = (_HERE / "limiter.lua").read_text()
+SLOT_LUA = (_HERE / "acquire.lua").read_text()
+ADMIT_LUA = SLOT_LUA + (_HERE / "limiter.lua").read_text()
 SETTLE_LUA = (_HERE / "settle.lua").read_text()
 
 REASONS = {
@@ -51,21 +58,41 @@ class Decision:
     remaining_tokens: int
     reset_tokens_ms: int
     reservation: Reservation | None
+    slot: bool  # admitted and already holding an engine slot (else queued for one)
 
 
-def _keys(key: KeyInfo, tenant: TenantInfo, at: float) -> tuple[str, ...]:
+@dataclass(frozen=True, slots=True)
+class SlotRequest:
+    """Where and how an admitted request asks for an engine slot."""
+
+    pool: tuple[str, ...]  # gateway.admission.pool_keys(model id)
+    priority_index: int
+    weight: int
+    budget: int
+    p2_open: bool
+    give_up_ms: int
+    lease_ms: int
+
+
+@lru_cache(maxsize=65536)
+def _scope_keys(prefix: str, key_id: int, tenant_id: int) -> tuple[str, ...]:
     return (
-        rkey("rl", "k", key.id), rkey("rl", "k", key.id, "t"),
-        rkey("rl", "t", tenant.id), rkey("rl", "t", tenant.id, "t"),
-        rkey("cc", "k", key.id), rkey("cc", "t", tenant.id),
-        quota_key(tenant.id, tenant.quota_period, _utc(at)),
+        rkey("rl", "k", key_id), rkey("rl", "k", key_id, "t"),
+        rkey("rl", "t", tenant_id), rkey("rl", "t", tenant_id, "t"),
+        rkey("cc", "k", key_id), rkey("cc", "t", tenant_id),
     )
 
 
-def _utc(at: float) -> object:
-    from datetime import UTC, datetime
+@lru_cache(maxsize=65536)
+def _quota_key(prefix: str, tenant_id: int, period: str, hour: int) -> str:
+    return quota_key(tenant_id, period, datetime.fromtimestamp(hour * 3600, UTC))
 
-    return datetime.fromtimestamp(at, UTC)
+
+def _keys(key: KeyInfo, tenant: TenantInfo, at: float) -> tuple[str, ...]:
+    prefix = settings.TOLLGATE_REDIS_PREFIX
+    # Periods start on whole UTC hours (days, weeks, months), so the hour picks the period.
+    return (*_scope_keys(prefix, key.id, tenant.id),
+            _quota_key(prefix, tenant.id, tenant.quota_period, int(at // 3600)))
 
 
 class Limiter:
@@ -78,7 +105,7 @@ class Limiter:
 
     async def admit(
         self, request_id: str, key: KeyInfo, tenant: TenantInfo, tokens: int, money_nano: int,
-        now: float | None = None,
+        slot: SlotRequest, now: float | None = None,
     ) -> Decision:
         """Admit a request that may use ``tokens`` tokens costing ``money_nano``, or say why not."""
         now = time.time() if now is None else now
@@ -90,15 +117,19 @@ class Limiter:
             key.limits.concurrent, tenant.limits.concurrent,
             tenant.quota_tokens, tenant.quota_money_nano, money_nano,
             now_ms + IN_FLIGHT_DEADLINE_MS, QUOTA_TTL_SECONDS,
+            slot.priority_index, slot.weight, slot.budget, 1 if slot.p2_open else 0,
+            slot.lease_ms, slot.give_up_ms, tenant.id,
         ]
-        code, retry, lreq, rreq, sreq, ltok, rtok, stok = await self._admit(keys=keys, args=argv)
-        reason, scope = REASONS.get(int(code), ("", ""))
+        async with asyncio.timeout(CALL_TIMEOUT):
+            result = await self._admit(keys=[*keys, *slot.pool], args=argv)
+        code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = (int(x) for x in result)
+        reason, scope = REASONS.get(code, ("", ""))
         reservation = Reservation(request_id, keys, tokens, money_nano) if code == 0 else None
         return Decision(
-            admitted=code == 0, reason=reason, scope=scope, retry_ms=int(retry),
-            limit_requests=int(lreq), remaining_requests=int(rreq), reset_requests_ms=int(sreq),
-            limit_tokens=int(ltok), remaining_tokens=int(rtok), reset_tokens_ms=int(stok),
-            reservation=reservation,
+            admitted=code == 0, reason=reason, scope=scope, retry_ms=retry,
+            limit_requests=lreq, remaining_requests=rreq, reset_requests_ms=sreq,
+            limit_tokens=ltok, remaining_tokens=rtok, reset_tokens_ms=stok,
+            reservation=reservation, slot=got_slot == 1,
         )
 
     async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes,
@@ -109,9 +140,10 @@ class Limiter:
 
         k = reservation.keys
         running, queue = pool_keys(model_id)[:2]
-        await self._settle(
-            keys=[k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id),
-                  running, queue],
-            args=[reservation.request_id, reservation.tokens, tokens, reservation.money_nano,
-                  money_nano, event, wake_channel(), model_id],
-        )
+        async with asyncio.timeout(CALL_TIMEOUT):
+            await self._settle(
+                keys=[k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id),
+                      running, queue],
+                args=[reservation.request_id, reservation.tokens, tokens, reservation.money_nano,
+                      money_nano, event, wake_channel(), model_id],
+            )

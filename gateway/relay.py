@@ -101,13 +101,44 @@ class StreamState:
     content_frames: int = 0
 
 
+USAGE_MARK = b',"usage":'
+
+
 def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
-    """One SSE frame as the client should see it (None: drop it)."""
+    """One SSE frame as the client should see it (None: drop it).
+
+    Engines serialise ``usage`` as the last member of a chunk (vLLM's pydantic models do),
+    so the usage object is parsed and stripped by slicing; any other layout takes the
+    general path (parse the whole frame)."""
     if not frame.startswith(b"data:"):
         return frame + b"\n\n"  # comments / keep-alives
     data = frame[5:].lstrip()
     if data == b"[DONE]":
         return b"data: [DONE]\n\n"
+    if st.outcome.ttft_ms is None:
+        st.outcome.ttft_ms = int((time.perf_counter() - st.started_at) * 1000)
+    at = data.rfind(USAGE_MARK)
+    if at > 0 and data.endswith(b"}") and not data.startswith(b'{"error"'):
+        try:
+            usage = orjson.loads(data[at + len(USAGE_MARK):-1])
+        except orjson.JSONDecodeError:
+            usage = None
+        if isinstance(usage, dict):
+            st.saw_usage = True
+            read_usage_pending(st, usage)
+            if b'"choices":[]' in data[:at]:  # the final usage-only chunk
+                return frame + b"\n\n" if st.wants_usage else None
+            if st.wants_continuous:
+                return frame + b"\n\n"
+            return b"data: " + data[:at] + b"}\n\n"
+    elif at < 0 and not data.startswith(b'{"error"'):
+        if b'"choices":[{' in data:
+            st.content_frames += 1
+        return frame + b"\n\n"
+    return _transform_parsed(frame, data, st)
+
+
+def _transform_parsed(frame: bytes, data: bytes, st: StreamState) -> bytes | None:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -119,8 +150,6 @@ def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
         error = obj["error"] if isinstance(obj["error"], dict) else {}
         code = error.get("code") if isinstance(error.get("code"), int) else 500
         return b"data: " + normalise_upstream_error(code, orjson.dumps(obj)) + b"\n\n"
-    if st.outcome.ttft_ms is None:
-        st.outcome.ttft_ms = int((time.perf_counter() - st.started_at) * 1000)
     usage = obj.get("usage")
     choices = obj.get("choices")
     if isinstance(usage, dict):

@@ -69,9 +69,11 @@ class Runtime:
     async def start(self) -> None:
         # A bounded pool that queues callers: a burst of thousands of requests waits for a
         # connection instead of opening thousands (or failing with "too many connections").
+        # No socket_timeout: redis-py would wrap every command in a task of its own; each
+        # gateway call carries one asyncio timeout instead.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.REDIS_URL, max_connections=REDIS_CONNECTIONS, timeout=5,
-            socket_timeout=5, socket_connect_timeout=2, health_check_interval=30,
+            socket_connect_timeout=2, health_check_interval=30,
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self.limiter = Limiter(self.redis)
@@ -119,7 +121,7 @@ class Runtime:
             # Redis answered with an error: a bug, not an outage. Retrying cannot help.
             log.exception("settling %s failed", reservation.request_id)
             return
-        except (redis.exceptions.RedisError, OSError):
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
             if len(self.unsettled) >= MAX_UNSETTLED:
                 log.error("dropping usage of %s: %d settlements already waiting for Redis",
                           reservation.request_id, MAX_UNSETTLED)
@@ -135,7 +137,7 @@ class Runtime:
                 try:
                     # Settling is idempotent per request id, so a lost reply is safe to repeat.
                     await self.limiter.settle(reservation, tokens, money, event, model_id)
-                except (redis.exceptions.RedisError, OSError):
+                except (redis.exceptions.RedisError, OSError, TimeoutError):
                     break
                 self.unsettled.pop(0)
 

@@ -5,7 +5,7 @@ gateway appends it with ``XADD <stream> * e <json>``; the metering consumer read
 a consumer group and stores it in PostgreSQL idempotently on ``request_id``.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import orjson
 
@@ -42,7 +42,7 @@ class UsageRecord:
     price_id: int | None  # the price version the gateway saw in force; None: look it up
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson serialises dataclasses natively (no asdict copy)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> "UsageRecord":

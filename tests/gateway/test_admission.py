@@ -20,6 +20,18 @@ async def admission() -> tuple[Admission, aioredis.Redis]:
     return Admission(client), client
 
 
+async def acquire(adm: Admission, model: int, budget: int, rid: str, prio: str, tenant: int, cost: int,
+                  gone: asyncio.Event | None = None) -> object:
+    """As the gateway does: one try at admission (which queues the request), then wait."""
+    from gateway.admission import Ticket
+
+    got, _, _ = await adm._try(pool_keys(model), rid, prio, tenant, 1, cost, budget, model)
+    if got:
+        adm.holding(rid, model)
+        return Ticket(True, 0.0)
+    return await adm.wait(model, budget, rid, prio, tenant, 1, cost, gone or asyncio.Event())
+
+
 @pytest.mark.parametrize(
     ("tenant", "asked", "expected"),
     [("P1", None, "P1"), ("P1", "P2", "P2"), ("P1", "p2", "P2"), ("P1", "P0", "P1"), ("P2", "P0", "P2"),
@@ -35,11 +47,11 @@ def test_slots_go_by_class_then_fair_share() -> None:
         never = asyncio.Event()
         model = 900001
         try:
-            assert (await adm.acquire(model, 1, "holder", "P1", 1, 1, 10, never)).admitted
+            assert (await acquire(adm, model, 1, "holder", "P1", 1, 10, never)).admitted
             order: list[str] = []
 
             async def wait(rid: str, prio: str, tenant: int) -> None:
-                ticket = await adm.acquire(model, 1, rid, prio, tenant, 1, 100, never)
+                ticket = await acquire(adm, model, 1, rid, prio, tenant, 100, never)
                 assert ticket.admitted
                 order.append(rid)
                 await asyncio.sleep(0.05)
@@ -77,9 +89,9 @@ def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_
         try:
             adm.p2_open[model] = False
             started = time.monotonic()
-            batch = await adm.acquire(model, 4, "batch", "P2", 1, 1, 10, asyncio.Event())
+            batch = await acquire(adm, model, 4, "batch", "P2", 1, 10)
             waited = time.monotonic() - started
-            standard = await adm.acquire(model, 4, "std", "P1", 1, 1, 10, asyncio.Event())
+            standard = await acquire(adm, model, 4, "std", "P1", 1, 10)
             leftovers = await client.zcard(pool_keys(model)[1])
             return batch, waited, standard, leftovers
         finally:
@@ -97,10 +109,10 @@ def test_a_dead_gateways_slot_lease_lapses() -> None:
         adm, client = await admission()
         model = 900003
         try:
-            assert (await adm.acquire(model, 1, "ghost", "P1", 1, 1, 10, asyncio.Event())).admitted
+            assert (await acquire(adm, model, 1, "ghost", "P1", 1, 10)).admitted
             # The gateway holding "ghost" died: nobody renews its lease.
             await client.zadd(pool_keys(model)[0], {"ghost": int(time.time() * 1000) - 1})
-            return (await adm.acquire(model, 1, "next", "P1", 1, 1, 10, asyncio.Event())).admitted
+            return (await acquire(adm, model, 1, "next", "P1", 1, 10)).admitted
         finally:
             await client.delete(*pool_keys(model))
             await client.aclose()
