@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import redis.exceptions
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from gateway import metrics
 from gateway.admission import lowered
@@ -149,6 +150,10 @@ class Gateway:
         self.max_body = settings.TOLLGATE_MAX_BODY_BYTES
         self.max_n = settings.TOLLGATE_MAX_N
         self.max_frame = settings.TOLLGATE_MAX_SSE_FRAME_BYTES
+        self.allowed_hosts = list(settings.ALLOWED_HOSTS)
+        if settings.DEBUG and not self.allowed_hosts:
+            self.allowed_hosts = [".localhost", "127.0.0.1", "[::1]"]  # as Django does
+        self._hosts: dict[bytes, bool] = {}
 
     @staticmethod
     def handles(path: str) -> bool:
@@ -160,8 +165,21 @@ class Gateway:
     async def shutdown(self) -> None:
         await self.rt.stop()
 
+    def host_allowed(self, scope: dict) -> bool:
+        """Django's ALLOWED_HOSTS rule, applied to /v1 too (cached per Host value)."""
+        host = next((v for n, v in scope["headers"] if n == b"host"), b"")
+        verdict = self._hosts.get(host)
+        if verdict is None:
+            name, _ = split_domain_port(host.decode("latin-1").lower())
+            verdict = bool(name) and validate_host(name, self.allowed_hosts)
+            if len(self._hosts) < 1024:
+                self._hosts[host] = verdict
+        return verdict
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path, method = scope["path"], scope["method"]
+        if not self.host_allowed(scope):
+            return await respond(send, 400, error_body("Invalid Host header."))
         if path == "/metrics":
             return await self.serve_metrics(scope, send)
         if path == "/v1/models" or path.startswith("/v1/models/"):

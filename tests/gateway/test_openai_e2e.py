@@ -225,3 +225,13 @@ def test_metrics_need_the_metrics_token(world: World) -> None:
     page = httpx.get(f"{world.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
     assert page.status_code == 200
     assert 'tollgate_requests_total{endpoint="chat",model="sim-chat",status="ok",tenant="acme"}' in page.text
+
+
+def test_a_foreign_host_header_is_refused_like_django_does(world: World) -> None:
+    headers = {"Authorization": f"Bearer {world.key_a}", "Host": "evil.example"}
+    r = httpx.post(f"{world.v1}/chat/completions", headers=headers, json={"model": "sim-chat", "messages": HELLO})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid Host header."
+    assert httpx.get(f"{world.url}/api/v1/tenants/", headers={"Host": "evil.example"}).status_code == 400
+    ok = httpx.post(f"{world.v1}/chat/completions", headers={**headers, "Host": "localhost"},
+                    json={"model": "sim-chat", "messages": HELLO, "max_tokens": 1})
+    assert ok.status_code == 200
