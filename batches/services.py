@@ -46,15 +46,18 @@ def upload_file(key: ApiKey, filename: str, data: bytes, purpose: str) -> File:
     """Store a batch input file after checking every line."""
     if purpose != Purpose.BATCH:
         raise RequestError(400, "Tollgate accepts files with purpose 'batch' only.", "purpose")
-    limit = conf.get("TOLLGATE_BATCH_MAX_FILE_BYTES")
-    if len(data) > limit:
-        raise RequestError(400, f"The file is {len(data)} bytes; the limit is {limit} bytes.", "file",
-                           "file_too_large")
+    check_size(len(data))
     try:
         requests = parse_requests(data, conf.get("TOLLGATE_BATCH_MAX_LINES"))
     except InvalidFile as exc:
         raise RequestError(400, str(exc), "file", exc.code) from None
     return _store(key.tenant, owner_of(key), filename, data, Purpose.BATCH, len(requests))
+
+
+def check_size(size: int) -> None:
+    limit = conf.get("TOLLGATE_BATCH_MAX_FILE_BYTES")
+    if size > limit:
+        raise RequestError(400, f"The file is {size} bytes; the limit is {limit} bytes.", "file", "file_too_large")
 
 
 def _store(tenant: Tenant, key: ApiKey | None, filename: str, data: bytes, purpose: str, lines: int) -> File:

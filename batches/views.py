@@ -84,6 +84,7 @@ def files(request: HttpRequest, key: ApiKey) -> JsonResponse:
         upload = request.FILES.get("file")
         if upload is None:
             raise RequestError(400, "Send the file as the multipart field 'file'.", "file")
+        services.check_size(upload.size)  # before reading a spooled upload into memory
         stored = services.upload_file(key, upload.name or "", upload.read(), request.POST.get("purpose", ""))
         return JsonResponse(render.file_object(stored))
     order = request.GET.get("order", "desc")

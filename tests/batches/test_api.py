@@ -211,3 +211,9 @@ def test_a_batch_whose_key_was_revoked_fails(tenant_a: Tenant, key_a: str) -> No
     assert runner.run_batch(batch.pk) == Status.FAILED
     batch.refresh_from_db()
     assert batch.errors["data"][0]["code"] == "api_key_unusable" and batch.failed_at
+
+
+def test_files_over_the_size_limit_are_refused(key_a: str, settings: object) -> None:
+    settings.TOLLGATE_BATCH_MAX_FILE_BYTES = 100
+    answer = upload(key_a, three_lines())
+    assert answer["http"] == 400 and answer["error"]["code"] == "file_too_large"
