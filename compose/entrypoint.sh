@@ -9,6 +9,7 @@
 #   usage     usage consumer: Redis stream -> PostgreSQL
 #   janitor   idle; on SIGTERM (compose down/stop) remove this stack's engine containers
 #   stop-engines  remove this stack's engine containers now
+#   worker-ping   health check of the worker (answers Celery's ping within 10 s)
 #   manage …  any manage.py command;  anything else is executed as given
 #
 # Secrets: DJANGO_SECRET_KEY (or _FILE) and DATABASE_URL (or _FILE) win when set.
@@ -128,6 +129,7 @@ case "$role" in
   usage) role_usage ;;
   janitor) role_janitor ;;
   stop-engines) role_janitor --now ;;
+  worker-ping) load_secrets; exec celery -A config inspect ping -d "worker@$HOSTNAME" --timeout 10 >/dev/null ;;
   manage) load_secrets; exec python3 manage.py "$@" ;;
   *) exec "$role" "$@" ;;
 esac
