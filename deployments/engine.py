@@ -144,7 +144,10 @@ class Starter:
         }
 
     def container_name(self) -> str:
-        return f"{conf.get('TOLLGATE_STACK_ID')}-{self.deployment.name}-{self.replica.index}"
+        name = f"{conf.get('TOLLGATE_STACK_ID')}-{self.deployment.name}-{self.replica.index}"
+        # A replica placed by Tollgate may move between nodes; several nodes can share one
+        # Docker Engine (tests, demos), so the node is part of the name.
+        return name if self.deployment.node_id == self.node.pk else f"{name}-{self.node.name}"
 
     def locate(self) -> None:
         from deployments.lifecycle import EngineFailed

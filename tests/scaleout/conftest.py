@@ -18,10 +18,18 @@ from config.redis import get_redis
 from deployments import services
 from deployments.models import CatalogModel, Node
 from tests.deployments.conftest import stack  # noqa: F401 - the per-test stack fixture
+from tests.gateway.conftest import REDIS_PREFIX, gateway_url  # noqa: F401 - one real gateway
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GB = 10**9
 HEARTBEAT_TIMEOUT = 3.0
+
+
+@pytest.fixture(autouse=True)
+def redis_namespace(settings: object) -> str:
+    """The gateway subprocess's Redis prefix, so its routing table hears every change."""
+    settings.TOLLGATE_REDIS_PREFIX = REDIS_PREFIX
+    return REDIS_PREFIX
 
 
 @pytest.fixture
@@ -76,7 +84,7 @@ def node_workers(nodes: tuple[Node, Node], stack: str, fast: dict,  # noqa: F811
                  redis_namespace: str) -> Iterator[Callable[[Node], subprocess.Popen]]:
     """Start a node's Celery worker (its queue only); every one started is ended by PID."""
     started: list[subprocess.Popen] = []
-    env = {
+    env = lambda: {  # noqa: E731 - read at each start: a test may change ``fast`` first
         **os.environ, **fast,
         "DATABASE_URL": database_url(),
         "TOLLGATE_ENV": "test",
@@ -93,7 +101,7 @@ def node_workers(nodes: tuple[Node, Node], stack: str, fast: dict,  # noqa: F811
             [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", node.queue,
              "-n", f"{node.name}-{stack}@%h", "--pool", "threads", "--concurrency", "3",
              "--without-heartbeat", "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(ROOT, f".pytest-scaleout-{node.name}.log"), "a"),
         )
         started.append(worker)
