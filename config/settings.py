@@ -266,6 +266,9 @@ TOLLGATE_QUEUE_TIMEOUT_SECONDS = {
     "P1": env_int("TOLLGATE_QUEUE_TIMEOUT_P1", 60),
     "P2": env_int("TOLLGATE_QUEUE_TIMEOUT_P2", 600),
 }
+# A gateway process renews its in-flight requests' leases; when it dies they lapse after this
+# and the reaper bills what those requests delivered and frees their engine slots.
+TOLLGATE_GATEWAY_LEASE_SECONDS = env_float("TOLLGATE_GATEWAY_LEASE_SECONDS", 30.0)
 # P2 (batch) runs only while engines report KV-cache use below this and nothing waiting.
 TOLLGATE_P2_KV_CACHE_THRESHOLD = env_float("TOLLGATE_P2_KV_CACHE_THRESHOLD", 0.9)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.

@@ -23,11 +23,10 @@ from django.conf import settings
 from config.redis import rkey
 from gateway import metrics
 from gateway.limiter import SlotRequest
+from gateway.orphans import lease_ms, open_keys
 
 log = logging.getLogger("tollgate.gateway")
 
-LEASE_MS = 30_000  # a slot's lease; renewed while its request runs
-RENEW_SECONDS = 10.0
 RETRY_SECONDS = 0.25
 CLASS_INDEX = {"P0": 0, "P1": 1, "P2": 2}
 _HERE = Path(__file__).parent
@@ -98,7 +97,7 @@ class Admission:
         return SlotRequest(
             pool=pool_keys(model_id), priority_index=CLASS_INDEX[priority], weight=weight,
             budget=budget, p2_open=self.p2_open.get(model_id, True),
-            give_up_ms=int(queue_timeout(priority) * 1000) + 5000, lease_ms=LEASE_MS,
+            give_up_ms=int(queue_timeout(priority) * 1000) + 5000, lease_ms=lease_ms(),
         )
 
     def holding(self, request_id: str, model_id: int) -> None:
@@ -153,7 +152,7 @@ class Admission:
         give_up_ms = int(queue_timeout(priority) * 1000) + 5000
         async with asyncio.timeout(5.0):
             result = await self._retry(keys=list(keys), args=[
-                request_id, CLASS_INDEX[priority], tenant_id, weight, cost, now_ms, LEASE_MS, budget,
+                request_id, CLASS_INDEX[priority], tenant_id, weight, cost, now_ms, lease_ms(), budget,
                 1 if self.p2_open.get(model_id, True) else 0, give_up_ms,
             ])
         return [int(x) for x in result]
@@ -174,20 +173,22 @@ class Admission:
         mean = self.latency.get(model_id, 5.0)
         return max(1, int((ahead + 1) * mean / max(ceiling, 1)) + 1)
 
-    async def renew_leases(self) -> None:
-        """Keep the slots of running requests leased (a dead process's leases lapse)."""
+    async def renew_leases(self, open_requests: set[str]) -> None:
+        """Keep this process's leases alive: engine slots of running requests and the records
+        of open ones. A killed process stops renewing, so its leases lapse and are reaped."""
+        interval = lease_ms() / 3000
         while True:
-            await asyncio.sleep(RENEW_SECONDS)
-            if not self.running:
-                continue
-            deadline = int(time.time() * 1000) + LEASE_MS
+            await asyncio.sleep(interval)
+            deadline = int(time.time() * 1000) + lease_ms()
             pipe = self.redis.pipeline(transaction=False)
             for request_id, model_id in list(self.running.items()):
                 pipe.zadd(pool_keys(model_id)[0], {request_id: deadline}, xx=True)
+            if open_requests:
+                pipe.zadd(open_keys()[0], dict.fromkeys(open_requests, deadline), xx=True)
             try:
                 await pipe.execute()
             except Exception:  # noqa: BLE001 - Redis away: leases outlive a short outage
-                log.warning("could not renew admission leases", exc_info=True)
+                log.warning("could not renew leases", exc_info=True)
 
     async def watch_telemetry(self, routes: object) -> None:
         """Every second: may P2 run on each model (engines not waiting, KV cache not full)?"""

@@ -24,6 +24,7 @@ from gateway import metrics
 from gateway.admission import lowered
 from gateway.errors import INVALID_KEY, error_body, model_not_found
 from gateway.limiter import Decision, Reservation
+from gateway.orphans import checkpoint_value, open_keys
 from gateway.relay import (
     JSON_HEADERS,
     Outcome,
@@ -345,9 +346,16 @@ class Gateway:
         budget = sum(u.max_num_seqs for u in upstreams)
         admission = self.rt.admission
         slot = admission.slot_request(model.id, budget, priority, tenant.weight)
+        record = {
+            "event": {"request_id": request_id, "occurred_at": occurred, "tenant_id": tenant.id,
+                      "api_key_id": key.id, "model_id": model.id, "deployment_id": None,
+                      "endpoint": endpoint, "priority": priority, "price_id": price.id if price else None},
+            "price": [price.input_nano_per_mtok, price.cached_nano_per_mtok, price.output_nano_per_mtok]
+            if price else None,
+        }
         try:
             decision = await self.rt.limiter.admit(
-                request_id, key, tenant, prompt_est + output_est, money_est, slot, occurred)
+                request_id, key, tenant, prompt_est + output_est, money_est, slot, record, occurred)
         except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
             log.error("rate-limit store unreachable (%s): refusing request %s", exc.__class__.__name__, request_id)
             metrics.REJECTIONS.labels(tenant.slug, "redis_down").inc()
@@ -359,23 +367,38 @@ class Gateway:
             status, err, headers = refusal(decision)
             return await respond(send, status, err, headers + [(b"x-request-id", request_id.encode())])
         self.rt.used_keys.add(key.id)
+        self.rt.open_requests.add(request_id)
         headers = ratelimit_headers(decision) + [
             (b"x-request-id", request_id.encode()), (b"x-tollgate-priority", priority.encode())]
         disconnect = Disconnect(receive)
         try:
-            if decision.slot:
-                admission.holding(request_id, model.id)
-                outcome, upstream = await self.forward(
-                    send, endpoint, payload, body, request_id, upstreams, headers, started, disconnect)
-            else:
-                outcome, upstream = await self.queue_then_forward(
-                    send, endpoint, payload, body, request_id, tenant, model, upstreams, headers,
-                    started, prompt_est + output_est, priority, budget, disconnect)
+            await self.serve_admitted(send, endpoint, payload, body, request_id, key, tenant, model, upstreams,
+                                      headers, started, occurred, prompt_est + output_est, priority, budget,
+                                      decision, price, disconnect)
         finally:
             disconnect.close()
+            # Settled, or else left on record for the reaper (its lease lapses once we stop renewing).
+            self.rt.open_requests.discard(request_id)
+            self.rt.admission.running.pop(request_id, None)
+
+    async def serve_admitted(
+        self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str, key: KeyInfo,
+        tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream], headers: list, started: float,
+        occurred: float, cost: int, priority: str, budget: int, decision: Decision, price: Any,
+        disconnect: "Disconnect",
+    ) -> None:
+        admission = self.rt.admission
+        if decision.slot:
+            admission.holding(request_id, model.id)
+            outcome, upstream = await self.forward(
+                send, endpoint, payload, body, request_id, upstreams, headers, started, disconnect)
+        else:
+            outcome, upstream = await self.queue_then_forward(
+                send, endpoint, payload, body, request_id, tenant, model, upstreams, headers,
+                started, cost, priority, budget, disconnect)
         admission.finished(request_id, model.id, time.perf_counter() - started)
         await self.settle(decision.reservation, outcome, price, key, tenant, model, upstream,
-                          endpoint, request_id, occurred, started)
+                          endpoint, request_id, occurred, started, priority)
 
     async def queue_then_forward(
         self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str,
@@ -417,7 +440,7 @@ class Gateway:
         st = StreamState(
             wants_usage=bool(options.get("include_usage")),
             wants_continuous=bool(options.get("include_usage") and options.get("continuous_usage_stats")),
-            started_at=started, outcome=Outcome(),
+            started_at=started, outcome=Outcome(), checkpoint=self.checkpointer(request_id),
         )
         out_body = self.upstream_body(payload, body, stream)
         path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
@@ -475,6 +498,20 @@ class Gateway:
             disconnect.cancel_on = None
         return st.outcome, chosen
 
+    def checkpointer(self, request_id: str) -> Any:
+        """Records a stream's delivered tokens (about once a second) for the orphan reaper."""
+        cp_key = open_keys()[2]
+
+        async def checkpoint(o: Outcome) -> None:
+            value = checkpoint_value(o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens)
+            try:
+                async with asyncio.timeout(1.0):
+                    await self.rt.redis.hset(cp_key, request_id, value)
+            except (redis.exceptions.RedisError, OSError, TimeoutError):
+                pass  # the final settle carries the exact figures; this only covers a crash
+
+        return checkpoint
+
     @staticmethod
     def upstream_body(payload: dict, body: bytes, stream: bool) -> bytes:
         """The body for the engine: redirect fields removed; streams report usage continuously."""
@@ -494,7 +531,7 @@ class Gateway:
     async def settle(
         self, reservation: Reservation, outcome: Outcome, price: Any, key: KeyInfo, tenant: TenantInfo,
         model: ModelInfo, upstream: Upstream | None, endpoint: str, request_id: str, occurred: float,
-        started: float,
+        started: float, priority: str,
     ) -> None:
         # Delivered tokens are billed however the request ended; nothing else is.
         billable = outcome.status == "ok" or outcome.completion_tokens > 0
@@ -510,7 +547,7 @@ class Gateway:
         record = UsageRecord(
             request_id=request_id, occurred_at=occurred, tenant_id=tenant.id, api_key_id=key.id,
             model_id=model.id, deployment_id=upstream.deployment_id if upstream else None,
-            endpoint=endpoint, priority=tenant.priority, prompt_tokens=outcome.prompt_tokens,
+            endpoint=endpoint, priority=priority, prompt_tokens=outcome.prompt_tokens,
             cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
             reasoning_tokens=outcome.reasoning_tokens, status=outcome.status,
             http_status=outcome.http_status or 499, latency_ms=int(latency * 1000),

@@ -3,11 +3,13 @@
 -- KEYS  1 key requests zset   2 key tokens hash    3 tenant requests zset  4 tenant tokens hash
 --       5 key in-flight zset   6 tenant in-flight zset   7 quota hash
 --       8-12 the model's engine pool (running, queue, queue expiry, fair share, ceiling)
+--       13 open requests zset (request id -> lease deadline)  14 open requests hash (-> record)
 -- ARGV  1 now_ms  2 request id  3 estimated tokens  4 window_ms
 --       5 key rpm  6 key tpm  7 tenant rpm  8 tenant tpm  9 key max concurrent  10 tenant max concurrent
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
 --       15 quota ttl seconds  16 class  17 tenant weight  18 static budget  19 P2 allowed
---       20 slot lease ms  21 queue give-up ms  22 tenant id
+--       20 slot lease ms  21 queue give-up ms  22 tenant id  23 open-request record (JSON)
+--       24 open-request lease deadline ms
 -- Limits of 0 are off. A window is a zset (request id -> admission time) plus a hash
 -- (request id -> tokens, "_sum" -> total); entries older than the window are pruned here,
 -- each exactly once, so the check is exact at any instant (no fixed-window edge).
@@ -159,6 +161,10 @@ end
 redis.call('HINCRBY', KEYS[7], 'tokens_reserved', est)
 redis.call('HINCRBY', KEYS[7], 'money_reserved', est_money)
 redis.call('EXPIRE', KEYS[7], tonumber(ARGV[15]))
+-- Until it settles, the request is on record: if its gateway dies, a reaper bills what it
+-- delivered (see gateway/orphans.py).
+redis.call('ZADD', KEYS[13], tonumber(ARGV[24]), rid)
+redis.call('HSET', KEYS[14], rid, ARGV[23])
 local slot = try_slot(KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], rid, tonumber(ARGV[16]),
   ARGV[22], tonumber(ARGV[17]), est, now, tonumber(ARGV[20]), tonumber(ARGV[18]), ARGV[19],
   tonumber(ARGV[21]))

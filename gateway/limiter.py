@@ -10,10 +10,12 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
+import orjson
 import redis.asyncio as aioredis
 from django.conf import settings
 
 from config.redis import rkey
+from gateway.orphans import open_keys
 from gateway.state import KeyInfo, TenantInfo
 from metering.events import stream_key
 from metering.quota import QUOTA_TTL_SECONDS, quota_key
@@ -105,7 +107,7 @@ class Limiter:
 
     async def admit(
         self, request_id: str, key: KeyInfo, tenant: TenantInfo, tokens: int, money_nano: int,
-        slot: SlotRequest, now: float | None = None,
+        slot: SlotRequest, record: dict, now: float | None = None,
     ) -> Decision:
         """Admit a request that may use ``tokens`` tokens costing ``money_nano``, or say why not."""
         now = time.time() if now is None else now
@@ -119,9 +121,11 @@ class Limiter:
             now_ms + IN_FLIGHT_DEADLINE_MS, QUOTA_TTL_SECONDS,
             slot.priority_index, slot.weight, slot.budget, 1 if slot.p2_open else 0,
             slot.lease_ms, slot.give_up_ms, tenant.id,
+            orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}),
+            now_ms + slot.lease_ms,
         ]
         async with asyncio.timeout(CALL_TIMEOUT):
-            result = await self._admit(keys=[*keys, *slot.pool], args=argv)
+            result = await self._admit(keys=[*keys, *slot.pool, *open_keys()[:2]], args=argv)
         code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = (int(x) for x in result)
         reason, scope = REASONS.get(code, ("", ""))
         reservation = Reservation(request_id, keys, tokens, money_nano) if code == 0 else None
@@ -136,14 +140,21 @@ class Limiter:
                      model_id: int) -> None:
         """Correct the reservation with real usage, release it and the engine slot, and
         append the usage event."""
-        from gateway.admission import pool_keys, wake_channel
-
-        k = reservation.keys
-        running, queue = pool_keys(model_id)[:2]
+        keys, args = settle_keys(reservation, tokens, money_nano, event, model_id)
         async with asyncio.timeout(CALL_TIMEOUT):
-            await self._settle(
-                keys=[k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id),
-                      running, queue],
-                args=[reservation.request_id, reservation.tokens, tokens, reservation.money_nano,
-                      money_nano, event, wake_channel(), model_id],
-            )
+            await self._settle(keys=keys, args=args)
+
+
+def settle_keys(reservation: Reservation, tokens: int, money_nano: int, event: bytes,
+                model_id: int) -> tuple[list[str], list[object]]:
+    """KEYS and ARGV of settle.lua (shared with the orphan reaper)."""
+    from gateway.admission import pool_keys, wake_channel
+    from gateway.orphans import open_keys
+
+    k = reservation.keys
+    running, queue = pool_keys(model_id)[:2]
+    keys = [k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id),
+            running, queue, *open_keys()]
+    args = [reservation.request_id, reservation.tokens, tokens, reservation.money_nano, money_nano,
+            event, wake_channel(), model_id]
+    return keys, args

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from gateway.errors import error_body, normalise_upstream_error
+from gateway.orphans import CHECKPOINT_SECONDS
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -99,6 +100,8 @@ class StreamState:
     pending_completion: int = 0  # tokens in frames read but not yet sent
     saw_usage: bool = False
     content_frames: int = 0
+    checkpoint: Any = None  # async callable(outcome): records delivered tokens for crash recovery
+    last_checkpoint: float = 0.0
 
 
 USAGE_MARK = b',"usage":'
@@ -226,4 +229,9 @@ async def _relay(resp: aiohttp.ClientResponse, send: Any, st: StreamState, max_f
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
         # Only tokens in frames handed to the client count as delivered.
         outcome.completion_tokens = st.pending_completion if st.saw_usage else st.content_frames
+        if st.checkpoint is not None and outcome.completion_tokens:
+            now = time.monotonic()
+            if now - st.last_checkpoint >= CHECKPOINT_SECONDS:
+                st.last_checkpoint = now
+                await st.checkpoint(outcome)
     await send({"type": "http.response.body", "body": b"", "more_body": False})

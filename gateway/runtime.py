@@ -63,6 +63,7 @@ class Runtime:
         self.used_keys: set[int] = set()
         self.unsettled: list[tuple[Reservation, int, int, bytes, int]] = []
         self.admission: Admission | None = None
+        self.open_requests: set[str] = set()  # admitted, not yet settled
         self._tasks: list[asyncio.Task] = []
         self._reload_requested = asyncio.Event()
 
@@ -94,7 +95,7 @@ class Runtime:
             asyncio.create_task(self._reloader(), name="gateway-reloader"),
             asyncio.create_task(self._flush_last_used(), name="gateway-last-used"),
             asyncio.create_task(self._retry_unsettled(), name="gateway-settle-retry"),
-            asyncio.create_task(self.admission.renew_leases(), name="gateway-leases"),
+            asyncio.create_task(self.admission.renew_leases(self.open_requests), name="gateway-leases"),
             asyncio.create_task(self.admission.watch_telemetry(lambda: self.snapshot.routes),
                                 name="gateway-telemetry"),
         ]
@@ -115,6 +116,7 @@ class Runtime:
     async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes,
                      model_id: int) -> None:
         """Settle a finished request; if Redis is away, keep it and retry until it is back."""
+        self.open_requests.discard(reservation.request_id)
         try:
             await self.limiter.settle(reservation, tokens, money_nano, event, model_id)
         except redis.exceptions.ResponseError:

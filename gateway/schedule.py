@@ -2,4 +2,5 @@
 
 BEAT_SCHEDULE: dict[str, dict] = {
     "gateway-tune-admission": {"task": "gateway.tune_admission", "schedule": 5.0},
+    "gateway-reap-orphans": {"task": "gateway.reap_orphans", "schedule": 10.0},
 }

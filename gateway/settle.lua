@@ -5,6 +5,7 @@
 -- KEYS  1 key tokens hash  2 tenant tokens hash  3 key in-flight zset  4 tenant in-flight zset
 --       5 quota hash  6 usage stream  7 settled marker (makes a retried settle a no-op)
 --       8 the model's running-slots zset  9 the model's admission queue zset
+--       10 open requests zset  11 open requests hash  12 delivered-token checkpoints hash
 -- ARGV  1 request id  2 estimated tokens  3 actual tokens  4 estimated money (nano)
 --       5 actual money (nano)  6 usage event (JSON, empty: none)  7 wake channel  8 model id
 
@@ -34,6 +35,9 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   redis.call('HINCRBY', KEYS[5], 'tokens_used', actual)
   redis.call('HINCRBY', KEYS[5], 'money_used', actual_money)
 end
+redis.call('ZREM', KEYS[10], rid)
+redis.call('HDEL', KEYS[11], rid)
+redis.call('HDEL', KEYS[12], rid)
 -- Free the engine slot; a waiting request (in any gateway process) can take it now.
 if redis.call('ZREM', KEYS[8], rid) == 1 and redis.call('ZCARD', KEYS[9]) > 0 then
   redis.call('PUBLISH', ARGV[7], ARGV[8])

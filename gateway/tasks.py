@@ -2,10 +2,16 @@
 
 from celery import shared_task
 
-from gateway import tuning
+from gateway import orphans, tuning
 
 
 @shared_task(name="gateway.tune_admission", ignore_result=True)
 def tune_admission() -> int:
     """Adjust every model's concurrency ceiling from its engines' telemetry."""
     return tuning.tune_all()
+
+
+@shared_task(name="gateway.reap_orphans", ignore_result=True)
+def reap_orphans() -> int:
+    """Bill and release requests whose gateway process died mid-flight."""
+    return orphans.reap()
