@@ -26,14 +26,6 @@ def error(exc: RequestError) -> JsonResponse:
     return JsonResponse(body, status=exc.status)
 
 
-def tenant_key(request: HttpRequest) -> ApiKey | None:
-    """The tenant key from ``Authorization: Bearer`` or, as Azure-style clients send it, ``api-key``."""
-    meta = request.META
-    if not meta.get("HTTP_AUTHORIZATION") and meta.get("HTTP_API_KEY"):
-        meta["HTTP_AUTHORIZATION"] = "Bearer " + meta["HTTP_API_KEY"]
-    return authenticate_key(request)
-
-
 def api(*methods: str) -> Callable[[View], View]:
     """Tenant-key authentication, allowed methods and OpenAI-shaped errors for a view."""
 
@@ -41,7 +33,7 @@ def api(*methods: str) -> Callable[[View], View]:
         @csrf_exempt
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            key = tenant_key(request)
+            key = authenticate_key(request)
             if key is None:
                 return JsonResponse(INVALID_KEY, status=401)
             if request.method not in methods:

@@ -132,11 +132,12 @@ CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TIMEZONE = "UTC"
 # Each app lists its periodic tasks in its own schedule module (plain dicts, no imports).
+from batches.schedule import BEAT_SCHEDULE as _batches_beat  # noqa: E402
 from deployments.schedule import BEAT_SCHEDULE as _deployments_beat  # noqa: E402
 from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
 from metering.schedule import BEAT_SCHEDULE as _metering_beat  # noqa: E402
 
-CELERY_BEAT_SCHEDULE = {**_deployments_beat, **_metering_beat, **_gateway_beat}
+CELERY_BEAT_SCHEDULE = {**_deployments_beat, **_metering_beat, **_gateway_beat, **_batches_beat}
 
 # --- Auth and security ----------------------------------------------------------------
 

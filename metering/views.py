@@ -40,9 +40,11 @@ def _bad_request(message: str, param: str) -> JsonResponse:
 
 
 def authenticate_key(request: HttpRequest) -> ApiKey | None:
-    """The usable tenant key in ``Authorization: Bearer tg-…``, checked in constant time."""
+    """The usable tenant key in ``Authorization: Bearer tg-…`` (or the ``api-key`` header of
+    Azure-style clients, as the gateway accepts), checked in constant time."""
     header = request.headers.get("Authorization", "")
     presented = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    presented = (presented or request.headers.get("api-key", "").strip())[:256]
     prefix = parse_key(presented)
     key = (
         ApiKey.objects.usable().select_related("tenant").filter(prefix=prefix).first()
