@@ -3,6 +3,7 @@
 from django.urls import path
 
 from console.views import (
+    admission,
     audit,
     auth,
     catalog,
@@ -54,6 +55,7 @@ urlpatterns = [
     path("usage/", usage.usage, name="usage"),
     path("usage/export.csv", usage.usage_export, name="usage-export"),
     path("audit/", audit.audit_list, name="audit-list"),
+    path("admission/", admission.admission, name="admission"),
     path("playground/", playground.playground, name="playground"),
     path("playground/chat", playground.playground_chat, name="playground-chat"),
 ]

@@ -46,6 +46,11 @@ def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
     return _pool_keys(settings.TOLLGATE_REDIS_PREFIX, model_id)
 
 
+def wait_stats_key(hour: int) -> str:
+    """Queue-wait statistics of one UTC hour (hours since the epoch)."""
+    return rkey("adm", "waits", hour)
+
+
 def wake_channel() -> str:
     return rkey("adm", "wake")
 
@@ -120,9 +125,25 @@ class Admission:
             return await self._wait(model_id, keys, waiter, deadline, started, priority, tenant_id,
                                     weight, cost, budget, disconnected)
         finally:
+            waited = time.monotonic() - started
             metrics.QUEUE_DEPTH.labels(*labels).dec()
-            metrics.QUEUE_WAIT.labels(*labels).observe(time.monotonic() - started)
+            metrics.QUEUE_WAIT.labels(*labels).observe(waited)
             self.waiters[model_id].remove(waiter)
+            await self._record_wait(priority, tenant_id, waited)
+
+    async def _record_wait(self, priority: str, tenant_id: int, waited: float) -> None:
+        """Per-hour count and total of queue waits by class and tenant, for the console."""
+        key = wait_stats_key(int(time.time() // 3600))
+        field = f"{priority}|{tenant_id}"
+        try:
+            async with asyncio.timeout(1.0):
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.hincrby(key, f"{field}|n", 1)
+                pipe.hincrbyfloat(key, f"{field}|s", round(waited, 4))
+                pipe.expire(key, 3 * 3600)
+                await pipe.execute()
+        except Exception:  # noqa: BLE001 - statistics only
+            pass
 
     async def _wait(self, model_id: int, keys: tuple, waiter: Waiter, deadline: float, started: float,
                     priority: str, tenant_id: int, weight: int, cost: int, budget: int,

@@ -385,7 +385,7 @@ class Gateway:
         self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str, key: KeyInfo,
         tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream], headers: list, started: float,
         occurred: float, cost: int, priority: str, budget: int, decision: Decision, price: Any,
-        disconnect: "Disconnect",
+        disconnect: Disconnect,
     ) -> None:
         admission = self.rt.admission
         if decision.slot:

@@ -16,7 +16,7 @@ from gateway.models import AdmissionSample
 HISTORY = timedelta(hours=24)
 
 
-def _pools() -> dict[int, tuple[int, list[int]]]:
+def ready_pools() -> dict[int, tuple[int, list[int]]]:
     """model id -> (static budget, replica ids) for every model with ready replicas."""
     from deployments.choices import DesiredState, ReplicaState
     from deployments.models import Replica
@@ -94,7 +94,7 @@ def _as_dict(state: ControllerState) -> dict:
 def tune_all() -> int:
     """Run the controller for every model with ready engines; forget old history."""
     ticks = 0
-    for model_id, (budget, replica_ids) in _pools().items():
+    for model_id, (budget, replica_ids) in ready_pools().items():
         if tune_model(model_id, budget, replica_ids) is not None:
             ticks += 1
     AdmissionSample.objects.filter(at__lt=timezone.now() - HISTORY).delete()
