@@ -29,8 +29,6 @@ from deployments.serializers import (
     DeploymentSerializer,
     EngineProfileSerializer,
     GrantSerializer,
-    IssuedJoinTokenSerializer,
-    JoinTokenRequestSerializer,
     LogsSerializer,
     NodeSerializer,
     OperationSerializer,
@@ -133,17 +131,6 @@ class NodeViewSet(viewsets.ModelViewSet):
 
     def perform_destroy(self, instance: Node) -> None:
         services.delete_node(self.request.user, instance)
-
-    @extend_schema(request=JoinTokenRequestSerializer, responses={201: IssuedJoinTokenSerializer})
-    @action(detail=False, methods=["post"], url_path="join-token")
-    def join_token(self, request: Request) -> Response:
-        """A one-time token and the command that joins a new box as ``node_name``."""
-        from deployments import joining
-
-        body = JoinTokenRequestSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        issued = joining.create_join_token(request.user, **body.validated_data)
-        return Response(IssuedJoinTokenSerializer(issued).data, status=status.HTTP_201_CREATED)
 
 
 class DeploymentViewSet(viewsets.ModelViewSet):

@@ -5,7 +5,6 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from config.fields import EncryptedTextField
-
 from deployments.choices import (
     Arch,
     DeploymentState,

@@ -18,8 +18,8 @@ from deployments import conf, engine, lifecycle, placement, runtime
 from deployments.choices import (
     ContainerRole,
     DeploymentState,
-    NodeStatus,
     DesiredState,
+    NodeStatus,
     OperationKind,
     OperationStatus,
     ReplicaState,

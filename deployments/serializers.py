@@ -237,17 +237,3 @@ class LogsSerializer(serializers.Serializer):
     lines = serializers.IntegerField()
     log = serializers.CharField()
 
-
-class JoinTokenRequestSerializer(serializers.Serializer):
-    node_name = serializers.SlugField(max_length=63)
-    control_plane = serializers.CharField(
-        required=False, allow_blank=True, max_length=255,
-        help_text="Address of this control plane as the new node reaches it.",
-    )
-
-
-class IssuedJoinTokenSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text="Shown once; only its hash is stored.")
-    node_name = serializers.CharField()
-    expires_at = serializers.DateTimeField()
-    command = serializers.CharField(help_text="Run this on the new node.")

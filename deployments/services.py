@@ -345,7 +345,6 @@ def _check_memory_fit(deployment: Deployment) -> None:
 @transaction.atomic
 def create_deployment(actor: Actor, **fields: Any) -> Deployment:
     """Record what should run and queue its deploy (refused when it cannot fit the node)."""
-    from deployments import lifecycle
 
     user = actor if actor is not None and actor.is_authenticated else None
     deployment = Deployment(created_by=user, **fields)
@@ -362,7 +361,6 @@ def create_deployment(actor: Actor, **fields: Any) -> Deployment:
 @transaction.atomic
 def update_deployment(actor: Actor, deployment: Deployment, **changes: Any) -> Deployment:
     """Change image, arguments or replicas; running replicas are replaced or scaled."""
-    from deployments import lifecycle
 
     if "external" in changes and changes["external"] != deployment.external:
         raise ValidationError({"external": "Create a new deployment to change this."})
@@ -385,7 +383,6 @@ def update_deployment(actor: Actor, deployment: Deployment, **changes: Any) -> D
 
 def set_desired_state(actor: Actor, deployment: Deployment, desired: str) -> Deployment:
     """Ask for a deployment to run or stop (compare-and-set, safe to repeat)."""
-    from deployments import lifecycle
 
     if desired not in DesiredState.values:
         raise ValidationError({"desired_state": f"Unknown state {desired!r}."})
@@ -428,7 +425,6 @@ def delete_deployment(actor: Actor, deployment: Deployment) -> None:
 
 def restart_deployment(actor: Actor, deployment: Deployment) -> Operation:
     """Replace every replica (drain, stop, start again), one after the other."""
-    from deployments import lifecycle
 
     if deployment.external:
         raise ValidationError({"detail": "Tollgate does not run external engines."})
@@ -441,7 +437,6 @@ def restart_deployment(actor: Actor, deployment: Deployment) -> Operation:
 
 def remove_deployment(actor: Actor, deployment: Deployment) -> Operation | None:
     """Drain, stop and remove the containers, then the deployment itself."""
-    from deployments import lifecycle
 
     with transaction.atomic():
         Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
