@@ -102,7 +102,8 @@ def test_join_token_claims_the_node_once_and_survives_agent_restarts(settings: o
     with pytest.raises(ValidationError):
         joining.claim_node(issued.token, "spark-3", docker_url="tcp://docker-proxy:2375")
     with pytest.raises(ValidationError):
-        joining.claim_node(issued.token[:-1] + "x", "spark-2", docker_url="tcp://docker-proxy:2375")
+        wrong = issued.token[:-1] + ("y" if issued.token.endswith("x") else "x")
+        joining.claim_node(wrong, "spark-2", docker_url="tcp://docker-proxy:2375")
     joined = joining.claim_node(issued.token, "spark-2", docker_url="tcp://docker-proxy:2375",
                                 engine_host="10.0.0.2", high_speed_interface="enp1s0f1np1")
     assert (joined.queue, joined.engine_host, joined.high_speed_interface) == (
