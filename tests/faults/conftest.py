@@ -157,6 +157,23 @@ class Gateway:
         wait_listening(self.port, self.proc)
         return self
 
+    def wait_ready(self, key: str, timeout: float = 30.0) -> Gateway:
+        """Until both workers answer with the key known (several successes in a row)."""
+        import httpx
+
+        streak, deadline = 0, time.monotonic() + timeout
+        while streak < 8:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gateway not ready:\n{self.log()[-3000:]}")
+            try:
+                ok = httpx.get(f"{self.url}/v1/models", headers={"Authorization": f"Bearer {key}"},
+                               timeout=5).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            streak = streak + 1 if ok else 0
+            time.sleep(0.02 if ok else 0.2)
+        return self
+
     def kill9(self) -> None:
         """SIGKILL to the master and every worker at once: nothing gets to clean up."""
         kill_group(self.proc, signal.SIGKILL)
@@ -215,9 +232,12 @@ class RedisServer:
 def own_redis(procs: Procs, tmp_path: Path, settings: object) -> Iterator[RedisServer]:
     """A private Redis; this test process talks to it too (settings and the cached client)."""
     server = RedisServer(procs, tmp_path / "redis").start()
+    shared = settings.REDIS_URL
     settings.REDIS_URL = server.url
     get_redis.cache_clear()
     yield server
+    # Back to the shared Redis before the suite-wide fixtures clean their keys there.
+    settings.REDIS_URL = shared
     get_redis.cache_clear()
 
 

@@ -51,7 +51,7 @@ def test_1000_concurrent_requests_on_a_60_rpm_key_admit_exactly_60(procs, gatewa
                           "--max-num-seqs", "256")
     world = build_world(engine.port, key_a_limits={"requests_per_minute": 60},
                         tenant_a={"requests_per_minute": None, "max_concurrent_requests": None})
-    gw = Gateway(procs, gateway_env()).start()
+    gw = Gateway(procs, gateway_env()).start().wait_ready(world.key_a)
 
     answers = asyncio.run(burst(gw.url, world.key_a, 1000, chat_body(max_tokens=4)))
 
@@ -129,7 +129,7 @@ def test_200_concurrent_requests_against_a_budget_for_20_overrun_it_by_at_most_o
     world = build_world(engine.port, price=("100.00", "50.00", "1000.00"), tenant_a={
         "requests_per_minute": None, "max_concurrent_requests": None, "tokens_per_minute": None,
         "quota_amount": Decimal("2.1000"), "quota_period": "daily"})
-    gw = Gateway(procs, gateway_env()).start()
+    gw = Gateway(procs, gateway_env()).start().wait_ready(world.key_a)
     prompt_est = len(orjson.dumps(body)) // 4 + 8
     reservation = Decimal(prompt_est * 100 + 100 * 1000) / 1_000_000
     assert 19 <= Decimal("2.1") / reservation <= 21  # the budget has room for about 20
