@@ -55,3 +55,17 @@ def test_seed_demo_builds_the_whole_flow_and_prints_a_working_key_once() -> None
     again = run("seed_demo")
     assert "tg-" not in again
     assert (Tenant.objects.count(), ApiKey.objects.count(), Deployment.objects.count()) == (1, 1, 1)
+
+
+def test_issue_admin_token_prints_a_working_token_once(root: object) -> None:
+    from rest_framework.test import APIClient
+
+    token = run("issue_admin_token", "--user", "root", "--name", "ci").strip()
+    assert token.startswith("tga-")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert client.get("/api/v1/tenants/").status_code == 200
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="No active user"):
+        run("issue_admin_token", "--user", "nobody")
