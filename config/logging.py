@@ -3,8 +3,8 @@
 import logging
 import re
 
-# tg-<prefix>-<secret> (tenant keys) and tga-<prefix>-<secret> (admin tokens).
-_SECRET = re.compile(r"\b(tga?-[a-z0-9]{6,16})-[A-Za-z0-9]{16,}")
+# tg-<prefix>-<secret> (tenant keys), tga- (admin tokens) and tgj- (node join tokens).
+_SECRET = re.compile(r"\b(tg[aj]?-[a-z0-9]{6,16})-[A-Za-z0-9]{16,}")
 
 
 def redact(text: str) -> str:

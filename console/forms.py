@@ -274,3 +274,12 @@ class UsageFilterForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["tenant"].queryset = tenants
         self.fields["model"].queryset = models
+
+
+class JoinNodeForm(forms.Form):
+    node_name = forms.CharField(max_length=63, label="New node's name",
+                                help_text="Lower-case letters, digits and -, e.g. spark-2.")
+    control_plane = forms.CharField(
+        max_length=255, required=False, label="Control plane address",
+        help_text="The address the new box reaches this box's PostgreSQL and Redis at (its private link).",
+    )

@@ -43,6 +43,7 @@ urlpatterns = [
     path("models/<int:pk>/grants/<int:grant_id>/remove/", catalog.model_ungrant, name="model-ungrant"),
     path("nodes/", catalog.node_list, name="node-list"),
     path("nodes/new/", catalog.node_new, name="node-new"),
+    path("nodes/join/", catalog.node_join, name="node-join"),
     path("nodes/<int:pk>/", catalog.node_detail, name="node-detail"),
     path("deployments/", deployments.deployment_list, name="deployment-list"),
     path("deployments/new/", deployments.deployment_new, name="deployment-new"),

@@ -24,6 +24,8 @@ from deployments.models import (
     StagedModel,
 )
 from deployments.serializers import (
+    JoinTokenRequestSerializer,
+    JoinTokenSerializer,
     AllowedImageSerializer,
     CatalogModelSerializer,
     DeploymentSerializer,
@@ -131,6 +133,19 @@ class NodeViewSet(viewsets.ModelViewSet):
 
     def perform_destroy(self, instance: Node) -> None:
         services.delete_node(self.request.user, instance)
+
+    @extend_schema(request=JoinTokenRequestSerializer, responses={201: JoinTokenSerializer})
+    @action(detail=False, methods=["post"], url_path="join-token")
+    def join_token(self, request: Request) -> Response:
+        """A one-time token and the command that makes a new box join as the named node."""
+        from deployments.joining import create_join_token
+
+        body = JoinTokenRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        issued = create_join_token(request.user, **body.validated_data)
+        data = {"node_name": issued.node_name, "token": issued.token,
+                "expires_at": issued.expires_at, "command": issued.command}
+        return Response(JoinTokenSerializer(data).data, status=status.HTTP_201_CREATED)
 
 
 class DeploymentViewSet(viewsets.ModelViewSet):

@@ -237,3 +237,18 @@ class LogsSerializer(serializers.Serializer):
     lines = serializers.IntegerField()
     log = serializers.CharField()
 
+
+
+class JoinTokenRequestSerializer(serializers.Serializer):
+    node_name = serializers.CharField(max_length=63, help_text="The new node's name.")
+    control_plane = serializers.CharField(
+        max_length=255, required=False, allow_blank=True,
+        help_text="Address the node reaches PostgreSQL and Redis at (shown in the command).",
+    )
+
+
+class JoinTokenSerializer(serializers.Serializer):
+    node_name = serializers.CharField()
+    token = serializers.CharField(help_text="Shown only in this response.")
+    expires_at = serializers.DateTimeField()
+    command = serializers.CharField(help_text="Run this on the new box.")

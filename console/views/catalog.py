@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from console import queries
 from console.access import models_visible_to, staff_required, tenants_of
-from console.forms import CatalogModelForm, GrantForm, NodeForm, PriceForm
+from console.forms import CatalogModelForm, GrantForm, NodeForm, PriceForm, JoinNodeForm
 from console.generic import Action, Column, ListPage, apply_errors, render_form
 from console.templatetags.console import ago, badge, gb, per_mtok, tokens
 from deployments import services
@@ -209,7 +209,8 @@ def node_list(request: HttpRequest) -> HttpResponse:
             Column("Memory", _memory, sort="total_memory_bytes"),
             Column("Last heartbeat", lambda n: ago(n.last_seen_at), sort="last_seen_at"),
         ],
-        actions=[Action("Register node", reverse("console:node-new"), style="primary")],
+        actions=[Action("Join a node", reverse("console:node-join"), style="primary"),
+                 Action("Register node", reverse("console:node-new"))],
         empty_title="No nodes yet",
         empty_hint="`manage.py bootstrap` registers the local Docker host; register more boxes here.",
         empty_action=Action("Register a node", reverse("console:node-new"), style="primary"),
@@ -231,6 +232,25 @@ def node_new(request: HttpRequest) -> HttpResponse:
             return redirect("console:node-detail", pk=node.pk)
     return render_form(request, form, "Register a node", cancel=reverse("console:node-list"),
                        submit="Register", nav="nodes")
+
+
+@staff_required
+def node_join(request: HttpRequest) -> HttpResponse:
+    """Issue a one-time join token and show the command to run on the new box."""
+    from deployments.joining import create_join_token
+
+    form = JoinNodeForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            issued = create_join_token(request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            apply_errors(form, exc)
+        else:
+            response = render(request, "console/nodes/join.html", {"issued": issued, "nav": "nodes"})
+            response["Cache-Control"] = "no-store"
+            return response
+    return render_form(request, form, "Join a node", cancel=reverse("console:node-list"),
+                       submit="Create join token", nav="nodes")
 
 
 @staff_required

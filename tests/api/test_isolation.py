@@ -54,6 +54,7 @@ PLATFORM_ONLY = [
     Call("engineprofile-detail", "PUT", FORBIDDEN, lambda w: PROFILE, lambda w: {"name": "x"}),
     Call("engineprofile-detail", "PATCH", FORBIDDEN, lambda w: PROFILE, lambda w: {"name": "x"}),
     Call("engineprofile-detail", "DELETE", FORBIDDEN, lambda w: PROFILE),
+    Call("node-join-token", "POST", FORBIDDEN, body=lambda w: {"node_name": "spark-9"}),
     Call("allowedimage-list", "GET", FORBIDDEN),
     Call("allowedimage-list", "POST", FORBIDDEN, body=lambda w: {"pattern": "evil/miner:*"}),
     Call("allowedimage-detail", "GET", FORBIDDEN, lambda w: 1),

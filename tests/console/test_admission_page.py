@@ -49,3 +49,17 @@ def test_admins_see_slots_queue_ceiling_and_waits(web: object, root: object, bus
 
 def test_tenant_users_may_not_see_it(web: object, alice: object, busy_model: object) -> None:
     assert web(alice).get("/admission/").status_code == 403
+
+
+def test_joining_a_node_shows_the_command_once(web: object, root: object, alice: object) -> None:
+    from deployments.models import JoinToken
+
+    page = web(root).post("/nodes/join/", {"node_name": "spark-2", "control_plane": "10.0.0.1"})
+    assert page.status_code == 200 and page["Cache-Control"] == "no-store"
+    token = JoinToken.objects.get(node_name="spark-2")
+    html = page.content.decode()
+    assert f"tgj-{token.prefix}-" in html and "spark-2" in html
+    bad = web(root).post("/nodes/join/", {"node_name": "Not A Name"})
+    assert bad.status_code == 400 and "Lower-case letters" in bad.content.decode()
+    assert web(alice).post("/nodes/join/", {"node_name": "sneaky"}).status_code == 403
+    assert not JoinToken.objects.filter(node_name="sneaky").exists()
