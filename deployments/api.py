@@ -24,13 +24,13 @@ from deployments.models import (
     StagedModel,
 )
 from deployments.serializers import (
-    JoinTokenRequestSerializer,
-    JoinTokenSerializer,
     AllowedImageSerializer,
     CatalogModelSerializer,
     DeploymentSerializer,
     EngineProfileSerializer,
     GrantSerializer,
+    JoinTokenRequestSerializer,
+    JoinTokenSerializer,
     LogsSerializer,
     NodeSerializer,
     OperationSerializer,

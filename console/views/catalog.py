@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from console import queries
 from console.access import models_visible_to, staff_required, tenants_of
-from console.forms import CatalogModelForm, GrantForm, NodeForm, PriceForm, JoinNodeForm
+from console.forms import CatalogModelForm, GrantForm, JoinNodeForm, NodeForm, PriceForm
 from console.generic import Action, Column, ListPage, apply_errors, render_form
 from console.templatetags.console import ago, badge, gb, per_mtok, tokens
 from deployments import services
