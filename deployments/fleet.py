@@ -198,3 +198,38 @@ def scrape_all() -> int:
         if scrape_replica(replica) is not None:
             count += 1
     return count
+
+
+# --- Log tails ------------------------------------------------------------------------------
+
+LOG_LINES = 500
+LOG_TTL_SECONDS = 120
+
+
+def log_key(replica_id: int) -> str:
+    return rkey("engine", replica_id, "logs")
+
+
+def publish_log_tails(node: Node) -> int:
+    """Copy the log tail of each engine on this node into Redis for the console and API.
+
+    Runs on the node's own worker (the only process that may talk to its Docker), so the
+    web process never needs the Docker socket."""
+    replicas = Replica.objects.filter(node=node).exclude(container_name="")
+    if not replicas:
+        return 0
+    client, published = runtime.client(node.docker_url), 0
+    for replica in replicas:
+        try:
+            container = runtime.find(client, replica.container_name)
+            text = runtime.logs_tail(container, LOG_LINES) if container else ""
+        except runtime.RuntimeFailure:
+            continue
+        get_redis().set(log_key(replica.pk), text.encode(), ex=LOG_TTL_SECONDS)
+        published += 1
+    return published
+
+
+def read_log_tail(replica_id: int) -> str | None:
+    raw = get_redis().get(log_key(replica_id))
+    return raw.decode("utf-8", "replace") if raw is not None else None

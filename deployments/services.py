@@ -451,15 +451,22 @@ def remove_deployment(actor: Actor, deployment: Deployment) -> Operation | None:
 def replica_logs(deployment: Deployment, index: int, lines: int = 200) -> str:
     """The last lines an engine container printed (empty when it is gone)."""
     from deployments import runtime
+    from deployments.fleet import read_log_tail
 
     replica = deployment.replica_set.filter(index=index).first()
     node = (replica.node or deployment.node) if replica else None
     if replica is None or node is None or not replica.container_name:
         return ""
+    # The node's worker copies log tails into Redis on every reconcile pass; the web
+    # process of the appliance has no Docker access at all.
+    published = read_log_tail(replica.pk)
+    if published is not None:
+        return "\n".join(published.splitlines()[-min(lines, 5000):])
     try:
         container = runtime.find(runtime.client(node.docker_url), replica.container_name)
-    except runtime.RuntimeFailure as exc:
-        raise ValidationError({"detail": str(exc)}) from None
+    except runtime.RuntimeFailure:
+        raise ValidationError({"detail": "The engine's log has not been reported by its node yet; "
+                                         "it appears within a few seconds of the node's next reconcile."}) from None
     return runtime.logs_tail(container, min(lines, 5000)) if container else ""
 
 

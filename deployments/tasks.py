@@ -74,6 +74,7 @@ def reconcile_node(node_id: int) -> None:
         node = Node.objects.filter(pk=node_id).first()
         if node is not None and node.status != NodeStatus.DISABLED:
             reconcile.reconcile_node(node)
+            fleet.publish_log_tails(node)
     finally:
         lock.release()
 

@@ -279,6 +279,12 @@ def test_scale_up_and_down_through_the_api(
     assert len(load_snapshot().routes[sim_model.pk]) == 2
     logs = api.get("/api/v1/deployments/tiny/logs/?replica=1&lines=50").json()
     assert "Loading safetensors checkpoint shards: 100% Completed | 4/4" in logs["log"]
+    # What the node's worker publishes for web processes without Docker access.
+    from deployments.fleet import publish_log_tails, read_log_tail
+
+    assert publish_log_tails(docker_node) == 2
+    replica = Replica.objects.get(deployment__name="tiny", index=1)
+    assert "Loading safetensors checkpoint shards: 100% Completed | 4/4" in read_log_tail(replica.pk)
     assert api.patch("/api/v1/deployments/tiny/", {"replicas": 1}, format="json").status_code == 200
     assert [c.labels[runtime.LABEL_REPLICA] for c in containers(stack)] == ["0"]
     # The simulator profile's flags reached the engine.
