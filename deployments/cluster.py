@@ -120,7 +120,7 @@ def start_worker(op: Operation) -> None:
 
     spec = runtime.engine_spec(
         name=name, image=deployment.image, command=[], entrypoint=entrypoint,
-        env={**node_env(node), **engine_environment(deployment), **_own(node)},
+        env={**node_env(node), **engine_environment(deployment, node), **_own(node)},
         labels=runtime.labels_for(stack, node.name, deployment.pk, replica.index,
                                   role=ContainerRole.WORKER),
         gpus=node.gpu_count > 0, engine_host=node.engine_host, ports=(),

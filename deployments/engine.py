@@ -117,7 +117,7 @@ class Starter:
             runtime.stop_and_remove(stale, 0)
         fields: dict[str, Any] = dict(
             name=name, image=self.deployment.image, command=engine_command(self.deployment),
-            env=engine_environment(self.deployment),
+            env=engine_environment(self.deployment, self.node),
             labels=runtime.labels_for(stack, self.node.name, self.deployment.pk, self.replica.index),
             gpus=self.node.gpu_count > 0, engine_host=self.node.engine_host,
         )
@@ -131,7 +131,7 @@ class Starter:
             return {}
         recipe = cluster.settings_for(self.deployment)
         host = recipe["network"] == cluster.HOST_NETWORK
-        env = {**cluster.node_env(self.node), **engine_environment(self.deployment),
+        env = {**cluster.node_env(self.node), **engine_environment(self.deployment, self.node),
                "VLLM_HOST_IP": self.node.cluster_address}
         return {
             "entrypoint": cluster.head_entrypoint(self.deployment),
@@ -239,11 +239,15 @@ def engine_command(deployment: Deployment) -> list[str]:
     return argv + to_argv(deployment.effective_args)
 
 
-def engine_environment(deployment: Deployment) -> dict[str, str]:
+def engine_environment(deployment: Deployment, node: Any = None) -> dict[str, str]:
     env = dict(deployment.effective_env)
     token = conf.hf_token()
     if token:
         env["HF_TOKEN"] = token
+    # Weights staged on this node: load them from the cache without asking the Hub (engines
+    # sit on an internal network with no route out).
+    if node is not None and deployment.model.staged.filter(node=node, staged_at__isnull=False).exists():
+        env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 
 

@@ -28,3 +28,15 @@ def test_the_web_process_reads_the_tail_its_node_published(replica: Replica) -> 
 def test_without_a_published_tail_and_no_docker_the_answer_says_when_it_comes(replica: Replica) -> None:
     with pytest.raises(ValidationError, match="has not been reported by its node yet"):
         services.replica_logs(replica.deployment, 0)
+
+
+def test_engines_of_staged_models_load_offline(replica: Replica) -> None:
+    from django.utils import timezone
+
+    from deployments.engine import engine_environment
+    from deployments.models import StagedModel
+
+    deployment, node = replica.deployment, replica.node
+    assert "HF_HUB_OFFLINE" not in engine_environment(deployment, node)
+    StagedModel.objects.create(model=deployment.model, node=node, size_bytes=1, staged_at=timezone.now())
+    assert engine_environment(deployment, node)["HF_HUB_OFFLINE"] == "1"
