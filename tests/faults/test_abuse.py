@@ -27,7 +27,16 @@ from metering.models import UsageEvent
 from tenants import services as tenant_services
 from tenants.choices import Role
 from tenants.models import ApiKey, AuditLog, Membership, Tenant
-from tests.faults.conftest import ROOT, Gateway, build_world, chat_body, free_port, make_model, route, start_engine
+from tests.faults.conftest import (
+    ROOT,
+    Gateway,
+    build_world,
+    chat_body,
+    free_port,
+    make_model,
+    route,
+    start_engine,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 

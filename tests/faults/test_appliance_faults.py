@@ -20,7 +20,14 @@ import httpx
 import pytest
 
 from deployments.models import Deployment
-from tests.compose.test_appliance import SIM_IMAGE, Stack, compose_env, free_port, issue_admin_token, post
+from tests.compose.test_appliance import (
+    SIM_IMAGE,
+    Stack,
+    compose_env,
+    free_port,
+    issue_admin_token,
+    post,
+)
 from tests.deployments.conftest import docker_node, eager_tasks, sim_model, stack  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.faults, pytest.mark.docker]

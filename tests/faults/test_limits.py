@@ -102,7 +102,10 @@ async def _edge_burst() -> list[int]:
     return admitted
 
 
-def _key_tenant(n: int, key_limits: Limits = Limits(), tenant_limits: Limits = Limits(),
+NO_LIMITS = Limits()
+
+
+def _key_tenant(n: int, key_limits: Limits = NO_LIMITS, tenant_limits: Limits = NO_LIMITS,
                 quota_tokens: int = 0) -> tuple[KeyInfo, TenantInfo]:
     tenant = TenantInfo(id=n, slug=f"t{n}", active=True, priority="P1", boost_until=0, weight=1,
                         limits=tenant_limits, quota_period="daily", quota_tokens=quota_tokens,

@@ -21,7 +21,14 @@ from metering import ingest
 from metering.events import stream_key
 from metering.models import UsageEvent
 from metering.quota import quota_key
-from tests.faults.conftest import Gateway, build_world, chat_body, start_engine, test_database_url, wait_for
+from tests.faults.conftest import (
+    Gateway,
+    build_world,
+    chat_body,
+    start_engine,
+    test_database_url,
+    wait_for,
+)
 from tests.metering.test_consumer_process import Proxy
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
@@ -194,7 +201,7 @@ async def _streams(url: str, key: str, n: int, body: dict, progress: dict[str, i
                             chunk = orjson.loads(line[6:])
                             if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                                 progress[rid] += 1
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass  # the gateway died under us
 
         await asyncio.gather(*(one(i) for i in range(n)))
