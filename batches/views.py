@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from batches import render, services
 from batches.services import RequestError
-from metering.views import INVALID_KEY, authenticate_key
+from metering.views import authenticate_key, invalid_key
 from tenants.models import ApiKey
 
 View = Callable[..., HttpResponse]
@@ -35,7 +35,7 @@ def api(*methods: str) -> Callable[[View], View]:
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             key = authenticate_key(request)
             if key is None:
-                return JsonResponse(INVALID_KEY, status=401)
+                return invalid_key()
             if request.method not in methods:
                 return error(RequestError(405, f"Method {request.method} is not allowed on {request.path}."))
             try:

@@ -28,3 +28,17 @@ class UserScopedMixin:
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
         return self.scope(self.request.user)
+
+
+class RejectUnknownFieldsMixin:
+    """A serializer that answers 400 for fields it does not know instead of ignoring them:
+    for objects that become containers, a silently dropped field is a surprise."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if hasattr(data, "keys"):
+            unknown = sorted(set(data.keys()) - set(self.fields))
+            if unknown:
+                raise exceptions.ValidationError(
+                    {name: ["Unknown field: Tollgate does not accept it here."] for name in unknown}
+                )
+        return super().to_internal_value(data)

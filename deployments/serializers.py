@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from config.api import RejectUnknownFieldsMixin
 from deployments.models import (
     AllowedImage,
     CatalogModel,
@@ -58,7 +59,7 @@ class GrantSerializer(serializers.Serializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
 
 
-class NodeSerializer(serializers.ModelSerializer):
+class NodeSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = [
@@ -117,7 +118,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DeploymentSerializer(serializers.ModelSerializer):
+class DeploymentSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     model = serializers.SlugRelatedField(
         slug_field="served_name", queryset=CatalogModel.objects.all()
     )
@@ -203,7 +204,7 @@ class OperationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EngineProfileSerializer(serializers.ModelSerializer):
+class EngineProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = EngineProfile
         fields = ["id", "name", "description", "image", "engine_args", "env", "builtin", "created_at"]

@@ -4,7 +4,7 @@ showback CSV export of the admin API."""
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from drf_spectacular.types import OpenApiTypes
@@ -17,20 +17,17 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from config.permissions import admin_tenant_ids, member_tenant_ids
+from gateway.errors import INVALID_KEY
 from metering import export, usage
 from metering.export import parse_moment
 from metering.periods import period_end, period_start
 from tenants.keys import parse_key, verify_key
 from tenants.models import ApiKey, Tenant
 
-INVALID_KEY = {
-    "error": {
-        "message": "Incorrect API key provided.",
-        "type": "invalid_request_error",
-        "param": None,
-        "code": "invalid_api_key",
-    }
-}
+
+def invalid_key() -> HttpResponse:
+    """The gateway's 401, byte for byte: every /v1 endpoint answers a bad key the same way."""
+    return HttpResponse(INVALID_KEY, status=401, content_type="application/json")
 
 
 def _bad_request(message: str, param: str) -> JsonResponse:
@@ -60,7 +57,7 @@ def v1_usage(request: HttpRequest) -> JsonResponse:
     """A tenant key's own usage and its tenant's usage and remaining quota."""
     key = authenticate_key(request)
     if key is None:
-        return JsonResponse(INVALID_KEY, status=401)
+        return invalid_key()
     now = timezone.now()
     tenant = key.tenant
     group_by = request.GET.get("group_by") or None

@@ -3,17 +3,18 @@
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import orjson
 import pytest
 import time_machine
 from django.test import Client
 
+from gateway.errors import INVALID_KEY
 from metering import services
 from tenants import services as tenant_services
 from tests.metering.conftest import drain, emit, record
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
-INVALID = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
-                     "param": None, "code": "invalid_api_key"}}
+INVALID = orjson.loads(INVALID_KEY)  # exactly the gateway's 401
 
 
 @pytest.fixture
