@@ -31,6 +31,9 @@ DEFAULTS: dict[str, Any] = {
     "TOLLGATE_DRAIN_TIMEOUT": env_float("TOLLGATE_DRAIN_TIMEOUT", 60.0),
     "TOLLGATE_STOP_GRACE_SECONDS": env_int("TOLLGATE_STOP_GRACE_SECONDS", 30),
     "TOLLGATE_RECONCILE_SECONDS": env_float("TOLLGATE_RECONCILE_SECONDS", 5.0),
+    # A running operation's worker renews its lease; a worker killed mid-operation stops
+    # renewing, and after this reconcile fails the operation and takes over.
+    "TOLLGATE_OPERATION_LEASE_SECONDS": env_float("TOLLGATE_OPERATION_LEASE_SECONDS", 30.0),
     # A node whose worker sent no heartbeat for this long is unreachable: its replicas
     # leave routing and unpinned ones are placed on other nodes.
     "TOLLGATE_NODE_HEARTBEAT_TIMEOUT": env_float("TOLLGATE_NODE_HEARTBEAT_TIMEOUT", 30.0),

@@ -6,6 +6,7 @@ is compare-and-set, so a task delivered twice never starts two containers.
 """
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from config.redis import get_redis, rkey
 from deployments import cluster, conf, engine, placement, runtime
 from deployments.choices import (
     DeploymentState,
@@ -124,12 +126,50 @@ def finish(op: Operation, error: str = "") -> None:
     update_op(op, **fields)
 
 
+def lease_key(op_id: int) -> str:
+    return rkey("op", op_id, "lease")
+
+
+class OperationLease:
+    """While an operation runs, a thread keeps its Redis lease alive. A worker killed
+    mid-operation stops renewing; reconcile sees the lease lapse and takes over."""
+
+    def __init__(self, op_id: int) -> None:
+        self.key = lease_key(op_id)
+        self.ttl = conf.get("TOLLGATE_OPERATION_LEASE_SECONDS")
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._renew, name=f"lease-op-{op_id}", daemon=True)
+
+    def __enter__(self) -> "OperationLease":
+        get_redis().set(self.key, b"1", px=int(self.ttl * 1000))
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        get_redis().delete(self.key)
+
+    def _renew(self) -> None:
+        while not self.stopped.wait(self.ttl / 3):
+            try:
+                get_redis().set(self.key, b"1", px=int(self.ttl * 1000))
+            except Exception:  # noqa: BLE001 - Redis blip: the next round renews
+                log.warning("could not renew %s", self.key, exc_info=True)
+
+
 def run_operation(op_id: int, kind: str) -> None:
     """Run one queued operation to its end; failures end up in the operation row."""
     op = claim(op_id, kind)
     if op is None:
         return
     handler: Callable[[Operation], None] = HANDLERS[kind]
+    with OperationLease(op.pk):
+        _run(op, handler)
+
+
+def _run(op: Operation, handler: Callable[[Operation], None]) -> None:
+    op_id = op.pk
     try:
         handler(op)
     except (EngineFailed, RuntimeFailure, httpx.HTTPError) as exc:

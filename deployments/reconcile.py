@@ -14,6 +14,7 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
+from config.redis import get_redis
 from deployments import conf, engine, lifecycle, placement, runtime
 from deployments.choices import (
     ContainerRole,
@@ -24,7 +25,7 @@ from deployments.choices import (
     OperationStatus,
     ReplicaState,
 )
-from deployments.models import Deployment, Node, Replica
+from deployments.models import Deployment, Node, Operation, Replica
 from gateway.invalidation import publish_change
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,9 @@ def _observe(replica: Replica, container: object | None, done: dict[str, int],
             # Not while the node counts as unreachable: the heartbeat brings it back first.
             _set_health(replica, True)
             _forgive(replica)
-    elif replica.state in IN_FLIGHT and _stale(replica) and not _operation_running(replica):
-        # A worker died mid-start: nobody will finish this start, so count it as a crash.
+    elif replica.state in IN_FLIGHT and _quiet(replica) and not _operation_running(replica):
+        # A worker died mid-start (its operation's lease lapsed, or the start is far past its
+        # timeout): nobody will finish this start, so count it as a crash and restart it.
         lifecycle.record_crash(replica, f"start abandoned in state {replica.state}", None, "")
         done["crashed"] += 1
 
@@ -137,9 +139,9 @@ def _forgive(replica: Replica) -> None:
         Replica.objects.filter(pk=replica.pk).update(crash_count=0)
 
 
-def _stale(replica: Replica) -> bool:
-    limit = conf.get("TOLLGATE_ENGINE_READY_TIMEOUT") + 120
-    return replica.updated_at < timezone.now() - timedelta(seconds=limit)
+def _quiet(replica: Replica) -> bool:
+    # Not touched for a moment: a start that is still being written is left alone.
+    return replica.updated_at < timezone.now() - timedelta(seconds=10)
 
 
 def _operation_running(replica: Replica) -> bool:
@@ -195,14 +197,39 @@ def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
 
 
 def _operation_running_for(deployment: Deployment, node: Node | None = None) -> bool:
-    # An operation no worker picked up within the start timeout no longer blocks reconcile.
+    """Is an operation of this deployment (on this node) queued or running on a live worker?
+
+    A queued one no worker picked up within the start timeout no longer counts; a running
+    one whose worker stopped renewing its lease (killed mid-operation) is failed here, so
+    reconcile takes over at once instead of waiting for the broker to redeliver its task."""
     since = timezone.now() - timedelta(seconds=conf.get("TOLLGATE_ENGINE_READY_TIMEOUT") + 120)
     ops = deployment.operations.filter(
         status__in=[OperationStatus.QUEUED, OperationStatus.RUNNING], created_at__gte=since
     ).exclude(kind=OperationKind.WORKER_START)  # it runs as long as its head's start
     if node is not None:
         ops = ops.filter(Q(node=node) | Q(node__isnull=True))
-    return ops.exists()
+    alive = False
+    for op in ops:
+        if op.status == OperationStatus.RUNNING and _lease_lapsed(op):
+            _abandon(op)
+        else:
+            alive = True
+    return alive
+
+
+def _lease_lapsed(op: Operation) -> bool:
+    recently = timezone.now() - timedelta(seconds=5)  # claimed a moment ago: lease being set
+    return bool(op.started_at and op.started_at < recently
+                and not get_redis().exists(lifecycle.lease_key(op.pk)))
+
+
+def _abandon(op: Operation) -> None:
+    failed = Operation.objects.filter(pk=op.pk, status=OperationStatus.RUNNING).update(
+        status=OperationStatus.FAILED, finished_at=timezone.now(),
+        error="The worker running this operation stopped (killed or restarted); reconcile took over.",
+    )
+    if failed:
+        log.warning("operation %s lost its worker; reconcile takes over", op.pk)
 
 
 # --- Fleet-wide, on the control queue ------------------------------------------------------

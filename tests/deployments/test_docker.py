@@ -300,3 +300,49 @@ def test_missing_image_with_pulls_disabled_fails_the_operation_clearly(
     assert op.status == OperationStatus.FAILED
     assert "not on node" in op.error and "TOLLGATE_PULL_POLICY=never" in op.error
     assert containers(stack) == []
+
+
+def test_a_deploy_whose_worker_died_is_taken_over_by_reconcile(
+    docker_node: Node, sim_model: object, stack: str, eager_tasks: None, settings: object
+) -> None:
+    """The worker running a deploy was killed after creating the container: its operation
+    stays "running" and the replica "starting" — until the operation's lease lapses."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from deployments import lifecycle
+
+    settings.TOLLGATE_RESTART_BACKOFF_SECONDS = 0.5
+    deployment = deploy(docker_node, sim_model)
+    (first,) = containers(stack)
+    replica = Replica.objects.get(deployment=deployment)
+    # What a kill -9 leaves behind: a claimed operation without a living lease holder.
+    gone = timezone.now() - timedelta(seconds=30)
+    op = Operation.objects.create(kind="deploy", status="running", deployment=deployment,
+                                  node=docker_node, started_at=gone)
+    Operation.objects.filter(pk=op.pk).update(created_at=gone)
+    Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.STARTING, healthy=False, updated_at=gone)
+    assert not get_redis().exists(lifecycle.lease_key(op.pk))
+
+    assert reconcile.reconcile_node(docker_node)["crashed"] == 1
+    op.refresh_from_db()
+    assert op.status == "failed" and "reconcile took over" in op.error
+    wait_for(lambda: Replica.objects.get(pk=replica.pk).next_restart_at <= timezone.now(), 5)
+    reconcile.reconcile_node(docker_node)
+    replica.refresh_from_db()
+    assert replica.state == ReplicaState.READY and replica.healthy
+    (only,) = containers(stack)  # the leftover was replaced, not duplicated
+    assert only.id != first.id
+
+
+def test_a_running_operations_lease_is_renewed_while_it_works(settings: object) -> None:
+    import time
+
+    from deployments import lifecycle
+
+    settings.TOLLGATE_OPERATION_LEASE_SECONDS = 0.6
+    with lifecycle.OperationLease(424242):
+        time.sleep(1.2)  # twice the lease: only renewal keeps it
+        assert get_redis().exists(lifecycle.lease_key(424242))
+    assert not get_redis().exists(lifecycle.lease_key(424242))
