@@ -263,8 +263,19 @@ def engine_stats(result: dict, start: float, end: float, p2_only: bool) -> dict:
         return {}
     waiting = [s for s in rows if (s[4] if p2_only else s[3]) > 0]
     idle = [s for s in waiting if s[1] < SLOTS]
+    # Gaps: consecutive idle-while-waiting samples. One sample (under 100 ms) is a slot handing
+    # over (settle, wake, forward); longer ones are slots left empty.
+    gaps, run = [], 0
+    for s in rows:
+        if (s[4] if p2_only else s[3]) > 0 and s[1] < SLOTS:
+            run += 1
+        elif run:
+            gaps, run = [*gaps, run], 0
+    gaps += [run] if run else []
     return {"samples": len(rows), "util": sum(min(s[1], SLOTS) for s in rows) / (SLOTS * len(rows)),
             "waiting_samples": len(waiting), "idle_while_waiting": len(idle) / len(waiting) if waiting else None,
+            "long_gaps": sum(1 for g in gaps if g >= 2), "longest_gap_s": max(gaps, default=0) * SAMPLE_SECONDS,
+            "idle_in_long_gaps_s": sum(g for g in gaps if g >= 2) * SAMPLE_SECONDS,
             "engine_queue": sum(1 for s in rows if s[2] > 0) / len(rows),
             "gateway_queue_mean": sum(s[3] for s in rows) / len(rows)}
 
@@ -294,8 +305,9 @@ def ceilings(result: dict) -> str:
 def report(res: dict, rows: dict, p0_window: tuple[float, float], fair_window: tuple[int, int]) -> tuple[str, list[str], list[str]]:
     base = ttft_stats(res["unloaded"], "interactive")
     lines = ["| run | P0 TTFT p50 / p90 / p99, ms | p50 / p90 vs unloaded | P0 ok / err | P0 mean queue wait "
-             "| engine busy (running/4) | idle while P2 waits | engine queue > 0 | P2 tok/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| engine busy (running/4) | idle while P2 waits | gaps of 2+ samples: count, idle s, longest s "
+             "| engine queue > 0 | P2 tok/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     facts: dict[str, object] = {}
     ids = rows["tenant_ids"]
     for name, label in (("unloaded", "1 P0 alone (2/s, 16 tok)"), ("priorities", "2 P0 + P2 flood (32 clients)"),
@@ -316,6 +328,8 @@ def report(res: dict, rows: dict, p0_window: tuple[float, float], fair_window: t
                      f"{st['ok']} / {st['errors']} | {mean_wait(r, ids['interactive'])} | "
                      f"{fmt(eng.get('util', 0) * 100, 1)}% | "
                      f"{fmt(idle * 100 if idle is not None else None, 1)}% of {eng.get('waiting_samples', 0)} | "
+                     f"{eng.get('long_gaps', 0)}, {fmt(eng.get('idle_in_long_gaps_s', 0), 2)}, "
+                     f"{fmt(eng.get('longest_gap_s', 0), 2)} | "
                      f"{fmt(eng.get('engine_queue', 0) * 100, 1)}% | {p2tok} |")
         facts[name] = {"ttft": st, "engine": eng}
     extra = []
@@ -339,7 +353,8 @@ def report(res: dict, rows: dict, p0_window: tuple[float, float], fair_window: t
         verdict.append(f"- engine busy, no idle gaps while P2 waits (≤ 2% of samples with running < 4 and P2 "
                        f"queued): {'met' if idle is not None and idle <= 0.02 else 'MISSED'} "
                        f"({fmt(idle * 100 if idle is not None else None, 1)}% of "
-                       f"{facts['priorities']['engine'].get('waiting_samples', 0)} samples; busy "
+                       f"{facts['priorities']['engine'].get('waiting_samples', 0)} samples, "
+                       f"{facts['priorities']['engine'].get('long_gaps', 0)} gaps of 2+ samples (≥ 50 ms); busy "
                        f"{facts['priorities']['engine'].get('util', 0) * 100:.1f}%)")
     if "fair" in res:
         r = res["fair"]
