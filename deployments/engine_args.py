@@ -118,6 +118,7 @@ ALLOWED: dict[str, Flag] = {
     "load-format": Flag(_choice("auto", "safetensors", "pt", "gguf", "dummy"), "How weights load."),
     "seed": Flag(_int(0, 2**31 - 1), "Random seed."),
     "max-num-queued-reqs": Flag(_int(1, 1_000_000), "Queue length before 503."),
+    "scheduling-policy": Flag(_choice("fcfs", "priority"), "Queue order; priority may preempt."),
     "runner": Flag(_choice("auto", "generate", "pooling"), "Generation or pooling (embeddings)."),
     "swap-space": Flag(_float(0, 1024), "CPU swap space per GPU (GiB)."),
     "cpu-offload-gb": Flag(_float(0, 1024), "Weights offloaded to CPU memory (GiB)."),
