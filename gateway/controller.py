@@ -1,26 +1,30 @@
 """The adaptive concurrency ceiling: how many requests each model's engines get at once.
 
-Starting from the static budget (the replicas' ``max_num_seqs``), a periodic task compares
+Starting from the static budget (the replicas' ``max_num_seqs``, which is also its upper
+bound: beyond it requests would only queue inside the engine), a periodic task compares
 the engines' token throughput and time to first token over the last interval with the
-interval before, AIMD-style:
+interval before, and moves one step at a time:
 
-- queueing inside the engine (its own waiting requests) or time to first token above
-  ``TTFT_TOLERANCE`` × the best recently seen → multiplicative decrease (× 0.8);
-- demand waiting in the gateway and throughput still rising (within 2 %) → additive
-  increase (+1), up to twice the static budget;
+- the engine queues requests itself, or its time to first token is above
+  ``TTFT_TOLERANCE`` × the best recently seen → one fewer;
+- demand is waiting in the gateway and the ceiling is below the budget → one more;
+- a step that did not pay off is taken back: an increase that bought no throughput
+  (< +2 %), or a decrease that cost throughput (> −5 %);
 - otherwise hold.
 
-So a box settles where more concurrency stops buying throughput and only adds latency,
-instead of at a guessed ``max_num_seqs``. Every decision is recorded for the console.
+So a box settles where more concurrency stops buying throughput and only adds latency —
+often below a guessed ``max_num_seqs`` on a memory-bandwidth-bound box — and never starves
+its engines by overshooting and over-correcting. Every decision is recorded for the console.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-DECREASE = 0.8
 TTFT_TOLERANCE = 2.0
 BASELINE_DRIFT = 1.05  # the best TTFT seen drifts up slowly, so the baseline can recover
+PAID_OFF = 1.02
+COST_TOO_MUCH = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +42,12 @@ class ControllerState:
     ceiling: int
     baseline_ttft: float | None = None
     last_tokens_per_second: float = 0.0
+    last_step: int = 0  # +1, -1 or 0: what the previous tick did
 
 
 def next_ceiling(state: ControllerState, sample: Sample, budget: int) -> tuple[ControllerState, str]:
-    """The new state and why (``decrease``, ``increase`` or ``hold``)."""
-    low, high = 1, max(1, 2 * budget)
+    """The new state and why (``increase``, ``decrease``, ``revert`` or ``hold``)."""
+    high = max(1, budget)
     baseline = state.baseline_ttft
     if sample.ttft_seconds is not None:
         # The best TTFT seen, drifting up slowly so a permanently slower model is re-learnt.
@@ -50,10 +55,19 @@ def next_ceiling(state: ControllerState, sample: Sample, budget: int) -> tuple[C
         baseline = min(drifted, sample.ttft_seconds)
     slow = (sample.ttft_seconds is not None and baseline is not None
             and sample.ttft_seconds > TTFT_TOLERANCE * baseline)
-    ceiling, why = state.ceiling, "hold"
-    if sample.engine_waiting > 0 or slow:
-        ceiling, why = max(low, int(state.ceiling * DECREASE)), "decrease"
-    elif sample.gateway_queued > 0 and sample.tokens_per_second >= 0.98 * state.last_tokens_per_second:
-        ceiling, why = min(high, state.ceiling + 1), "increase"
-    ceiling = min(max(ceiling, low), high)
-    return ControllerState(ceiling, baseline, sample.tokens_per_second), why
+    tps, last = sample.tokens_per_second, state.last_tokens_per_second
+    step, why = 0, "hold"
+    if state.last_step > 0 and tps < last * PAID_OFF and not slow:
+        step, why = -1, "revert"
+    elif state.last_step < 0 and tps < last * COST_TOO_MUCH and sample.engine_waiting == 0:
+        step, why = +1, "revert"
+    elif sample.engine_waiting > 0 or slow:
+        step, why = -1, "decrease"
+    elif sample.gateway_queued > 0 and state.ceiling < high:
+        step, why = +1, "increase"
+    ceiling = min(max(state.ceiling + step, 1), high)
+    if ceiling == state.ceiling:
+        why = "hold"
+    # A revert is not a new probe: the next interval is judged afresh.
+    step = 0 if why == "revert" else ceiling - state.ceiling
+    return ControllerState(ceiling, baseline, tps, step), why

@@ -69,6 +69,8 @@ def tune_model(model_id: int, budget: int, replica_ids: list[int], now: float | 
         gateway_queued=client.zcard(pool_keys(model_id)[1]),
     )
     state = ControllerState(**prev["state"])
+    if state.ceiling > budget:  # the replicas changed: the budget is the bound
+        state = ControllerState(budget, state.baseline_ttft, state.last_tokens_per_second)
     state, why = next_ceiling(state, sample, budget)
     client.set(pool_keys(model_id)[4], state.ceiling, ex=3600)
     client.set(state_key, orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state)}), ex=3600)
@@ -88,7 +90,7 @@ def _state_of(previous: bytes | None, budget: int) -> dict:
 
 def _as_dict(state: ControllerState) -> dict:
     return {"ceiling": state.ceiling, "baseline_ttft": state.baseline_ttft,
-            "last_tokens_per_second": state.last_tokens_per_second}
+            "last_tokens_per_second": state.last_tokens_per_second, "last_step": state.last_step}
 
 
 def tune_all() -> int:

@@ -120,23 +120,33 @@ def test_a_dead_gateways_slot_lease_lapses() -> None:
     assert run(scenario())
 
 
-def test_controller_backs_off_on_engine_queueing_and_slow_ttft_and_probes_up_under_demand() -> None:
+def test_controller_stays_within_the_budget_and_takes_back_steps_that_did_not_pay() -> None:
     state = ControllerState(ceiling=8)
+    # Demand waits, the ceiling is at the budget: nothing to gain by letting more in.
     state, why = next_ceiling(state, Sample(100.0, 0.2, 0, 5), budget=8)
-    assert (why, state.ceiling) == ("increase", 9)
-    state, why = next_ceiling(state, Sample(100.5, 0.2, 0, 5), budget=8)
-    assert (why, state.ceiling) == ("increase", 10)
-    state, why = next_ceiling(state, Sample(101.0, 0.9, 0, 5), budget=8)  # TTFT 4.5x baseline
-    assert (why, state.ceiling) == ("decrease", 8)
-    state, why = next_ceiling(state, Sample(90.0, 0.2, 3, 5), budget=8)  # the engine queues
-    assert (why, state.ceiling) == ("decrease", 6)
-    state, why = next_ceiling(state, Sample(80.0, 0.2, 0, 5), budget=8)  # throughput fell
-    assert why == "hold" and state.ceiling == 6
-    state, why = next_ceiling(state, Sample(80.0, 0.2, 0, 0), budget=8)  # no demand
-    assert why == "hold"
-    for _ in range(50):
-        state, _ = next_ceiling(state, Sample(1000.0, 0.2, 0, 9), budget=8)
-    assert state.ceiling == 16  # never above twice the static budget
-    for _ in range(50):
+    assert (why, state.ceiling) == ("hold", 8)
+    # The engine's TTFT climbs to 4.5x its best: one step down.
+    state, why = next_ceiling(state, Sample(100.0, 0.9, 0, 5), budget=8)
+    assert (why, state.ceiling) == ("decrease", 7)
+    # That step cost throughput (> 5 %): taken back.
+    state, why = next_ceiling(state, Sample(80.0, 0.25, 0, 5), budget=8)
+    assert (why, state.ceiling) == ("revert", 8)
+    # The engine queues requests itself: one fewer; a decrease that costs nothing stays.
+    state, why = next_ceiling(state, Sample(80.0, 0.2, 2, 5), budget=8)
+    assert (why, state.ceiling) == ("decrease", 7)
+    state, why = next_ceiling(state, Sample(80.0, 0.2, 0, 5), budget=8)  # cost nothing, demand waits
+    assert (why, state.ceiling) == ("increase", 8)
+    # An increase that bought no throughput is taken back.
+    state = ControllerState(ceiling=6, last_tokens_per_second=100.0)
+    state, why = next_ceiling(state, Sample(100.0, 0.2, 0, 3), budget=8)
+    assert (why, state.ceiling) == ("increase", 7)
+    state, why = next_ceiling(state, Sample(100.5, 0.2, 0, 3), budget=8)
+    assert (why, state.ceiling) == ("revert", 6)
+    # Bounds: never below 1, never above the budget.
+    for _ in range(20):
         state, _ = next_ceiling(state, Sample(1.0, 5.0, 9, 9), budget=8)
     assert state.ceiling == 1
+    state = ControllerState(ceiling=8)
+    for tps in range(100, 140):
+        state, _ = next_ceiling(state, Sample(float(tps * 10), 0.2, 0, 9), budget=8)
+    assert state.ceiling == 8
