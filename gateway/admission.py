@@ -97,12 +97,14 @@ class Admission:
         self.p2_open: dict[int, bool] = {}  # from engine telemetry
         self.latency: dict[int, float] = {}  # EWMA seconds per request, per model
 
-    def slot_request(self, model_id: int, budget: int, priority: str, weight: int) -> SlotRequest:
+    def slot_request(self, model_id: int, budget: int, priority: str, weight: int,
+                     p0_extra: int = 0) -> SlotRequest:
         """What the admission call needs to also take (or queue for) an engine slot."""
         return SlotRequest(
             pool=pool_keys(model_id), priority_index=CLASS_INDEX[priority], weight=weight,
             budget=budget, p2_open=self.p2_open.get(model_id, True),
             give_up_ms=int(queue_timeout(priority) * 1000) + 5000, lease_ms=lease_ms(),
+            p0_extra=p0_extra,
         )
 
     def holding(self, request_id: str, model_id: int) -> None:
@@ -111,7 +113,7 @@ class Admission:
 
     async def wait(
         self, model_id: int, budget: int, request_id: str, priority: str, tenant_id: int,
-        weight: int, cost: int, disconnected: asyncio.Event,
+        weight: int, cost: int, disconnected: asyncio.Event, p0_extra: int = 0,
     ) -> Ticket:
         """Wait in the queue (where admission put the request) up to the class's timeout."""
         started = time.monotonic()
@@ -123,7 +125,7 @@ class Admission:
         metrics.QUEUE_DEPTH.labels(*labels).inc()
         try:
             return await self._wait(model_id, keys, waiter, deadline, started, priority, tenant_id,
-                                    weight, cost, budget, disconnected)
+                                    weight, cost, budget, disconnected, p0_extra)
         finally:
             waited = time.monotonic() - started
             metrics.QUEUE_DEPTH.labels(*labels).dec()
@@ -147,7 +149,7 @@ class Admission:
 
     async def _wait(self, model_id: int, keys: tuple, waiter: Waiter, deadline: float, started: float,
                     priority: str, tenant_id: int, weight: int, cost: int, budget: int,
-                    disconnected: asyncio.Event) -> Ticket:
+                    disconnected: asyncio.Event, p0_extra: int = 0) -> Ticket:
         ahead, ceiling = 1, budget
         while True:
             remaining = deadline - time.monotonic()
@@ -161,20 +163,20 @@ class Admission:
             except TimeoutError:
                 pass
             got, ahead, ceiling = await self._try(keys, waiter.request_id, priority, tenant_id, weight,
-                                                  cost, budget, model_id)
+                                                  cost, budget, model_id, p0_extra)
             if got == 1:
                 self.running[waiter.request_id] = model_id
                 self.wake_local(model_id)  # more slots may be free: let the next local waiter try
                 return Ticket(True, time.monotonic() - started)
 
     async def _try(self, keys: tuple, request_id: str, priority: str, tenant_id: int, weight: int,
-                   cost: int, budget: int, model_id: int) -> list[int]:
+                   cost: int, budget: int, model_id: int, p0_extra: int = 0) -> list[int]:
         now_ms = int(time.time() * 1000)
         give_up_ms = int(queue_timeout(priority) * 1000) + 5000
         async with asyncio.timeout(5.0):
             result = await self._retry(keys=list(keys), args=[
                 request_id, CLASS_INDEX[priority], tenant_id, weight, cost, now_ms, lease_ms(), budget,
-                1 if self.p2_open.get(model_id, True) else 0, give_up_ms,
+                1 if self.p2_open.get(model_id, True) else 0, give_up_ms, p0_extra,
             ])
         return [int(x) for x in result]
 

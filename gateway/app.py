@@ -21,7 +21,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from gateway import metrics
-from gateway.admission import lowered
+from gateway.admission import CLASS_INDEX, lowered
 from gateway.errors import INVALID_KEY, error_body, model_not_found
 from gateway.limiter import Decision, Reservation
 from gateway.orphans import checkpoint_value, open_keys
@@ -340,12 +340,23 @@ class Gateway:
         if price:
             money_est = -(-(prompt_est * price.input_nano_per_mtok + output_est * price.output_nano_per_mtok) // 1_000_000)
         request_id = "req_" + secrets.token_hex(12)
+        # The body's "priority" is Tollgate's (a class to lower to); it never reaches an engine
+        # as such: engines that schedule by priority get the class as vLLM's integer instead.
+        client_priority = payload.pop("priority", None)
         asked = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
-                     payload.get("priority"))
+                     client_priority)
         priority = lowered(tenant.priority_at(occurred), asked)
         budget = sum(u.max_num_seqs for u in upstreams)
+        # Engines that schedule by priority preempt lower classes themselves: P0 may go past
+        # the ceiling (up to twice the budget) instead of waiting for a P2 request to finish.
+        preempts = all(u.priority_scheduling for u in upstreams)
+        p0_extra = budget if preempts else 0
+        if preempts:
+            payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
+        changed = preempts or client_priority is not None
+        body = self.upstream_body(payload, body, payload.get("stream") is True, changed)
         admission = self.rt.admission
-        slot = admission.slot_request(model.id, budget, priority, tenant.weight)
+        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra)
         record = {
             "event": {"request_id": request_id, "occurred_at": occurred, "tenant_id": tenant.id,
                       "api_key_id": key.id, "model_id": model.id, "deployment_id": None,
@@ -385,7 +396,7 @@ class Gateway:
         self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str, key: KeyInfo,
         tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream], headers: list, started: float,
         occurred: float, cost: int, priority: str, budget: int, decision: Decision, price: Any,
-        disconnect: Disconnect,
+        disconnect: Disconnect, p0_extra: int = 0,
     ) -> None:
         admission = self.rt.admission
         if decision.slot:
@@ -395,7 +406,7 @@ class Gateway:
         else:
             outcome, upstream = await self.queue_then_forward(
                 send, endpoint, payload, body, request_id, tenant, model, upstreams, headers,
-                started, cost, priority, budget, disconnect)
+                started, cost, priority, budget, disconnect, p0_extra)
         admission.finished(request_id, model.id, time.perf_counter() - started)
         await self.settle(decision.reservation, outcome, price, key, tenant, model, upstream,
                           endpoint, request_id, occurred, started, priority)
@@ -404,12 +415,13 @@ class Gateway:
         self, send: Any, endpoint: str, payload: dict, body: bytes, request_id: str,
         tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream],
         headers: list[tuple[bytes, bytes]], started: float, cost: int, priority: str, budget: int,
-        disconnect: Disconnect,
+        disconnect: Disconnect, p0_extra: int = 0,
     ) -> tuple[Outcome, Upstream | None]:
         """All the model's engine slots are taken: wait for one by priority, then forward."""
         try:
             ticket = await self.rt.admission.wait(
-                model.id, budget, request_id, priority, tenant.id, tenant.weight, cost, disconnect.event)
+                model.id, budget, request_id, priority, tenant.id, tenant.weight, cost, disconnect.event,
+                p0_extra)
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             await respond(send, 503, error_body(
                 "Tollgate cannot reach its admission queue right now. Please retry shortly.",
@@ -442,7 +454,7 @@ class Gateway:
             wants_continuous=bool(options.get("include_usage") and options.get("continuous_usage_stats")),
             started_at=started, outcome=Outcome(), checkpoint=self.checkpointer(request_id),
         )
-        out_body = self.upstream_body(payload, body, stream)
+        out_body = body  # already the engine's body (see upstream_body)
         path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
         up_headers = {"content-type": "application/json", "x-request-id": request_id}
         task = asyncio.current_task()
@@ -513,20 +525,19 @@ class Gateway:
         return checkpoint
 
     @staticmethod
-    def upstream_body(payload: dict, body: bytes, stream: bool) -> bytes:
-        """The body for the engine: redirect fields removed; streams report usage continuously."""
-        dirty = False
-        if isinstance(payload.get("priority"), str):  # Tollgate's class, not vLLM's integer
-            del payload["priority"]
-            dirty = True
+    def upstream_body(payload: dict, body: bytes, stream: bool, changed: bool = False) -> bytes:
+        """The body for the engine: redirect fields removed; streams report usage continuously.
+        (A copy: ``payload`` keeps what the client asked for.)"""
+        out = dict(payload)
+        dirty = changed
         for field in REDIRECT_FIELDS:
-            if field in payload:
-                del payload[field]
+            if field in out:
+                del out[field]
                 dirty = True
         if stream:
-            payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+            out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
             dirty = True
-        return orjson.dumps(payload) if dirty else body
+        return orjson.dumps(out) if dirty else body
 
     async def settle(
         self, reservation: Reservation, outcome: Outcome, price: Any, key: KeyInfo, tenant: TenantInfo,

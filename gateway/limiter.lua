@@ -9,7 +9,7 @@
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
 --       15 quota ttl seconds  16 class  17 tenant weight  18 static budget  19 P2 allowed
 --       20 slot lease ms  21 queue give-up ms  22 tenant id  23 open-request record (JSON)
---       24 open-request lease deadline ms
+--       24 open-request lease deadline ms  25 extra slots for P0
 -- Limits of 0 are off. A window is a zset (request id -> admission time) plus a hash
 -- (request id -> tokens, "_sum" -> total); entries older than the window are pruned here,
 -- each exactly once, so the check is exact at any instant (no fixed-window edge).
@@ -167,5 +167,5 @@ redis.call('ZADD', KEYS[13], tonumber(ARGV[24]), rid)
 redis.call('HSET', KEYS[14], rid, ARGV[23])
 local slot = try_slot(KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], rid, tonumber(ARGV[16]),
   ARGV[22], tonumber(ARGV[17]), est, now, tonumber(ARGV[20]), tonumber(ARGV[18]), ARGV[19],
-  tonumber(ARGV[21]))
+  tonumber(ARGV[21]), tonumber(ARGV[25]))
 return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

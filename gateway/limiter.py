@@ -74,6 +74,7 @@ class SlotRequest:
     p2_open: bool
     give_up_ms: int
     lease_ms: int
+    p0_extra: int = 0  # slots P0 may use beyond the ceiling (engines that preempt by priority)
 
 
 @lru_cache(maxsize=65536)
@@ -122,7 +123,7 @@ class Limiter:
             slot.priority_index, slot.weight, slot.budget, 1 if slot.p2_open else 0,
             slot.lease_ms, slot.give_up_ms, tenant.id,
             orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}),
-            now_ms + slot.lease_ms,
+            now_ms + slot.lease_ms, slot.p0_extra,
         ]
         async with asyncio.timeout(CALL_TIMEOUT):
             result = await self._admit(keys=[*keys, *slot.pool, *open_keys()[:2]], args=argv)

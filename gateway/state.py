@@ -74,6 +74,7 @@ class Upstream:
     base_url: str
     max_num_seqs: int
     auth_header: str = ""  # external engines that expect their own key
+    priority_scheduling: bool = False  # vLLM --scheduling-policy priority: it preempts by class
     outstanding: int = 0
 
 
@@ -196,6 +197,7 @@ def _load_routes(snap: Snapshot, previous: Snapshot | None) -> None:
         upstream = Upstream(
             replica_id=replica.pk, deployment_id=replica.deployment_id, base_url=replica.base_url,
             max_num_seqs=replica.deployment.max_num_seqs,
+            priority_scheduling=replica.deployment.effective_args.get("scheduling-policy") == "priority",
             auth_header=f"Bearer {replica.deployment.upstream_key}" if replica.deployment.upstream_key else "",
             outstanding=old[replica.pk].outstanding if replica.pk in old else 0,
         )
