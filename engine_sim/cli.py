@@ -93,6 +93,7 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=human_int, default=None)
     p.add_argument("--max-num-queued-reqs", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
     p.add_argument("--task", default=None)
     p.add_argument("--convert", default=None)
@@ -164,6 +165,7 @@ class Config:
     prefix_caching: bool
     shutdown_timeout: float
     sim: argparse.Namespace = field(repr=False)
+    scheduling_policy: str = "fcfs"
 
 
 def _is_embedding(a: argparse.Namespace) -> bool:
@@ -197,4 +199,5 @@ def parse(argv: list[str] | None = None) -> Config:
         prefix_caching=a.enable_prefix_caching,
         shutdown_timeout=a.shutdown_timeout,
         sim=a,
+        scheduling_policy=a.scheduling_policy,
     )

@@ -1,16 +1,25 @@
-"""The scheduler: continuous batching with a bounded running set and a FIFO waiting queue.
+"""The scheduler: continuous batching with a bounded running set and an ordered waiting queue.
 
 Each request's handler drives its own decode loop; the engine decides when it may run
 (admission), how long prefill and each decode step take (a memory-bandwidth model: every
 running sequence shares the same bandwidth, so per-sequence speed falls as the batch
 grows), tracks KV-cache blocks and the prefix cache, and keeps the metrics.
+
+The waiting queue is ordered by (priority, arrival); with `--scheduling-policy fcfs` every
+priority is 0, so it is FIFO. With `priority`, a waiting request that cannot start and has
+a lower priority value than the worst running one preempts it (vLLM's recompute
+preemption): the victim loses its slot and KV blocks, re-queues with its original arrival,
+and when it runs again its decode loop pays prefill for prompt + generated tokens before it
+continues where it stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from engine_sim.cli import Config
 from engine_sim.metrics import Metrics
@@ -28,11 +37,18 @@ class Sequence:
     """One request inside the engine: its sizes, timestamps and how far it got."""
 
     __slots__ = ("prompt_tokens", "cached_tokens", "arrival", "scheduled", "first_token",
-                 "last_token", "generated", "blocks", "admitted", "finish_reason")
+                 "last_token", "generated", "blocks", "admitted", "finish_reason", "priority",
+                 "key", "waiter", "preempted")
 
-    def __init__(self, prompt_tokens: int) -> None:
+    _order = itertools.count()
+
+    def __init__(self, prompt_tokens: int, priority: int = 0) -> None:
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = 0
+        self.priority = priority
+        self.key = (priority, next(Sequence._order))  # queue order: priority, then arrival
+        self.waiter: asyncio.Future | None = None  # set while the sequence is in the queue
+        self.preempted = False  # lost its slot; the decode loop must re-queue and re-prefill
         self.arrival = time.monotonic()
         self.scheduled = 0.0
         self.first_token = 0.0
@@ -55,7 +71,9 @@ class Engine:
         self.total_blocks = max(1, kv_tokens // cfg.block_size)
         self.used_blocks = 0
         self.running = 0
-        self.waiting: deque[tuple[asyncio.Future, Sequence]] = deque()
+        self.running_seqs: set[Sequence] = set()
+        self.waiting: list[Sequence] = []  # sorted by Sequence.key
+        self.priority_policy = cfg.scheduling_policy == "priority"
         self.metrics = Metrics(cfg.served_names[0], cfg.max_model_len)
         self.ttft_s = s.sim_ttft_ms / 1000
         self.ttft_per_tok_s = s.sim_ttft_per_token_ms / 1000
@@ -71,19 +89,48 @@ class Engine:
     # --- admission -------------------------------------------------------------------
 
     def _fits(self, seq: Sequence) -> bool:
-        need = -(-(seq.prompt_tokens + 1) // self.block_size)
+        need = self._blocks_for(seq)
         return self.running < self.max_running and self.used_blocks + need <= self.total_blocks
 
+    def _blocks_for(self, seq: Sequence) -> int:
+        # A resumed sequence recomputes prompt + generated tokens, so it needs their blocks.
+        return -(-(seq.prompt_tokens + seq.generated + 1) // self.block_size)
+
     def _start(self, seq: Sequence) -> None:
-        seq.blocks = -(-(seq.prompt_tokens + 1) // self.block_size)
+        seq.blocks = self._blocks_for(seq)
         self.used_blocks += seq.blocks
         self.running += 1
+        self.running_seqs.add(seq)
         seq.admitted = True
-        seq.scheduled = time.monotonic()
-        self.metrics.queue.observe(seq.scheduled - seq.arrival)
+        if not seq.scheduled:  # queue time is measured to the first scheduling only
+            seq.scheduled = time.monotonic()
+            self.metrics.queue.observe(seq.scheduled - seq.arrival)
+
+    def _enqueue(self, seq: Sequence) -> asyncio.Future:
+        seq.waiter = asyncio.get_running_loop().create_future()
+        bisect.insort(self.waiting, seq, key=lambda q: q.key)
+        return seq.waiter
+
+    def _dequeue(self, seq: Sequence) -> None:
+        if seq.waiter is not None:
+            self.waiting.remove(seq)
+            seq.waiter = None
+
+    async def _wait_turn(self, seq: Sequence, fut: asyncio.Future) -> None:
+        try:
+            await fut
+        except asyncio.CancelledError:
+            # Disconnected while waiting: leave the queue, and give back a slot granted in
+            # the same tick.
+            self.release(seq)
+            seq.finish_reason = "abort"
+            raise
+        if self.dead:
+            raise EngineDead()
 
     async def admit(self, seq: Sequence) -> None:
-        """Wait (FIFO) until the sequence may run; raises QueueFull or EngineDead."""
+        """Wait in (priority, arrival) order until the sequence may run; raises QueueFull or
+        EngineDead."""
         if self.dead:
             raise EngineDead()
         if not self.waiting and (self._fits(seq) or self.running == 0):
@@ -92,37 +139,68 @@ class Engine:
         limit = self.cfg.max_num_queued
         if limit is not None and len(self.waiting) >= limit:
             raise QueueFull()
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting.append((fut, seq))
-        try:
-            await fut
-        except asyncio.CancelledError:
-            # Disconnected while waiting: leave the queue. If the slot was granted in the
-            # same tick, the caller's release() gives it back.
-            if not seq.admitted:
-                self.waiting.remove((fut, seq))
-            seq.finish_reason = "abort"
-            raise
-        if self.dead:
-            raise EngineDead()
+        fut = self._enqueue(seq)
+        self._wake()  # it may sort ahead of the head, or preempt a worse running sequence
+        await self._wait_turn(seq, fut)
+
+    async def resume(self, seq: Sequence) -> None:
+        """A preempted sequence waits for a slot again; its caller then re-prefills."""
+        if seq.waiter is not None:
+            await self._wait_turn(seq, seq.waiter)
+        seq.preempted = False
 
     def release(self, seq: Sequence) -> None:
         """The sequence left the batch (finished, aborted or failed): free its slot."""
+        self._dequeue(seq)  # preempted and re-queued, then finished or aborted
         if not seq.admitted:
             return
+        self._free(seq)
+        self._wake()
+
+    def _free(self, seq: Sequence) -> None:
         seq.admitted = False
         self.running -= 1
+        self.running_seqs.discard(seq)
         self.used_blocks -= seq.blocks
-        self._wake()
+        seq.blocks = 0
+
+    def _victims(self, head: Sequence) -> list[Sequence]:
+        """Running sequences to preempt (worst first) so that `head` fits; [] if it cannot."""
+        if not self.priority_policy:
+            return []
+        worse = sorted((s for s in self.running_seqs if s.priority > head.priority),
+                       key=lambda s: s.key, reverse=True)
+        need = self._blocks_for(head)
+        running, used = self.running, self.used_blocks
+        for i, victim in enumerate(worse):
+            running -= 1
+            used -= victim.blocks
+            if running == 0 or (running < self.max_running and used + need <= self.total_blocks):
+                return worse[:i + 1]
+        return []
+
+    def _preempt(self, seq: Sequence) -> None:
+        """vLLM's recompute preemption: free the slot and the KV blocks, back to the queue."""
+        self._free(seq)
+        seq.preempted = True
+        self.metrics.preemptions += 1
+        self._enqueue(seq)
 
     def _wake(self) -> None:
         while self.waiting:
-            fut, seq = self.waiting[0]
+            seq = self.waiting[0]
             if not (self._fits(seq) or self.running == 0):
-                return
-            self.waiting.popleft()
+                victims = self._victims(seq)
+                if not victims:
+                    return
+                for victim in victims:
+                    self._preempt(victim)
+                continue
+            self.waiting.pop(0)
+            fut, seq.waiter = seq.waiter, None
             self._start(seq)
-            fut.set_result(None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
 
     # --- prefix cache ------------------------------------------------------------------
 
@@ -153,6 +231,8 @@ class Engine:
     # --- timing ------------------------------------------------------------------------
 
     def prefill_delay(self, seq: Sequence) -> float:
+        if seq.scheduled and seq.generated:  # resumed after preemption: recompute it all
+            return self.ttft_s + self.ttft_per_tok_s * (seq.prompt_tokens + seq.generated)
         d = self.ttft_s + self.ttft_per_tok_s * (seq.prompt_tokens - seq.cached_tokens)
         if self.first_delay_s:
             d += self.first_delay_s
@@ -214,6 +294,7 @@ class Engine:
         """The engine core died: waiting requests fail now, running ones at their next step."""
         self.dead = True
         while self.waiting:
-            fut, _ = self.waiting.popleft()
-            if not fut.done():
-                fut.set_result(None)  # admit() re-checks `dead` and raises
+            seq = self.waiting.pop(0)
+            fut, seq.waiter = seq.waiter, None
+            if fut is not None and not fut.done():
+                fut.set_result(None)  # admit() and resume() re-check `dead` and raise

@@ -31,6 +31,18 @@ def _int_field(body: dict, name: str, minimum: int = 1) -> int | None:
     return v
 
 
+def priority_of(cfg: Config, body: dict) -> int:
+    """The request's `priority` (lower runs earlier); non-zero needs --scheduling-policy priority."""
+    p = body.get("priority", 0)
+    if p is None:
+        return 0
+    if not isinstance(p, int) or isinstance(p, bool):
+        raise bad_request("priority: Input should be a valid integer", "priority")
+    if p != 0 and cfg.scheduling_policy != "priority":
+        raise context_error(f"Got priority {p} but Priority scheduling is not enabled.")
+    return p
+
+
 def check_common(body: dict) -> None:
     """Checks shared by chat and completions (vLLM's pydantic validators)."""
     if "stream" in body and not isinstance(body["stream"], bool):
@@ -127,6 +139,23 @@ class Generator:
                 if eng.dead:
                     seq.finish_reason = "error"
                     raise EngineDead()
+                if seq.preempted:
+                    # Preempted (priority scheduling): the stream pauses, the sequence
+                    # waits for a slot, then recomputes prompt + generated and goes on.
+                    conn.flush()
+                    try:
+                        await eng.resume(seq)
+                    except EngineDead:
+                        seq.finish_reason = "error"
+                        raise
+                    seq.finish_reason = "abort"
+                    delay = eng.prefill_delay(seq)
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    due = loop.time()
+                    if eng.dead:
+                        seq.finish_reason = "error"
+                        raise EngineDead()
                 if i == 0:
                     eng.on_first_token(seq)
                     if on_start is not None:
@@ -223,7 +252,7 @@ class Generator:
         ids = tokenizer.encode(prompt)
         reasoning = self._reasoning_tokens(body)
         reply = self._plan(body, prompt, len(ids), ("max_completion_tokens", "max_tokens"), reasoning, tool)
-        seq = Sequence(len(ids))
+        seq = Sequence(len(ids), priority_of(self.cfg, body))
         seq.cached_tokens = self.engine.lookup_prefix(ids)
         cid = "chatcmpl-" + rid
         headers = [("x-request-id", rid)]
@@ -327,7 +356,7 @@ class Generator:
         check_common(body)
         text, ids = self._completion_prompt(body)
         reply = self._plan(body, text, len(ids), ("max_tokens",))
-        seq = Sequence(len(ids))
+        seq = Sequence(len(ids), priority_of(self.cfg, body))
         seq.cached_tokens = self.engine.lookup_prefix(ids)
         cid = "cmpl-" + rid
         headers = [("x-request-id", rid)]
