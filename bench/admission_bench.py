@@ -55,7 +55,9 @@ SECTION = "## Admission and priority"
 BEGIN, END = "<!-- admission_bench.py --write: begin -->", "<!-- admission_bench.py --write: end -->"
 SIM_ARGS = ["--max-num-seqs", str(SLOTS), "--max-model-len", "4096", "--sim-load-seconds", "0",
             "--sim-ttft-ms", "50", "--sim-ttft-per-token-ms", "0.05", "--sim-decode-tps", "30",
-            "--sim-bandwidth-alpha", "0.15", "--sim-output-tokens-min", "64", "--sim-output-tokens-max", "128"]
+            "--sim-bandwidth-alpha", "0.15", "--sim-output-tokens-min", "64", "--sim-output-tokens-max", "128",
+            # As the DGX Spark profile runs vLLM: the engine preempts lower classes for P0.
+            "--scheduling-policy", "priority"]
 P2_RANK = 2e13  # acquire.lua: rank = class * 1e13 + virtual start time
 SAMPLE_SECONDS = 0.05
 GAUGE = re.compile(r"^(vllm:num_requests_running|vllm:num_requests_waiting)\{[^}]*\} ([0-9.e+-]+)$", re.M)

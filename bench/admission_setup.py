@@ -48,7 +48,7 @@ def create(port: int) -> dict:
     )
     deployment = Deployment.objects.create(
         name=f"{MODEL}-dep", model=model, node=node, image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": 4}, desired_state="running", state="ready",
+        engine_args={"max-num-seqs": 4, "scheduling-policy": "priority"}, desired_state="running", state="ready",
     )
     replica = Replica.objects.create(deployment=deployment, index=0, node=node, host="127.0.0.1", port=port,
                                      state=ReplicaState.READY, healthy=True)

@@ -41,7 +41,8 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
         "description": (
             "NVIDIA DGX Spark (GB10, 128 GB unified memory): CUDA 13 arm64 vLLM image; "
             "0.80 of the ~121.7 GiB unified pool so the OS keeps room; 4 sequences at once "
-            "(more costs per-token bandwidth); prefix caching on."
+            "(more costs per-token bandwidth); prefix caching on; priority scheduling, so "
+            "interactive (P0) requests preempt batch work inside the engine."
         ),
         "image": DGX_SPARK_IMAGE,
         "engine_args": {
@@ -50,6 +51,7 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
             "enable-prefix-caching": True,
             "enable-prompt-tokens-details": True,
             "shutdown-timeout": 30,
+            "scheduling-policy": "priority",
         },
         "env": {},
         "cluster": {
@@ -65,7 +67,8 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
             "Tollgate's vLLM-API simulator: no GPU, no weights; for demos, CI and benchmarks."
         ),
         "image": SIMULATOR_IMAGE,
-        "engine_args": {"max-num-seqs": 8, "max-model-len": 8192, "enable-prefix-caching": True},
+        "engine_args": {"max-num-seqs": 8, "max-model-len": 8192, "enable-prefix-caching": True,
+                        "scheduling-policy": "priority"},
         "env": {},
         # A stand-in for the Ray runtime (engine_sim/ray.py): the head listens on the Ray
         # port and waits for its workers, each worker joins and blocks. Bridge networking:
