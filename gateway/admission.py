@@ -224,16 +224,18 @@ class Admission:
                 log.warning("could not read engine telemetry", exc_info=True)
 
     async def _refresh_p2(self, routes: dict, threshold: float) -> None:
-        replicas = [(model_id, u.replica_id) for model_id, ups in routes.items() for u in ups]
+        replicas = [(model_id, u) for model_id, ups in routes.items() for u in ups]
         if not replicas:
             return
-        raw = await self.redis.mget([rkey("engine", rid, "metrics") for _, rid in replicas])
+        raw = await self.redis.mget([rkey("engine", u.replica_id, "metrics") for _, u in replicas])
         now, verdict = time.time(), {}
-        for (model_id, _), blob in zip(replicas, raw, strict=True):
+        for (model_id, upstream), blob in zip(replicas, raw, strict=True):
             figures = orjson.loads(blob) if blob else None
             fresh = figures and now - figures.get("scraped_at", 0) < TELEMETRY_FRESH_SECONDS
-            # Without fresh telemetry only the slot ceiling limits P2.
-            spare = not fresh or (figures.get("waiting", 0) == 0
-                                  and figures.get("kv_cache_usage", 0) < threshold)
+            # Without fresh telemetry only the slot ceiling limits P2. An engine that schedules
+            # by priority has P2 requests waiting whenever P0 preempted them: that is its own
+            # scheduler at work, not a lack of room, so only its KV cache counts there.
+            queued = 0 if upstream.priority_scheduling else figures.get("waiting", 0) if fresh else 0
+            spare = not fresh or (queued == 0 and figures.get("kv_cache_usage", 0) < threshold)
             verdict[model_id] = verdict.get(model_id, False) or spare
         self.p2_open = verdict

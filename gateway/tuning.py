@@ -71,7 +71,7 @@ def tune_model(model_id: int, budget: int, replica_ids: list[int], now: float | 
     state = ControllerState(**prev["state"])
     if state.ceiling > budget:  # the replicas changed: the budget is the bound
         state = ControllerState(budget, state.baseline_ttft, state.last_tokens_per_second)
-    state, why = next_ceiling(state, sample, budget)
+    state, why = next_ceiling(state, sample, budget, preempting=_preempting(replica_ids))
     client.set(pool_keys(model_id)[4], state.ceiling, ex=3600)
     client.set(state_key, orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state)}), ex=3600)
     return AdmissionSample.objects.create(
@@ -80,6 +80,15 @@ def tune_model(model_id: int, budget: int, replica_ids: list[int], now: float | 
         ttft_ms=sample.ttft_seconds * 1000 if sample.ttft_seconds is not None else None,
         engine_waiting=sample.engine_waiting, gateway_queued=sample.gateway_queued,
     )
+
+
+def _preempting(replica_ids: list[int]) -> bool:
+    """Do all these replicas' engines schedule by priority (vLLM --scheduling-policy)?"""
+    from deployments.models import Replica
+
+    replicas = Replica.objects.filter(pk__in=replica_ids).select_related("deployment__profile")
+    return bool(replicas) and all(
+        r.deployment.effective_args.get("scheduling-policy") == "priority" for r in replicas)
 
 
 def _state_of(previous: bytes | None, budget: int) -> dict:
