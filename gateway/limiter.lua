@@ -19,11 +19,14 @@
 --          (slot 1: it has one; 0: it is queued — see acquire.lua).
 -- code: 0 admitted, 1/2 requests per minute (key/tenant), 3/4 tokens per minute (key/tenant),
 --       5/6 concurrency (key/tenant), 7 token quota, 8 money quota, 9 larger than the tpm limit.
+-- The arguments arrive as ONE JSON array in ARGV[1] (A below): one argument to encode
+-- and send instead of dozens, which is most of the client's cost per call.
+local A = cjson.decode(ARGV[1])
 
-local now = tonumber(ARGV[1])
-local rid = ARGV[2]
-local est = tonumber(ARGV[3])
-local window = tonumber(ARGV[4])
+local now = tonumber(A[1])
+local rid = A[2]
+local est = tonumber(A[3])
+local window = tonumber(A[4])
 local cutoff = now - window
 
 local function prune(z, h)
@@ -86,11 +89,11 @@ local function check_concurrency(z, limit)
   return redis.call('ZCARD', z) < limit
 end
 
-local key_rpm, key_tpm = tonumber(ARGV[5]), tonumber(ARGV[6])
-local ten_rpm, ten_tpm = tonumber(ARGV[7]), tonumber(ARGV[8])
-local key_cc, ten_cc = tonumber(ARGV[9]), tonumber(ARGV[10])
-local quota_tokens, quota_money = tonumber(ARGV[11]), tonumber(ARGV[12])
-local est_money = tonumber(ARGV[13])
+local key_rpm, key_tpm = tonumber(A[5]), tonumber(A[6])
+local ten_rpm, ten_tpm = tonumber(A[7]), tonumber(A[8])
+local key_cc, ten_cc = tonumber(A[9]), tonumber(A[10])
+local quota_tokens, quota_money = tonumber(A[11]), tonumber(A[12])
+local est_money = tonumber(A[13])
 
 prune(KEYS[1], KEYS[2])
 prune(KEYS[3], KEYS[4])
@@ -142,7 +145,7 @@ if quota_tokens > 0 or quota_money > 0 then
 end
 
 -- Admitted: record the request in every window, in-flight set and the quota reservation.
-local deadline = tonumber(ARGV[14])
+local deadline = tonumber(A[14])
 for _, pair in ipairs({{KEYS[1], KEYS[2], key_rpm + key_tpm}, {KEYS[3], KEYS[4], ten_rpm + ten_tpm}}) do
   if pair[3] > 0 then
     redis.call('ZADD', pair[1], now, rid)
@@ -160,12 +163,12 @@ for _, pair in ipairs({{KEYS[5], key_cc}, {KEYS[6], ten_cc}}) do
 end
 redis.call('HINCRBY', KEYS[7], 'tokens_reserved', est)
 redis.call('HINCRBY', KEYS[7], 'money_reserved', est_money)
-redis.call('EXPIRE', KEYS[7], tonumber(ARGV[15]))
+redis.call('EXPIRE', KEYS[7], tonumber(A[15]))
 -- Until it settles, the request is on record: if its gateway dies, a reaper bills what it
 -- delivered (see gateway/orphans.py).
-redis.call('ZADD', KEYS[13], tonumber(ARGV[24]), rid)
-redis.call('HSET', KEYS[14], rid, ARGV[23])
-local slot = try_slot(KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], rid, tonumber(ARGV[16]),
-  ARGV[22], tonumber(ARGV[17]), est, now, tonumber(ARGV[20]), tonumber(ARGV[18]), ARGV[19],
-  tonumber(ARGV[21]), tonumber(ARGV[25]))
+redis.call('ZADD', KEYS[13], tonumber(A[24]), rid)
+redis.call('HSET', KEYS[14], rid, A[23])
+local slot = try_slot(KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], rid, tonumber(A[16]),
+  A[22], tonumber(A[17]), est, now, tonumber(A[20]), tonumber(A[18]), A[19],
+  tonumber(A[21]), tonumber(A[25]))
 return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

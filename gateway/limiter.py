@@ -120,13 +120,13 @@ class Limiter:
             key.limits.concurrent, tenant.limits.concurrent,
             tenant.quota_tokens, tenant.quota_money_nano, money_nano,
             now_ms + IN_FLIGHT_DEADLINE_MS, QUOTA_TTL_SECONDS,
-            slot.priority_index, slot.weight, slot.budget, 1 if slot.p2_open else 0,
-            slot.lease_ms, slot.give_up_ms, tenant.id,
-            orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}),
+            slot.priority_index, slot.weight, slot.budget, "1" if slot.p2_open else "0",
+            slot.lease_ms, slot.give_up_ms, str(tenant.id),
+            orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}).decode(),
             now_ms + slot.lease_ms, slot.p0_extra,
         ]
         async with asyncio.timeout(CALL_TIMEOUT):
-            result = await self._admit(keys=[*keys, *slot.pool, *open_keys()[:2]], args=argv)
+            result = await self._admit(keys=[*keys, *slot.pool, *open_keys()[:2]], args=[orjson.dumps(argv)])
         code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = (int(x) for x in result)
         reason, scope = REASONS.get(code, ("", ""))
         reservation = Reservation(request_id, keys, tokens, money_nano) if code == 0 else None
@@ -157,5 +157,5 @@ def settle_keys(reservation: Reservation, tokens: int, money_nano: int, event: b
     keys = [k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id),
             running, queue, *open_keys()]
     args = [reservation.request_id, reservation.tokens, tokens, reservation.money_nano, money_nano,
-            event, wake_channel(), model_id]
-    return keys, args
+            event.decode(), wake_channel(), model_id]
+    return keys, [orjson.dumps(args)]
