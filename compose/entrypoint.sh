@@ -108,6 +108,15 @@ role_beat() {
     --loglevel "${TOLLGATE_LOG_LEVEL:-INFO}"
 }
 
+role_batches() {
+  load_secrets
+  exec celery -A config worker \
+    --queues batches \
+    --concurrency "${TOLLGATE_BATCH_WORKERS:-2}" \
+    --hostname "batches@%h" --without-gossip --without-mingle \
+    --loglevel "${TOLLGATE_LOG_LEVEL:-INFO}"
+}
+
 role_usage() {
   load_secrets
   exec python3 manage.py consume_usage
@@ -127,6 +136,7 @@ case "$role" in
   worker) role_worker ;;
   beat) role_beat ;;
   usage) role_usage ;;
+  batches) role_batches ;;
   janitor) role_janitor ;;
   stop-engines) role_janitor --now ;;
   worker-ping) load_secrets; exec celery -A config inspect ping -d "worker@$HOSTNAME" --timeout 10 >/dev/null ;;
