@@ -274,6 +274,23 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     first = [traffic.one(stream=False), traffic.one(stream=True)]
     assert [m.id for m in client.models.list().data] == ["sim-chat"]
 
+    # A Batch API job runs on the batches worker; its requests go through the gateway as P2.
+    lines = [json.dumps({"custom_id": f"b{n}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "sim-chat", "max_tokens": 4,
+                                  "messages": [{"role": "user", "content": f"hello {n}"}]}})
+             for n in range(3)]
+    upload = client.files.create(file=("batch.jsonl", "\n".join(lines).encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    deadline = time.monotonic() + 180
+    while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+        time.sleep(1)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch
+    results = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in results) == ["b0", "b1", "b2"]
+    assert all(r["response"]["status_code"] == 200 for r in results)
+
     # Restart web, the worker and the usage consumer under traffic: every request a client
     # saw succeed is billed.
     thread = threading.Thread(target=traffic.run, daemon=True)
