@@ -87,11 +87,11 @@ def children(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         parents.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
+    found, pending = [], [pid]
+    while pending:
+        for child in parents.get(pending.pop(), []):
             found.append(child)
-            todo.append(child)
+            pending.append(child)
     return found
 
 
