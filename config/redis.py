@@ -5,6 +5,8 @@ from functools import cache
 import redis
 from django.conf import settings
 
+from config.hot import setting
+
 
 @cache
 def get_redis() -> redis.Redis:
@@ -14,4 +16,4 @@ def get_redis() -> redis.Redis:
 
 def rkey(*parts: object) -> str:
     """A Redis key in Tollgate's namespace: ``<prefix>:<part>:<part>…``."""
-    return ":".join([settings.TOLLGATE_REDIS_PREFIX, *map(str, parts)])
+    return ":".join([setting("TOLLGATE_REDIS_PREFIX"), *map(str, parts)])

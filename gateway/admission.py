@@ -20,6 +20,7 @@ import orjson
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from config.hot import setting
 from config.redis import rkey
 from gateway import metrics
 from gateway.limiter import SlotRequest
@@ -43,7 +44,7 @@ def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
 
 def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
     """(running, queue, queue expiry, fair share, ceiling) keys of a model's engine pool."""
-    return _pool_keys(settings.TOLLGATE_REDIS_PREFIX, model_id)
+    return _pool_keys(setting("TOLLGATE_REDIS_PREFIX"), model_id)
 
 
 def wait_stats_key(hour: int) -> str:
@@ -56,7 +57,7 @@ def wake_channel() -> str:
 
 
 def queue_timeout(priority: str) -> float:
-    return float(settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS[priority])
+    return float(setting("TOLLGATE_QUEUE_TIMEOUT_SECONDS")[priority])
 
 
 def lowered(tenant_class: str, asked: object) -> str:

@@ -518,7 +518,7 @@ class Gateway:
             value = checkpoint_value(o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens)
             try:
                 async with asyncio.timeout(1.0):
-                    await self.rt.redis.hset(cp_key, request_id, value)
+                    await self.rt.pipe.call(b"HSET", cp_key, request_id, value)
             except (redis.exceptions.RedisError, OSError, TimeoutError):
                 pass  # the final settle carries the exact figures; this only covers a crash
 

@@ -3,7 +3,6 @@ for an engine slot), one to settle."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -12,10 +11,11 @@ from pathlib import Path
 
 import orjson
 import redis.asyncio as aioredis
-from django.conf import settings
 
+from config.hot import setting
 from config.redis import rkey
 from gateway.orphans import open_keys
+from gateway.redispipe import RedisPipe, Script
 from gateway.state import KeyInfo, TenantInfo
 from metering.events import stream_key
 from metering.quota import QUOTA_TTL_SECONDS, quota_key
@@ -23,7 +23,6 @@ from metering.quota import QUOTA_TTL_SECONDS, quota_key
 WINDOW_MS = 60_000
 # A request that never settles (its gateway died) stops counting as in flight after this.
 IN_FLIGHT_DEADLINE_MS = 15 * 60_000
-CALL_TIMEOUT = 5.0  # seconds for one Redis call; then the request fails closed
 
 _HERE = Path(__file__).parent
 SLOT_LUA = (_HERE / "acquire.lua").read_text()
@@ -92,19 +91,26 @@ def _quota_key(prefix: str, tenant_id: int, period: str, hour: int) -> str:
 
 
 def _keys(key: KeyInfo, tenant: TenantInfo, at: float) -> tuple[str, ...]:
-    prefix = settings.TOLLGATE_REDIS_PREFIX
+    prefix = setting("TOLLGATE_REDIS_PREFIX")
     # Periods start on whole UTC hours (days, weeks, months), so the hour picks the period.
     return (*_scope_keys(prefix, key.id, tenant.id),
             _quota_key(prefix, tenant.id, tenant.quota_period, int(at // 3600)))
 
 
-class Limiter:
-    """Atomic admission and settlement against one Redis."""
+_ADMIT = Script(ADMIT_LUA)
+_SETTLE = Script(SETTLE_LUA)
 
-    def __init__(self, client: aioredis.Redis) -> None:
+
+class Limiter:
+    """Atomic admission and settlement against one Redis (a pipelined connection: see
+    gateway/redispipe.py; a call that gets no answer within its timeout fails closed)."""
+
+    def __init__(self, client: aioredis.Redis, pipe: RedisPipe | None = None) -> None:
         self.redis = client
-        self._admit = client.register_script(ADMIT_LUA)
-        self._settle = client.register_script(SETTLE_LUA)
+        self.pipe = pipe or RedisPipe.like(client)
+
+    async def aclose(self) -> None:
+        await self.pipe.aclose()
 
     async def admit(
         self, request_id: str, key: KeyInfo, tenant: TenantInfo, tokens: int, money_nano: int,
@@ -125,9 +131,8 @@ class Limiter:
             orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}).decode(),
             now_ms + slot.lease_ms, slot.p0_extra,
         ]
-        async with asyncio.timeout(CALL_TIMEOUT):
-            result = await self._admit(keys=[*keys, *slot.pool, *open_keys()[:2]], args=[orjson.dumps(argv)])
-        code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = (int(x) for x in result)
+        result = await self.pipe.evalsha(_ADMIT, (*keys, *slot.pool, *open_keys()[:2]), (orjson.dumps(argv),))
+        code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = result
         reason, scope = REASONS.get(code, ("", ""))
         reservation = Reservation(request_id, keys, tokens, money_nano) if code == 0 else None
         return Decision(
@@ -142,20 +147,28 @@ class Limiter:
         """Correct the reservation with real usage, release it and the engine slot, and
         append the usage event."""
         keys, args = settle_keys(reservation, tokens, money_nano, event, model_id)
-        async with asyncio.timeout(CALL_TIMEOUT):
-            await self._settle(keys=keys, args=args)
+        await self.pipe.evalsha(_SETTLE, keys, args)
 
 
 def settle_keys(reservation: Reservation, tokens: int, money_nano: int, event: bytes,
                 model_id: int) -> tuple[list[str], list[object]]:
     """KEYS and ARGV of settle.lua (shared with the orphan reaper)."""
-    from gateway.admission import pool_keys, wake_channel
-    from gateway.orphans import open_keys
+    from gateway.admission import pool_keys
 
+    prefix = setting("TOLLGATE_REDIS_PREFIX")
+    stream, wake, opened = _settle_names(prefix)
     k = reservation.keys
     running, queue = pool_keys(model_id)[:2]
-    keys = [k[1], k[3], k[4], k[5], k[6], stream_key(), rkey("settled", reservation.request_id),
-            running, queue, *open_keys()]
+    keys = [k[1], k[3], k[4], k[5], k[6], stream, f"{prefix}:settled:{reservation.request_id}",
+            running, queue, *opened]
     args = [reservation.request_id, reservation.tokens, tokens, reservation.money_nano, money_nano,
-            event.decode(), wake_channel(), model_id]
+            event.decode(), wake, model_id]
     return keys, [orjson.dumps(args)]
+
+
+@lru_cache(maxsize=16)
+def _settle_names(prefix: str) -> tuple[str, str, tuple[str, str, str]]:
+    """(usage stream, wake channel, open-request keys) under one prefix."""
+    from gateway.admission import wake_channel
+
+    return stream_key(), wake_channel(), open_keys()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import lru_cache
 
 import orjson
-from django.conf import settings
 
+from config.hot import setting
 from config.redis import get_redis, rkey
 from metering.events import UsageRecord
 
@@ -28,11 +29,16 @@ CHECKPOINT_SECONDS = 1.0
 
 def open_keys() -> tuple[str, str, str]:
     """(open requests zset: id -> lease deadline ms, records hash, checkpoints hash)."""
+    return _open_keys(setting("TOLLGATE_REDIS_PREFIX"))
+
+
+@lru_cache(maxsize=16)
+def _open_keys(prefix: str) -> tuple[str, str, str]:
     return rkey("gw", "open"), rkey("gw", "open", "rec"), rkey("gw", "open", "cp")
 
 
 def lease_ms() -> int:
-    return int(settings.TOLLGATE_GATEWAY_LEASE_SECONDS * 1000)
+    return int(setting("TOLLGATE_GATEWAY_LEASE_SECONDS") * 1000)
 
 
 def checkpoint_value(prompt: int, completion: int, cached: int, reasoning: int) -> str:

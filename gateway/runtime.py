@@ -20,6 +20,7 @@ from django.db import close_old_connections
 from gateway.admission import Admission, wake_channel
 from gateway.invalidation import channel
 from gateway.limiter import Limiter, Reservation
+from gateway.redispipe import RedisPipe
 from gateway.state import Snapshot, load_snapshot
 
 log = logging.getLogger("tollgate.gateway")
@@ -58,6 +59,7 @@ class Runtime:
     def __init__(self) -> None:
         self.snapshot = Snapshot()
         self.redis: aioredis.Redis | None = None
+        self.pipe: RedisPipe | None = None  # the per-request calls (admit, settle, checkpoint)
         self.limiter: Limiter | None = None
         self.session: aiohttp.ClientSession | None = None
         self.used_keys: set[int] = set()
@@ -68,16 +70,16 @@ class Runtime:
         self._reload_requested = asyncio.Event()
 
     async def start(self) -> None:
-        # A bounded pool that queues callers: a burst of thousands of requests waits for a
-        # connection instead of opening thousands (or failing with "too many connections").
-        # No socket_timeout: redis-py would wrap every command in a task of its own; each
-        # gateway call carries one asyncio timeout instead.
+        # For everything but the per-request calls: a bounded pool that queues callers, so a
+        # burst waits for a connection instead of opening thousands. No socket_timeout:
+        # redis-py would wrap every command in a task of its own; calls carry a timeout.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.REDIS_URL, max_connections=REDIS_CONNECTIONS, timeout=5,
             socket_connect_timeout=2, health_check_interval=30,
         )
         self.redis = aioredis.Redis(connection_pool=pool)
-        self.limiter = Limiter(self.redis)
+        self.pipe = RedisPipe.from_url(settings.REDIS_URL)
+        self.limiter = Limiter(self.redis, self.pipe)
         self.admission = Admission(self.redis)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60),
@@ -89,6 +91,7 @@ class Runtime:
         except BaseException:
             await self.session.close()
             await self.redis.aclose()
+            await self.pipe.aclose()
             raise
         self._tasks = [
             asyncio.create_task(self._listen(), name="gateway-invalidation"),
@@ -112,6 +115,8 @@ class Runtime:
             await self.session.close()
         if self.redis:
             await self.redis.aclose()
+        if self.pipe:
+            await self.pipe.aclose()
 
     async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes,
                      model_id: int) -> None:
