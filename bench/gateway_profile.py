@@ -163,6 +163,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
     ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--callers", default="", help="also print who calls functions matching this regex")
     ap.add_argument("--phases", action="store_true",
                     help="wall-clock time per request phase instead of cProfile (no profiler overhead)")
     ap.add_argument("--workers", type=int, default=1, help="with --phases: gunicorn workers (1 reports all)")
@@ -210,6 +211,8 @@ def main() -> None:
             stats = pstats.Stats(str(out), stream=buf)
             total = stats.total_tt
             stats.sort_stats(a.sort).print_stats(a.top)
+            if a.callers:
+                stats.print_callers(a.callers)
             print(f"profiled time {total:.2f} s = {total / max(count, 1) * 1e6:.1f} µs per {unit}")
             print(buf.getvalue().split("\n", 6)[-1] if buf.getvalue() else "")
 

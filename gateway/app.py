@@ -463,11 +463,12 @@ class Gateway:
             st.outcome.status = "client_closed"
             return st.outcome, None
         chosen = None
+        model_name = payload["model"]
         try:
             for upstream in sorted(upstreams, key=lambda u: u.outstanding):
                 chosen = upstream
                 upstream.outstanding += 1
-                metrics.IN_FLIGHT.labels(payload["model"]).inc()
+                metrics.child(metrics.IN_FLIGHT, model_name).inc()
                 try:
                     url = upstream.base_url + path
                     sent_headers = up_headers
@@ -483,7 +484,7 @@ class Gateway:
                     continue  # nothing was sent yet: try the next replica
                 finally:
                     upstream.outstanding -= 1
-                    metrics.IN_FLIGHT.labels(payload["model"]).dec()
+                    metrics.child(metrics.IN_FLIGHT, model_name).dec()
             else:
                 await respond(send, 503, error_body(
                     "No engine for this model accepted the connection. Please retry shortly.",
@@ -566,10 +567,11 @@ class Gateway:
         )
         await self.rt.settle(reservation, tokens, money, record.encode(), model.id)
         labels = (tenant.slug, model.served_name)
-        metrics.REQUESTS.labels(*labels, endpoint, outcome.status).inc()
-        metrics.LATENCY.labels(*labels).observe(latency)
+        child = metrics.child
+        child(metrics.REQUESTS, *labels, endpoint, outcome.status).inc()
+        child(metrics.LATENCY, *labels).observe(latency)
         if outcome.ttft_ms is not None:
-            metrics.TTFT.labels(*labels).observe(outcome.ttft_ms / 1000)
+            child(metrics.TTFT, *labels).observe(outcome.ttft_ms / 1000)
         if tokens:
-            metrics.TOKENS.labels(*labels, "prompt").inc(outcome.prompt_tokens)
-            metrics.TOKENS.labels(*labels, "completion").inc(outcome.completion_tokens)
+            child(metrics.TOKENS, *labels, "prompt").inc(outcome.prompt_tokens)
+            child(metrics.TOKENS, *labels, "completion").inc(outcome.completion_tokens)

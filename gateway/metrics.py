@@ -5,6 +5,7 @@ set ``PROMETHEUS_MULTIPROC_DIR`` so ``/metrics`` sums every process.
 """
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -48,6 +49,20 @@ QUEUE_WAIT = Histogram(
 UPSTREAM_ERRORS = Counter(
     "tollgate_upstream_errors_total", "Engine failures seen by the gateway.", ["model", "kind"]
 )
+
+
+_children: dict[tuple, object] = {}
+
+
+def child(metric: object, *labels: str) -> Any:
+    """``metric.labels(*labels)``, remembered: ``labels()`` validates and locks on every
+    call, and a request updates seven series. (The gateway never removes a series, so a
+    remembered child stays the registered one.)"""
+    try:
+        return _children[metric, labels]
+    except KeyError:
+        found = _children[metric, labels] = metric.labels(*labels)
+        return found
 
 
 def render() -> tuple[bytes, str]:
