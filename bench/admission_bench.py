@@ -77,7 +77,7 @@ def start_sim() -> tuple[int, Server]:
 
 def start_gateway(env: dict, key: str, log: Path, workers: int) -> tuple[str, Server]:
     port = free_port()
-    cmd = [PY, "-m", "gunicorn", "config.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
+    cmd = [PY, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
            "-w", str(workers), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
     server = Server(proc)

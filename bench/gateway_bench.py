@@ -156,7 +156,7 @@ def start_sim(name: str, tokens: int, tps: float) -> tuple[int, Server]:
 
 def start_tollgate(workers: int, env: dict, key: str, log: Path, app: str = "config.asgi:application") -> tuple[str, Server]:
     port = free_port()
-    cmd = [PY, "-m", "gunicorn", app, "-k", "uvicorn_worker.UvicornWorker",
+    cmd = [PY, "-m", "gunicorn", "-c", "python:config.gunicorn", app,
            "-w", str(workers), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
     server = Server(proc)

@@ -83,8 +83,9 @@ role_migrate() {
 
 role_web() {
   load_secrets
-  exec gunicorn config.asgi:application \
-    --worker-class uvicorn_worker.UvicornWorker \
+  # Prometheus multiprocess files of the web workers (made fresh by config/gunicorn.py).
+  export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-/tmp/tollgate-metrics}"
+  exec gunicorn -c python:config.gunicorn config.asgi:application \
     --workers "${TOLLGATE_WEB_WORKERS:-2}" \
     --bind "0.0.0.0:${TOLLGATE_WEB_PORT:-8000}" \
     --graceful-timeout "${TOLLGATE_WEB_GRACEFUL_SECONDS:-30}" \

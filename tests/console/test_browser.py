@@ -76,7 +76,7 @@ def live(transactional_db: None, stack: str) -> Iterator[str]:  # noqa: F811
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env,
                    check=True)
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "config.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
+        [sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
          "-w", "1", "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(ROOT / ".pytest-console.log", "w"),
     )

@@ -150,8 +150,8 @@ class Gateway:
 
     def start(self) -> Gateway:
         self.proc = self.procs.spawn("gateway", [
-            sys.executable, "-m", "gunicorn", "config.asgi:application",
-            "-k", "uvicorn_worker.UvicornWorker", "-w", str(self.workers),
+            sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
+            "-w", str(self.workers),
             "-b", f"127.0.0.1:{self.port}", "--graceful-timeout", "3", "--backlog", "4096",
         ], self.env)
         wait_listening(self.port, self.proc)

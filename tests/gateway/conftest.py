@@ -111,7 +111,7 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
         "TOLLGATE_QUEUE_TIMEOUT_P0": "20", "TOLLGATE_QUEUE_TIMEOUT_P1": "4", "TOLLGATE_QUEUE_TIMEOUT_P2": "4",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "config.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
+        [sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
          "-w", "2", "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(ROOT / ".pytest-gateway.log", "w"),
     )

@@ -227,6 +227,25 @@ def test_metrics_need_the_metrics_token(world: World) -> None:
     assert 'tollgate_requests_total{endpoint="chat",model="sim-chat",status="ok",tenant="acme"}' in page.text
 
 
+def test_metrics_count_the_requests_of_every_worker(world: World) -> None:
+    """The gateway runs two workers; /metrics is answered by one of them but sums both."""
+    from tests.gateway.conftest import METRICS_TOKEN
+
+    series = 'tollgate_requests_total{endpoint="chat",model="sim-chat",status="ok",tenant="acme"} '
+
+    def served() -> float:
+        page = httpx.get(f"{world.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
+        return next((float(line.split()[-1]) for line in page.splitlines() if line.startswith(series)), 0.0)
+
+    before = served()
+    body = {"model": "sim-chat", "messages": HELLO, "max_tokens": 1}
+    for _ in range(30):  # a new connection each: the kernel spreads them over both workers
+        r = httpx.post(f"{world.v1}/chat/completions", json=body,
+                       headers={"Authorization": f"Bearer {world.key_a}"})
+        assert r.status_code == 200
+    assert [served() for _ in range(6)] == [before + 30] * 6
+
+
 def test_a_foreign_host_header_is_refused_like_django_does(world: World) -> None:
     headers = {"Authorization": f"Bearer {world.key_a}", "Host": "evil.example"}
     r = httpx.post(f"{world.v1}/chat/completions", headers=headers, json={"model": "sim-chat", "messages": HELLO})

@@ -1,0 +1,33 @@
+"""gunicorn settings for the web role: ``gunicorn -c python:config.gunicorn config.asgi:application``.
+
+Uvicorn workers (the ASGI app: console, admin API and the /v1 gateway). Each worker keeps
+its own Prometheus metrics; so that ``/metrics`` shows the sum over all workers (not
+whichever worker happens to answer), they write them to ``PROMETHEUS_MULTIPROC_DIR``,
+made fresh here before the workers start, and a worker that exits is marked dead.
+"""
+
+import os
+import shutil
+import tempfile
+
+worker_class = "uvicorn_worker.UvicornWorker"
+
+_made_here = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if _made_here:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="tollgate-metrics-")
+else:
+    # Files of an earlier run would be added to this run's counters.
+    _dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    shutil.rmtree(_dir, ignore_errors=True)
+    os.makedirs(_dir, exist_ok=True)
+
+
+def child_exit(server: object, worker: object) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server: object) -> None:
+    if _made_here:
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
