@@ -39,7 +39,18 @@ local function prune(z, h)
     redis.call('ZREM', z, unpack(expired))
     redis.call('HDEL', h, unpack(expired))
     if freed ~= 0 then redis.call('HINCRBY', h, '_sum', -freed) end
+    if #expired < 500 then return end
   end
+end
+
+-- The oldest entry's admission time in a window (or nil), read once per window.
+local oldest_seen = {}
+local function oldest(z)
+  if oldest_seen[z] == nil then
+    local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    oldest_seen[z] = first[2] and tonumber(first[2]) or false
+  end
+  return oldest_seen[z] or nil
 end
 
 -- Requests: admitted when one more fits; else wait until the oldest needed entry leaves.
@@ -51,10 +62,7 @@ local function check_requests(z, limit)
     return tonumber(e[2]) + window - now, 0, tonumber(e[2]) + window - now
   end
   local reset = 0
-  if n > 0 then
-    local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
-    reset = tonumber(first[2]) + window - now
-  end
+  if n > 0 then reset = oldest(z) + window - now end
   return 0, limit - n - 1, reset
 end
 
@@ -65,8 +73,8 @@ local function check_tokens(z, h, limit)
   if used + est <= limit then
     local reset = 0
     if used > 0 then
-      local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
-      if first[2] then reset = tonumber(first[2]) + window - now end
+      local first = oldest(z)
+      if first then reset = first + window - now end
     end
     return 0, limit - used - est, reset
   end
@@ -83,8 +91,11 @@ local function check_tokens(z, h, limit)
   return window, 0, window
 end
 
+-- Entries past their deadline (gateways that died) are only looked for when they would
+-- make the difference.
 local function check_concurrency(z, limit)
   if limit <= 0 then return true end
+  if redis.call('ZCARD', z) < limit then return true end
   redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
   return redis.call('ZCARD', z) < limit
 end
@@ -170,5 +181,5 @@ redis.call('ZADD', KEYS[13], tonumber(A[24]), rid)
 redis.call('HSET', KEYS[14], rid, A[23])
 local slot = try_slot(KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], rid, tonumber(A[16]),
   A[22], tonumber(A[17]), est, now, tonumber(A[20]), tonumber(A[18]), A[19],
-  tonumber(A[21]), tonumber(A[25]))
+  tonumber(A[21]), tonumber(A[25]), true)
 return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

@@ -31,16 +31,34 @@ CALL_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
 
 
+def _bulk(arg: Any) -> bytes:
+    if type(arg) is not bytes:
+        arg = arg.encode() if type(arg) is str else str(arg).encode()
+    return b"$%d\r\n%b\r\n" % (len(arg), arg)
+
+
+_KEY_CACHE: dict[str, bytes] = {}
+
+
+def _key(name: str) -> bytes:
+    """A key as a RESP bulk string; keys repeat from request to request, so they are kept."""
+    try:
+        return _KEY_CACHE[name]
+    except KeyError:
+        if len(_KEY_CACHE) >= 50_000:
+            _KEY_CACHE.clear()
+        piece = _KEY_CACHE[name] = _bulk(name)
+        return piece
+
+
 def encode(args: tuple) -> bytes:
     """A command in RESP: an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, str):
-            arg = arg.encode()
-        elif isinstance(arg, int):
-            arg = b"%d" % arg
-        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
-    return b"".join(out)
+    return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
+
+
+def encode_script_call(sha: bytes, keys: list | tuple, args: list | tuple) -> bytes:
+    return b"".join([b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(args)), _bulk(sha), _bulk(len(keys)),
+                     *[_key(k) for k in keys], *[_bulk(a) for a in args]])
 
 
 class Script:
@@ -168,14 +186,17 @@ class RedisPipe:
                    ssl=issubclass(pool.connection_class, SSLConnection), path=kw.get("path"), **kwargs)
 
     async def call(self, *args: Any) -> Any:
+        return await self._send(encode(args))
+
+    async def _send(self, command: bytes) -> Any:
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connect()
-        return await conn.send(encode(args))
+        return await conn.send(command)
 
     async def evalsha(self, script: Script, keys: list | tuple, args: list | tuple) -> Any:
         try:
-            return await self.call(b"EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._send(encode_script_call(script.sha, keys, args))
         except redis.exceptions.ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
