@@ -3,7 +3,8 @@
 Starts three simulator engines (zero-delay; 64 tokens 5 ms apart; 200 tokens 50 ms
 apart), a throw-away PostgreSQL database and Redis prefix with one tenant/key/price (rate
 limits on but never reached, metering on), then for each column — direct, Tollgate with 1
-and 2 gunicorn workers, LiteLLM with 1 and 2 workers — runs the same closed-loop scenarios
+and 2 gunicorn workers (and with 2 workers on the aiohttp upstream client instead of its
+own, side by side), LiteLLM with 1 and 2 workers — runs the same closed-loop scenarios
 from a separate load-generator process (bench/gateway_load.py, aiohttp client):
 
   json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
@@ -542,7 +543,8 @@ def bench_stack(db_name: str = DB_NAME) -> Iterator[Stack]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="replace the generated block in bench/RESULTS.md")
-    ap.add_argument("--columns", default="direct,Tollgate w1,Tollgate w2,LiteLLM w1,LiteLLM w2")
+    ap.add_argument("--columns", default="direct,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,LiteLLM w1,LiteLLM w2",
+                    help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument("--hold-litellm", action="store_true", help="also hold the streams through LiteLLM")
@@ -560,11 +562,12 @@ def main() -> None:
             if col == "direct":
                 column = Column(col, {n: f"http://127.0.0.1:{p}" for n, p in st.ports.items()}, None, None)
             elif col.startswith("Tollgate"):
-                url, srv = start_tollgate(int(col[-1]), st.env, st.key, st.tmp / "tollgate.log")
+                env = {**st.env, "TOLLGATE_UPSTREAM_CLIENT": "aiohttp" if col.endswith("aiohttp") else "tollgate"}
+                url, srv = start_tollgate(workers_of(col), env, st.key, st.tmp / "tollgate.log")
                 st.servers.append(srv)
                 column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
             else:
-                url, master, srv = start_litellm(int(col[-1]), st.ports, st.tmp, st.tmp / "litellm.log")
+                url, master, srv = start_litellm(workers_of(col), st.ports, st.tmp, st.tmp / "litellm.log")
                 st.servers.append(srv)
                 column = Column(col, dict.fromkeys(SIMS, url), master, srv)
             hold = a.hold if (col.startswith("Tollgate") or (col.startswith("LiteLLM") and a.hold_litellm)) else 0
@@ -581,6 +584,10 @@ def main() -> None:
     print(f"\n{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(lines))
     if a.write:
         write_section(render_section(cmd.strip(), machine, text, lines))
+
+
+def workers_of(column: str) -> int:
+    return int(column.split(" ")[1].removeprefix("w"))
 
 
 def render_section(cmd: str, machine: str, text: str, lines: list[str]) -> str:

@@ -261,6 +261,9 @@ TOLLGATE_DEFAULT_CURRENCY = env_str("TOLLGATE_DEFAULT_CURRENCY", "USD")
 TOLLGATE_MAX_BODY_BYTES = env_int("TOLLGATE_MAX_BODY_BYTES", 8 * 1024 * 1024)
 TOLLGATE_MAX_N = env_int("TOLLGATE_MAX_N", 8)  # choices per request
 TOLLGATE_MAX_SSE_FRAME_BYTES = env_int("TOLLGATE_MAX_SSE_FRAME_BYTES", 1024 * 1024)
+# The gateway's HTTP client for engines: its own keep-alive client (gateway/upstream.py) or
+# an aiohttp session; bench/gateway_bench.py measures both.
+TOLLGATE_UPSTREAM_CLIENT = env_str("TOLLGATE_UPSTREAM_CLIENT", "tollgate")
 # Admission: how long a request may wait for an engine slot, per priority class.
 TOLLGATE_QUEUE_TIMEOUT_SECONDS = {
     "P0": env_int("TOLLGATE_QUEUE_TIMEOUT_P0", 30),

@@ -1,7 +1,7 @@
 """The OpenAI-compatible ``/v1`` gateway: a bare ASGI application on the hot path.
 
 Per request: authenticate from cache, resolve the model and a replica from cache, one Lua
-call to admit (rate limits, concurrency, quota), forward with a pooled aiohttp session,
+call to admit (rate limits, concurrency, quota), forward over a pooled keep-alive connection,
 one Lua call to settle (real usage, release, usage event). No ORM, no Django request
 machinery.
 """

@@ -17,6 +17,7 @@ import orjson
 
 from gateway.errors import error_body, normalise_upstream_error
 from gateway.orphans import CHECKPOINT_SECONDS
+from gateway.upstream import UpstreamRefused
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -24,10 +25,6 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-class UpstreamRefused(Exception):
-    """The engine refused the connection before any byte was exchanged: try another."""
 
 
 @dataclass(slots=True)
@@ -55,7 +52,9 @@ def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
         outcome.reasoning_tokens = int(details.get("reasoning_tokens") or 0)
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+async def _post(session: Any, url: str, body: bytes, headers: dict[str, str]) -> Any:
+    """POST to an engine with the gateway's client (gateway.upstream.EngineClient, or an
+    aiohttp session): a response whose headers arrived, or UpstreamRefused."""
     try:
         return await session.post(url, data=body, headers=headers)
     except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
@@ -63,7 +62,7 @@ async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: 
 
 
 async def forward_whole(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+    session: Any, url: str, body: bytes, headers: dict[str, str],
     send: Any, extra_headers: list[tuple[bytes, bytes]], outcome: Outcome,
 ) -> None:
     """Non-streaming: wait for the engine's answer and pass it on unchanged."""
@@ -184,7 +183,7 @@ def read_usage_pending(st: StreamState, usage: dict[str, Any]) -> None:
 
 
 async def forward_stream(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+    session: Any, url: str, body: bytes, headers: dict[str, str],
     send: Any, extra_headers: list[tuple[bytes, bytes]], st: StreamState, max_frame: int,
 ) -> None:
     """Streaming: pass SSE frames through as they arrive, tracking tokens delivered."""
@@ -207,7 +206,7 @@ async def forward_stream(
         resp.close()
 
 
-async def _relay(resp: aiohttp.ClientResponse, send: Any, st: StreamState, max_frame: int) -> None:
+async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
     outcome = st.outcome
     buffer = b""
     async for chunk in resp.content.iter_any():

@@ -23,6 +23,7 @@ from gateway.invalidation import channel
 from gateway.limiter import Limiter, Reservation
 from gateway.redispipe import RedisPipe
 from gateway.state import Snapshot, load_snapshot
+from gateway.upstream import EngineClient, make_client
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -62,7 +63,7 @@ class Runtime:
         self.redis: aioredis.Redis | None = None
         self.pipe: RedisPipe | None = None  # the per-request calls (admit, settle, checkpoint)
         self.limiter: Limiter | None = None
-        self.session: aiohttp.ClientSession | None = None
+        self.session: EngineClient | aiohttp.ClientSession | None = None
         self.used_keys: set[int] = set()
         self.unsettled: list[tuple[Reservation, int, int, bytes, int]] = []
         self.admission: Admission | None = None
@@ -82,11 +83,7 @@ class Runtime:
         self.pipe = RedisPipe.from_url(settings.REDIS_URL)
         self.limiter = Limiter(self.redis, self.pipe)
         self.admission = Admission(self.redis)
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-            auto_decompress=False,
-        )
+        self.session = make_client(settings.TOLLGATE_UPSTREAM_CLIENT)
         try:
             self.snapshot = await asyncio.to_thread(_load_in_thread, None)
         except BaseException:
