@@ -453,6 +453,7 @@ class Gateway:
             wants_usage=bool(options.get("include_usage")),
             wants_continuous=bool(options.get("include_usage") and options.get("continuous_usage_stats")),
             started_at=started, outcome=Outcome(), checkpoint=self.checkpointer(request_id),
+            last_checkpoint=time.monotonic(),  # the first after a second: not in the way of the first token
         )
         out_body = body  # already the engine's body (see upstream_body)
         path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
@@ -468,7 +469,7 @@ class Gateway:
             for upstream in sorted(upstreams, key=lambda u: u.outstanding):
                 chosen = upstream
                 upstream.outstanding += 1
-                metrics.child(metrics.IN_FLIGHT, model_name).inc()
+                metrics.in_flight[model_name] += 1
                 try:
                     url = upstream.base_url + path
                     sent_headers = up_headers
@@ -484,7 +485,7 @@ class Gateway:
                     continue  # nothing was sent yet: try the next replica
                 finally:
                     upstream.outstanding -= 1
-                    metrics.child(metrics.IN_FLIGHT, model_name).dec()
+                    metrics.in_flight[model_name] -= 1
             else:
                 await respond(send, 503, error_body(
                     "No engine for this model accepted the connection. Please retry shortly.",
@@ -566,12 +567,6 @@ class Gateway:
             ttft_ms=outcome.ttft_ms, price_id=price.id if price else None,
         )
         await self.rt.settle(reservation, tokens, money, record.encode(), model.id)
-        labels = (tenant.slug, model.served_name)
-        child = metrics.child
-        child(metrics.REQUESTS, *labels, endpoint, outcome.status).inc()
-        child(metrics.LATENCY, *labels).observe(latency)
-        if outcome.ttft_ms is not None:
-            child(metrics.TTFT, *labels).observe(outcome.ttft_ms / 1000)
-        if tokens:
-            child(metrics.TOKENS, *labels, "prompt").inc(outcome.prompt_tokens)
-            child(metrics.TOKENS, *labels, "completion").inc(outcome.completion_tokens)
+        metrics.request_done(tenant.slug, model.served_name, endpoint, outcome.status, latency,
+                             None if outcome.ttft_ms is None else outcome.ttft_ms / 1000,
+                             outcome.prompt_tokens, outcome.completion_tokens)

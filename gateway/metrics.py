@@ -1,10 +1,16 @@
 """Prometheus metrics of the gateway, labelled by tenant and model.
 
-Updated once per request (never per streamed chunk). With several worker processes,
-set ``PROMETHEUS_MULTIPROC_DIR`` so ``/metrics`` sums every process.
+A finished request appends one tuple to a list (``request_done``); ``flush`` turns the
+list into metric updates, aggregated per label set, at most a second later (and right
+before this process renders ``/metrics``), so the request path pays neither Prometheus'
+per-update locking nor, in multiprocess mode, its file writes. In-flight counts are plain
+integers set on the gauge at each flush. With several worker processes,
+``PROMETHEUS_MULTIPROC_DIR`` (set by config/gunicorn.py) lets ``/metrics`` sum them all.
 """
 
 import os
+from bisect import bisect_left
+from collections import defaultdict
 from typing import Any
 
 from prometheus_client import (
@@ -65,8 +71,66 @@ def child(metric: object, *labels: str) -> Any:
         return found
 
 
+FLUSH_SECONDS = 1.0
+
+# (tenant, model, endpoint, status, latency s, ttft s or None, prompt tokens, completion tokens)
+_done: list[tuple] = []
+in_flight: dict[str, int] = defaultdict(int)  # served model name -> requests at an engine now
+_in_flight_shown: dict[str, int] = {}
+
+
+def request_done(tenant: str, model: str, endpoint: str, status: str, latency: float,
+                 ttft: float | None, prompt: int, completion: int) -> None:
+    _done.append((tenant, model, endpoint, status, latency, ttft, prompt, completion))
+
+
+def flush() -> None:
+    """Apply what finished since the last flush to the Prometheus metrics."""
+    global _done
+    batch, _done = _done, []
+    requests: dict[tuple, int] = defaultdict(int)
+    tokens: dict[tuple, int] = defaultdict(int)
+    latencies: dict[tuple, list[float]] = defaultdict(list)
+    ttfts: dict[tuple, list[float]] = defaultdict(list)
+    for tenant, model, endpoint, status, latency, ttft, prompt, completion in batch:
+        requests[tenant, model, endpoint, status] += 1
+        latencies[tenant, model].append(latency)
+        if ttft is not None:
+            ttfts[tenant, model].append(ttft)
+        if prompt or completion:
+            tokens[tenant, model, "prompt"] += prompt
+            tokens[tenant, model, "completion"] += completion
+    for labels, n in requests.items():
+        child(REQUESTS, *labels).inc(n)
+    for labels, n in tokens.items():
+        child(TOKENS, *labels).inc(n)
+    for labels, values in latencies.items():
+        _observe_all(child(LATENCY, *labels), values)
+    for labels, values in ttfts.items():
+        _observe_all(child(TTFT, *labels), values)
+    for model, n in list(in_flight.items()):
+        if _in_flight_shown.get(model) != n:
+            child(IN_FLIGHT, model).set(n)
+            _in_flight_shown[model] = n
+
+
+def _observe_all(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(v)`` for every value, with one update per bucket. (The client
+    keeps per-bucket counts, each observation in the first bucket that holds it; these are
+    its own attributes, stable across its releases and covered by tests/gateway.)"""
+    bounds = histogram._upper_bounds
+    counts = [0] * len(bounds)
+    for value in values:
+        counts[bisect_left(bounds, value)] += 1
+    for bucket, n in zip(histogram._buckets, counts, strict=True):
+        if n:
+            bucket.inc(n)
+    histogram._sum.inc(sum(values))
+
+
 def render() -> tuple[bytes, str]:
     """The metrics page of this process, or of all processes in multiprocess mode."""
+    flush()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)

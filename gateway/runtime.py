@@ -18,6 +18,7 @@ import redis.exceptions
 from django.conf import settings
 from django.db import close_old_connections
 
+from gateway import metrics
 from gateway.admission import Admission, wake_channel
 from gateway.invalidation import channel
 from gateway.limiter import Limiter, Reservation
@@ -96,6 +97,7 @@ class Runtime:
             asyncio.create_task(self._reloader(), name="gateway-reloader"),
             asyncio.create_task(self._flush_last_used(), name="gateway-last-used"),
             asyncio.create_task(self._retry_unsettled(), name="gateway-settle-retry"),
+            asyncio.create_task(self._flush_metrics(), name="gateway-metrics"),
             asyncio.create_task(self.admission.renew_leases(self.open_requests), name="gateway-leases"),
             asyncio.create_task(self.admission.watch_telemetry(lambda: self.snapshot.routes),
                                 name="gateway-telemetry"),
@@ -112,6 +114,7 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        metrics.flush()
         if self.used_keys:
             await asyncio.to_thread(_mark_used, set(self.used_keys))
         if self.session:
@@ -138,6 +141,14 @@ class Runtime:
                 return
             self.unsettled.append((reservation, tokens, money_nano, event, model_id))
             log.warning("Redis unreachable: usage of %s kept for retry", reservation.request_id)
+
+    async def _flush_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(metrics.FLUSH_SECONDS)
+            try:
+                metrics.flush()
+            except Exception:  # noqa: BLE001 - metrics must never take the gateway down
+                log.exception("could not update the gateway's metrics")
 
     async def _retry_unsettled(self) -> None:
         while True:
