@@ -248,6 +248,10 @@ class Load:
             raise RuntimeError("load generator died")
         return json.loads(line)
 
+    def reset(self) -> None:
+        """Close the client's connections: the next scenario opens fresh ones."""
+        assert self.run({"reset": True}).get("reset")
+
     def stop(self) -> None:
         self.proc.stdin.close()
         try:
@@ -294,9 +298,33 @@ def scenarios(scale: float) -> list[tuple[str, dict]]:
         ("json c=16", {"model": "bench-model", "stream": False, "concurrency": 16, "duration": d(3), "requests": 50000}),
         ("json c=64", {"model": "bench-model", "stream": False, "concurrency": 64, "duration": d(5), "requests": 50000}),
         ("stream c=1", {"model": "bench-stream", "stream": True, "concurrency": 1, "duration": d(5), "requests": 1000}),
-        ("stream c=16", {"model": "bench-stream", "stream": True, "concurrency": 16, "duration": d(4), "requests": 10000}),
-        ("stream c=64", {"model": "bench-stream", "stream": True, "concurrency": 64, "duration": d(5), "requests": 10000}),
+        # Equal-length streams stay in step: all 16 (64) end and start again together, so each
+        # run's result depends on how its connections happen to be spread over the server's
+        # workers. Three rounds on fresh connections, pooled, give the typical value.
+        ("stream c=16", {"model": "bench-stream", "stream": True, "concurrency": 16, "duration": d(3),
+                         "requests": 10000, "rounds": 3}),
+        ("stream c=64", {"model": "bench-stream", "stream": True, "concurrency": 64, "duration": d(3),
+                         "requests": 10000, "rounds": 3}),
     ]
+
+
+def run_rounds(load: Load, col: Column, spec: dict) -> dict:
+    """``spec["rounds"]`` runs of a scenario, each on fresh connections, as one pooled result."""
+    runs = []
+    for _ in range(spec.get("rounds", 1)):
+        load.reset()
+        runs.append(run_scenario(load, col, {**spec, "raw": True}))
+    pooled = {k: sum(r[k] for r in runs) for k in ("requests", "errors", "seconds", "tokens", "frames",
+                                                     "client_cpu_s")}
+    pooled["server_cpu_s"] = sum(r["server_cpu_s"] for r in runs) if col.server else None
+    pooled["peak_rss"] = max(r["peak_rss"] for r in runs) if col.server else None
+    pooled["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), "")
+    pooled["rps"], pooled["tok_s"] = pooled["requests"] / pooled["seconds"], pooled["tokens"] / pooled["seconds"]
+    for key in ("lat", "ttft"):
+        values = sorted(v for r in runs for v in r[f"{key}_all"])
+        pooled[f"{key}_p50"] = values[int(round(0.5 * (len(values) - 1)))] if values else None
+        pooled[f"{key}_p99"] = values[int(round(0.99 * (len(values) - 1)))] if values else None
+    return pooled
 
 
 def run_scenario(load: Load, col: Column, spec: dict) -> dict:
@@ -318,7 +346,7 @@ def run_column(load: Load, col: Column, scale: float, hold: int) -> dict[str, di
     if col.server:
         col.server.refresh()
     for name, spec in scenarios(scale):
-        out[name] = r = run_scenario(load, col, spec)
+        out[name] = r = run_rounds(load, col, spec) if "rounds" in spec else run_scenario(load, col, spec)
         print(f"  {col.name:<12} {name:<12} n={r['requests']:<6} err={r['errors']:<3} "
               f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms ttft50={fmt(r['ttft_p50'], 2)} "
               f"rps={r['rps']:.0f} tok/s={r['tok_s']:.0f} cpu={fmt(r['server_cpu_s'], 2)} s "

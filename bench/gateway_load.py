@@ -7,7 +7,9 @@ each send a request, wait for the whole answer, send the next, until ``requests`
 or ``duration`` seconds have passed. Per request it records the latency, the time to the
 first content chunk (streams) and the completion tokens received.
 
-Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration.
+Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration; ``raw``:
+also answer every latency and TTFT (ms). ``{"reset": true}`` closes the connections, so the
+next scenario opens fresh ones.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
         "ttft_p50": percentile(run.ttft, 0.5) * ms if run.ttft else None,
         "ttft_p99": percentile(run.ttft, 0.99) * ms if run.ttft else None,
         "client_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
+        **({"lat_all": [x * ms for x in run.latency], "ttft_all": [x * ms for x in run.ttft]}
+           if spec.get("raw") else {}),
     }
 
 
