@@ -105,7 +105,7 @@ def _wrap(inner: Any) -> Any:
     _patch_phases()
 
     async def application(scope: dict, receive: Any, send: Any) -> None:
-        global _timing
+        global _timing, _profiler
         path = scope.get("path", "")
         if scope["type"] == "http" and path == "/__profile/start":
             _profiler.enable()
@@ -113,7 +113,7 @@ def _wrap(inner: Any) -> Any:
         if scope["type"] == "http" and path == "/__profile/stop":
             _profiler.disable()
             _profiler.dump_stats(os.environ["BENCH_PROFILE_OUT"])
-            _profiler.__init__()  # a fresh profile for the next scenario
+            _profiler = cProfile.Profile()  # a fresh profile for the next scenario
             return await _plain(send, b"off")
         if scope["type"] == "http" and path == "/__phases/start":
             _records.clear()
@@ -164,16 +164,18 @@ def main() -> None:
     ap.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--callers", default="", help="also print who calls functions matching this regex")
+    ap.add_argument("--cases", default="json:64,stream:64",
+                    help="kind:concurrency pairs to profile (kind json or stream)")
     ap.add_argument("--phases", action="store_true",
                     help="wall-clock time per request phase instead of cProfile (no profiler overhead)")
     ap.add_argument("--workers", type=int, default=1, help="with --phases: gunicorn workers (1 reports all)")
     a = ap.parse_args()
-    cases = [
-        ("json c=64", {"model": "bench-model", "stream": False, "concurrency": 64, "duration": a.duration,
-                       "requests": 100_000}),
-        ("stream c=64", {"model": "bench-stream", "stream": True, "concurrency": 64, "duration": a.duration,
-                         "requests": 100_000}),
-    ]
+    cases = []
+    for case in a.cases.split(","):
+        kind, conc = case.split(":")
+        cases.append((f"{kind} c={conc}", {"model": "bench-stream" if kind == "stream" else "bench-model",
+                                           "stream": kind == "stream", "concurrency": int(conc),
+                                           "duration": a.duration, "requests": 100_000}))
     if a.phases:
         cases = [(f"{kind} c={c}", {"model": "bench-stream" if kind == "stream" else "bench-model",
                                      "stream": kind == "stream", "concurrency": c, "duration": a.duration,
