@@ -340,6 +340,9 @@ def run_scenario(load: Load, col: Column, spec: dict) -> dict:
 
 def run_column(load: Load, col: Column, scale: float, hold: int) -> dict[str, dict]:
     out: dict[str, dict] = {}
+    # A fresh client session: the previous column's held streams leave ~1,000 connections
+    # to a server that is gone, and cleaning those up slowed the client in the next column.
+    load.reset()
     # Warm-up: imports, caches, connection pools, JIT-free but lazy paths.
     run_scenario(load, col, {"model": "bench-model", "stream": False, "concurrency": 16, "duration": 2, "requests": 2000})
     run_scenario(load, col, {"model": "bench-stream", "stream": True, "concurrency": 16, "duration": 1, "requests": 200})
