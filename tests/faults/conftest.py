@@ -78,7 +78,7 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         proc.wait()
 
 
-def test_database_url(host: str | None = None, port: int | None = None) -> str:
+def database_url_for_tests(host: str | None = None, port: int | None = None) -> str:
     db = connection.settings_dict
     auth = (db["USER"] or "postgres") + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
     return (f"postgres://{auth}@{host or db['HOST'] or '127.0.0.1'}:"
@@ -190,7 +190,7 @@ def gateway_env(redis_namespace: str) -> Callable[..., dict[str, str]]:
         return {
             **os.environ,
             "TOLLGATE_ENV": "test",
-            "DATABASE_URL": test_database_url(),
+            "DATABASE_URL": database_url_for_tests(),
             "REDIS_URL": django_settings.REDIS_URL,
             "TOLLGATE_REDIS_PREFIX": redis_namespace,
             "TOLLGATE_LOG_LEVEL": "INFO",

@@ -25,8 +25,8 @@ from tests.faults.conftest import (
     Gateway,
     build_world,
     chat_body,
+    database_url_for_tests,
     start_engine,
-    test_database_url,
     wait_for,
 )
 from tests.metering.test_consumer_process import Proxy
@@ -145,7 +145,7 @@ def test_postgresql_unreachable_for_60s_the_gateway_serves_and_usage_lands_after
     db = connection.settings_dict
     proxy = Proxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
     proxy.start()
-    db_url = test_database_url("127.0.0.1", proxy.port)
+    db_url = database_url_for_tests("127.0.0.1", proxy.port)
     gw = Gateway(procs, gateway_env(DATABASE_URL=db_url)).start().wait_ready(world.key_a)
     consumer = procs.spawn("consumer", [sys.executable, "manage.py", "consume_usage", "--block-ms", "200",
                                         "--claim-idle-ms", "500"], gateway_env(DATABASE_URL=db_url))
