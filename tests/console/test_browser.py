@@ -21,7 +21,7 @@ import httpx
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
-from django.db.models import Sum
+from django.db.models import F, Sum
 
 from deployments import fleet
 from deployments import services as deployment_services
@@ -232,6 +232,13 @@ def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
     shot(page, "09-usage")
     shown = Decimal(page.get_attribute("[data-total=cost]", "data-raw"))
     assert shown == expected and "4 requests" in page.inner_text("#usage-totals")
+    # The vendored Chart.js drew both charts, and the tokens chart adds up to the events' tokens.
+    drawn = page.evaluate("""() => ["tokens", "cost"].map((s) => {
+        const chart = Chart.getChart(document.getElementById(`usage-chart-${s}`));
+        return chart ? chart.data.datasets.flatMap((d) => d.data).reduce((a, b) => a + (b || 0), 0) : null;
+    })""")
+    tokens = events.aggregate(t=Sum(F("prompt_tokens") + F("completion_tokens")))["t"]
+    assert drawn[0] == tokens and drawn[1] is not None and drawn[1] > 0, (drawn, tokens)
     with page.expect_download() as download_info:
         page.click("a:has-text('Download CSV (showback)')")
     rows = list(csv.DictReader(io.StringIO(Path(download_info.value.path()).read_text())))
