@@ -240,12 +240,13 @@ class Engine:
         metrics like vLLM's scheduler does."""
         if ids is None or not self.cfg.prefix_caching:
             return 0
-        hits = 0
+        hit: list[int] = []
         for h in self._block_hashes(ids):
             if h not in self.prefix:
                 break
-            self.prefix.move_to_end(h)
-            hits += 1
+            hit.append(h)
+        self._touch(hit)
+        hits = len(hit)
         m = self.metrics
         m.prefix_cache_queries += len(ids)
         m.prefix_cache_hits += hits * self.block_size
@@ -255,10 +256,18 @@ class Engine:
         """Prefill is done: the prompt's full blocks are computed and shareable from now on."""
         if seq.prompt_ids is None or not self.cfg.prefix_caching:
             return
-        for h in self._block_hashes(seq.prompt_ids):
+        hashes = self._block_hashes(seq.prompt_ids)
+        for h in hashes:
             self.prefix[h] = None
-            self.prefix.move_to_end(h)
+        self._touch(hashes)
         self._evict()
+
+    def _touch(self, hashes: list[int]) -> None:
+        # Most recently used last, a prompt's tail before its head: like vLLM, which frees a
+        # request's blocks tail first, eviction eats a prefix from its end and a later
+        # request still finds the head.
+        for h in reversed(hashes):
+            self.prefix.move_to_end(h)
 
     def _evict(self) -> None:
         """Drop least recently used blocks beyond what the KV cache can hold: every block not

@@ -157,3 +157,13 @@ def test_count_tokens_follows_vllms_conversion(sim):
     assert bare < with_system == with_header < with_tools
     r = post(sim, "/v1/messages/count_tokens", messages=MSGS).json()
     assert r == {"input_tokens": bare, "context_management": {"original_input_tokens": bare}}
+
+
+def test_engine_death_mid_stream_is_an_error_event(start_sim):
+    s = start_sim("m", "--served-model-name", "qwen3-8b", "--sim-crash-after-seconds", "0.3", *FAST,
+                  "--sim-decode-tps", "20", "--sim-crash-grace-seconds", "1")
+    r = post(s, max_tokens=100, messages=MSGS, stream=True)
+    events = sse_events(r)
+    assert events[0][0] == "message_start" and events[-1][0] == "error"
+    assert events[-1][1]["error"]["type"] == "internal_error"
+    assert "message_stop" not in [n for n, _ in events]

@@ -264,3 +264,16 @@ def test_bad_bodies_are_400(sim):
     assert r.status_code == 400 and "background can only be used" in r.json()["error"]["message"]
     assert post(sim, input="x", max_output_tokens=0).json()["error"]["type"] == "BadRequestError"
     assert post(sim, model="nope", input="x").status_code == 404
+
+
+def test_engine_death_mid_stream_drops_the_connection(start_sim):
+    """vLLM has no error event on this path: the exception ends the response mid-body."""
+    s = start_sim("m", "--sim-crash-after-seconds", "0.3", *FAST, "--sim-decode-tps", "20",
+                  "--sim-crash-grace-seconds", "1")
+    names = []
+    with pytest.raises(httpx.RemoteProtocolError):
+        with httpx.stream("POST", s.url + "/v1/responses", json={"input": "hi", "stream": True}, timeout=10) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    names.append(line[7:])
+    assert names[:2] == ["response.created", "response.in_progress"] and "response.completed" not in names
