@@ -38,7 +38,7 @@ class Sequence:
 
     __slots__ = ("prompt_tokens", "cached_tokens", "arrival", "scheduled", "first_token",
                  "last_token", "generated", "blocks", "admitted", "finish_reason", "priority",
-                 "key", "waiter", "preempted", "prompt_ids", "shared_blocks")
+                 "key", "waiter", "preempted", "prompt_ids", "shared_blocks", "block_hashes")
 
     _order = itertools.count()
 
@@ -60,6 +60,7 @@ class Sequence:
         # The prompt's token ids, for the prefix cache; None for pooling requests (not cached).
         self.prompt_ids: list[int] | None = None
         self.shared_blocks = 0  # full prompt blocks it shares with the prefix cache while running
+        self.block_hashes: list[int] = []  # of its full prompt blocks, once looked up
 
 
 class Engine:
@@ -119,7 +120,7 @@ class Engine:
             self.metrics.queue.observe(seq.scheduled - seq.arrival)
             # vLLM looks the prompt up when it schedules it, not when it arrives: a twin
             # prompt still prefilling has no computed blocks to share yet.
-            seq.cached_tokens = self._match_prefix(seq.prompt_ids)
+            seq.cached_tokens = self._match_prefix(seq)
         if seq.prompt_ids is not None and self.cfg.prefix_caching:
             seq.shared_blocks = min(seq.blocks, (len(seq.prompt_ids) - 1) // self.block_size)
             self.shared_blocks += seq.shared_blocks
@@ -235,13 +236,15 @@ class Engine:
             out.append(h)
         return out
 
-    def _match_prefix(self, ids: list[int] | None) -> int:
+    def _match_prefix(self, seq: Sequence) -> int:
         """Prompt tokens already in the cache (leading whole blocks), counted on the prefix-cache
         metrics like vLLM's scheduler does."""
+        ids = seq.prompt_ids
         if ids is None or not self.cfg.prefix_caching:
             return 0
+        seq.block_hashes = self._block_hashes(ids)
         hit: list[int] = []
-        for h in self._block_hashes(ids):
+        for h in seq.block_hashes:
             if h not in self.prefix:
                 break
             hit.append(h)
@@ -256,7 +259,7 @@ class Engine:
         """Prefill is done: the prompt's full blocks are computed and shareable from now on."""
         if seq.prompt_ids is None or not self.cfg.prefix_caching:
             return
-        hashes = self._block_hashes(seq.prompt_ids)
+        hashes = seq.block_hashes
         for h in hashes:
             self.prefix[h] = None
         self._touch(hashes)

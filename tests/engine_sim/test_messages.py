@@ -47,7 +47,9 @@ def test_create_through_the_sdk(sim):
 
 
 def test_stream_through_the_sdk(sim):
-    with client(sim).messages.stream(model="qwen3-8b", max_tokens=200, system=SYSTEM, messages=MSGS) as stream:
+    # `thinking` is accepted and ignored: reasoning follows the server's --reasoning-parser.
+    with client(sim).messages.stream(model="qwen3-8b", max_tokens=200, system=SYSTEM, messages=MSGS,
+                                     thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content[-1].text == text and final.content[0].type == "thinking"
