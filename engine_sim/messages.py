@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from engine_sim import tokenizer
+from engine_sim import replies, tokenizer
 from engine_sim.cli import Config
 from engine_sim.engine import Engine, Sequence
 from engine_sim.errors import ApiError, bad_request, context_error
@@ -291,7 +291,7 @@ class Messages:
         else:
             await self._full(conn, "chatcmpl-" + rid, model, seq, reply)
 
-    async def _full(self, conn: Connection, mid: str, model: str, seq: Sequence, reply) -> None:
+    async def _full(self, conn: Connection, mid: str, model: str, seq: Sequence, reply: replies.Reply) -> None:
         try:
             await self.gen._admit_errors(self.gen.run(conn, seq, len(reply), None, None))
         except BaseException:
@@ -317,7 +317,7 @@ class Messages:
             "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated}})
 
     @staticmethod
-    def _token_events(blocks: Blocks, tool: object, kind: str, text: str) -> bytes:
+    def _token_events(blocks: Blocks, tool: replies.ToolCall | None, kind: str, text: str) -> bytes:
         if kind == "reasoning":
             out = [] if blocks.open == "thinking" else blocks.start({"type": "thinking", "thinking": ""})
             out.append(blocks.delta({"type": "thinking_delta", "thinking": text}))
@@ -330,7 +330,8 @@ class Messages:
             out = [blocks.delta({"type": "input_json_delta", "partial_json": text})]
         return b"".join(out)
 
-    async def _stream(self, conn: Connection, mid: str, model: str, seq: Sequence, reply) -> None:
+    async def _stream(self, conn: Connection, mid: str, model: str, seq: Sequence,
+                      reply: replies.Reply) -> None:
         # vLLM asks its chat stream for usage on every chunk and at the end.
         include, continuous = self.gen.usage_opts({"include_usage": True, "continuous_usage_stats": True})
         tokens = [("reasoning", t) for t in reply.reasoning] + [("text", t) for t in reply.content]
