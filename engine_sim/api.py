@@ -13,9 +13,13 @@ from engine_sim.engine import Engine
 from engine_sim.errors import ApiError, bad_request, model_not_found
 from engine_sim.generation import Generator, new_request_id
 from engine_sim.http import Connection, Request
+from engine_sim.messages import Messages
+from engine_sim.responses import Responses
+from engine_sim.scoring import Scoring
 
 NOT_FOUND = b'{"detail":"Not Found"}'
 METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+RESPONSES = "/v1/responses/"
 
 
 class App:
@@ -31,9 +35,22 @@ class App:
         self.requests_done = 0
         self.on_request_done = lambda n: None  # fault injection hooks in here
         self.auth = {f"Bearer {k}" for k in cfg.api_keys}
-        gen_routes = {"/v1/embeddings": self.gen.embeddings} if cfg.embedding else {
-            "/v1/chat/completions": self.gen.chat, "/v1/completions": self.gen.completions}
+        self.responses = Responses(cfg, engine, self.gen)
+        self.messages = Messages(cfg, engine, self.gen, self._model)
+        self.scoring = Scoring(cfg, engine, self.gen)
+        # Like vLLM, each kind of model only has its own routes: the others are 404.
+        if cfg.embedding:
+            gen_routes = {"/v1/embeddings": self.gen.embeddings}
+        elif cfg.scoring:
+            gen_routes = {path: self.scoring.score for path in ("/score", "/v1/score")}
+            gen_routes.update({path: self.scoring.rerank for path in ("/rerank", "/v1/rerank", "/v2/rerank")})
+        else:
+            gen_routes = {"/v1/chat/completions": self.gen.chat, "/v1/completions": self.gen.completions,
+                          "/v1/responses": self.responses.create}
         self.post_model_routes = gen_routes
+        # The Anthropic routes resolve the model themselves (their errors have Anthropic's shape).
+        self.anthropic_routes = {} if cfg.embedding or cfg.scoring else {
+            "/v1/messages": self.messages.create, "/v1/messages/count_tokens": self.messages.count_tokens}
         self.get_routes = {"/health": self.health, "/v1/models": self.models, "/version": self.version,
                            "/metrics": self.metrics, "/load": self.load, "/ping": self.health}
         self.post_routes = {"/tokenize": self.tokenize, "/detokenize": self.detokenize,
@@ -60,14 +77,32 @@ class App:
         method = req.method
         if method == "POST" and path in self.post_model_routes:
             await self._generate(req, conn, self.post_model_routes[path])
+        elif method == "POST" and path in self.anthropic_routes:
+            await self._generate_anthropic(req, conn, self.anthropic_routes[path])
         elif method == "GET" and path in self.get_routes:
             await self.get_routes[path](req, conn)
         elif method == "POST" and path in self.post_routes:
             await self.post_routes[path](req, conn)
-        elif path in self.get_routes or path in self.post_routes or path in self.post_model_routes:
+        elif path.startswith(RESPONSES) and "/v1/responses" in self.post_model_routes:
+            await self._stored_response(req, conn, path[len(RESPONSES):])
+        elif (path in self.get_routes or path in self.post_routes or path in self.post_model_routes
+              or path in self.anthropic_routes):
             conn.send(405, METHOD_NOT_ALLOWED)
         else:
             conn.send(404, NOT_FOUND)
+
+    async def _stored_response(self, req: Request, conn: Connection, rest: str) -> None:
+        """GET /v1/responses/{id} and POST /v1/responses/{id}/cancel; nothing else (vLLM
+        serves no DELETE and no /input_items)."""
+        response_id, _, action = rest.partition("/")
+        if not response_id or action not in ("", "cancel"):
+            conn.send(404, NOT_FOUND)
+        elif action == "" and req.method == "GET":
+            await self.responses.retrieve(req, conn, response_id)
+        elif action == "cancel" and req.method == "POST":
+            await self.responses.cancel(req, conn, response_id)
+        else:
+            conn.send(405, METHOD_NOT_ALLOWED)
 
     def _body(self, req: Request) -> dict:
         try:
@@ -93,6 +128,14 @@ class App:
         self.server_load += 1
         try:
             await handler(req, conn, body, model, new_request_id(req))
+        finally:
+            self.server_load -= 1
+
+    async def _generate_anthropic(self, req: Request, conn: Connection, handler) -> None:
+        body = self._body(req)
+        self.server_load += 1
+        try:
+            await handler(req, conn, body, new_request_id(req))
         finally:
             self.server_load -= 1
 

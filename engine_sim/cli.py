@@ -59,6 +59,10 @@ KNOBS = [
          "answer with a tool call when the request has tools (implies --enable-auto-tool-choice)"),
     Knob("kv-cache-tokens", int, 0, "KV cache size in tokens; 0 = max_num_seqs * max_model_len"),
     Knob("embedding-dim", int, 384, "embedding vector size (pooling runner)"),
+    Knob("no-continuous-usage", bool, False,
+         "ignore stream_options.continuous_usage_stats, as older vLLM builds and external engines do"),
+    Knob("no-include-usage", bool, False,
+         "also ignore stream_options.include_usage (and --enable-force-include-usage): no usage in streams"),
     Knob("crash-after-requests", int, 0, "engine dies after this many finished requests; 0 = never"),
     Knob("crash-after-seconds", float, 0.0, "engine dies this long after start-up; 0 = never"),
     Knob("crash-exit-code", int, 1, "exit code when the engine dies (vLLM sometimes exits 0)"),
@@ -166,10 +170,31 @@ class Config:
     shutdown_timeout: float
     sim: argparse.Namespace = field(repr=False)
     scheduling_policy: str = "fcfs"
+    scoring: bool = False  # a cross-encoder: /score and /rerank only
+    responses_store: bool = False  # VLLM_ENABLE_RESPONSES_API_STORE: /v1/responses keeps what it answered
+
+
+# Model names of cross-encoders: vLLM reads `*ForSequenceClassification` from the model's
+# config; the simulator has no config, so the name stands in for it (BAAI/bge-reranker-v2-m3,
+# Qwen/Qwen3-Reranker-0.6B, jinaai/jina-reranker-v2-base-multilingual, ...).
+_RERANKER_NAME = re.compile(r"rerank|cross-encoder", re.IGNORECASE)
+
+
+def _is_scoring(a: argparse.Namespace, model: str) -> bool:
+    """A cross-encoder: `--convert classify` (how vLLM turns a causal LM such as
+    Qwen3-Reranker into a scorer), the older `--task score|classify`, or a pooling runner on
+    a reranker model."""
+    if a.convert == "classify" or a.task in ("score", "classify", "classification"):
+        return True
+    return a.runner == "pooling" and a.convert != "embed" and bool(_RERANKER_NAME.search(model))
 
 
 def _is_embedding(a: argparse.Namespace) -> bool:
     return a.runner == "pooling" or a.task in ("embed", "embedding") or a.convert == "embed"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def parse(argv: list[str] | None = None) -> Config:
@@ -180,6 +205,7 @@ def parse(argv: list[str] | None = None) -> Config:
         p.exit(1, "ValueError: When `--enable-auto-tool-choice` is set, `--tool-call-parser` must be set\n")
     model = a.model_tag or a.model or DEFAULT_MODEL
     max_len = a.max_model_len if a.max_model_len > 0 else DEFAULT_MAX_MODEL_LEN
+    scoring = _is_scoring(a, model)
     return Config(
         model=model,
         served_names=a.served_model_name or [model],
@@ -190,7 +216,7 @@ def parse(argv: list[str] | None = None) -> Config:
         max_num_seqs=max(1, a.max_num_seqs),
         max_num_queued=a.max_num_queued_reqs,
         block_size=max(1, a.block_size),
-        embedding=_is_embedding(a),
+        embedding=not scoring and _is_embedding(a),
         reasoning=bool(a.sim_reasoning or a.reasoning_parser),
         reasoning_details=bool(a.reasoning_parser),
         auto_tool_choice=bool(a.enable_auto_tool_choice or a.sim_tool_calls),
@@ -200,4 +226,6 @@ def parse(argv: list[str] | None = None) -> Config:
         shutdown_timeout=a.shutdown_timeout,
         sim=a,
         scheduling_policy=a.scheduling_policy,
+        scoring=scoring,
+        responses_store=_env_flag("VLLM_ENABLE_RESPONSES_API_STORE"),
     )

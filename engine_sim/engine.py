@@ -38,7 +38,7 @@ class Sequence:
 
     __slots__ = ("prompt_tokens", "cached_tokens", "arrival", "scheduled", "first_token",
                  "last_token", "generated", "blocks", "admitted", "finish_reason", "priority",
-                 "key", "waiter", "preempted")
+                 "key", "waiter", "preempted", "prompt_ids", "shared_blocks", "block_hashes")
 
     _order = itertools.count()
 
@@ -57,6 +57,10 @@ class Sequence:
         self.blocks = 0
         self.admitted = False
         self.finish_reason = "rejected"  # until admitted; never counted as a finished request
+        # The prompt's token ids, for the prefix cache; None for pooling requests (not cached).
+        self.prompt_ids: list[int] | None = None
+        self.shared_blocks = 0  # full prompt blocks it shares with the prefix cache while running
+        self.block_hashes: list[int] = []  # of its full prompt blocks, once looked up
 
 
 class Engine:
@@ -75,12 +79,21 @@ class Engine:
         self.waiting: list[Sequence] = []  # sorted by Sequence.key
         self.priority_policy = cfg.scheduling_policy == "priority"
         self.metrics = Metrics(cfg.served_names[0], cfg.max_model_len)
+        self.metrics.cache_info = {
+            "block_size": str(cfg.block_size), "cache_dtype": "auto",
+            "enable_prefix_caching": str(cfg.prefix_caching),
+            "gpu_memory_utilization": str(getattr(cfg.sim, "gpu_memory_utilization", None) or 0.92),
+            "num_cpu_blocks": "0", "num_gpu_blocks": str(self.total_blocks),
+            "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "sha256"}
         self.ttft_s = s.sim_ttft_ms / 1000
         self.ttft_per_tok_s = s.sim_ttft_per_token_ms / 1000
         self.first_delay_s = s.sim_first_request_delay_ms / 1000
         self.decode_tps = s.sim_decode_tps
         self.alpha = s.sim_bandwidth_alpha
+        # Prefix cache: hashes of full KV blocks, least recently used first. Blocks held by
+        # running sequences for their own generated tokens are not available to it.
         self.prefix: OrderedDict[int, None] = OrderedDict()
+        self.shared_blocks = 0  # sum of running sequences' shared_blocks
         self.finished = 0
         self.dead = False
         self.hung = False
@@ -105,6 +118,12 @@ class Engine:
         if not seq.scheduled:  # queue time is measured to the first scheduling only
             seq.scheduled = time.monotonic()
             self.metrics.queue.observe(seq.scheduled - seq.arrival)
+            # vLLM looks the prompt up when it schedules it, not when it arrives: a twin
+            # prompt still prefilling has no computed blocks to share yet.
+            seq.cached_tokens = self._match_prefix(seq)
+        if seq.prompt_ids is not None and self.cfg.prefix_caching:
+            seq.shared_blocks = min(seq.blocks, (len(seq.prompt_ids) - 1) // self.block_size)
+            self.shared_blocks += seq.shared_blocks
 
     def _enqueue(self, seq: Sequence) -> asyncio.Future:
         seq.waiter = asyncio.get_running_loop().create_future()
@@ -163,6 +182,8 @@ class Engine:
         self.running_seqs.discard(seq)
         self.used_blocks -= seq.blocks
         seq.blocks = 0
+        self.shared_blocks -= seq.shared_blocks
+        seq.shared_blocks = 0
 
     def _victims(self, head: Sequence) -> list[Sequence]:
         """Running sequences to preempt (worst first) so that `head` fits; [] if it cannot."""
@@ -204,29 +225,59 @@ class Engine:
 
     # --- prefix cache ------------------------------------------------------------------
 
-    def lookup_prefix(self, ids: list[int]) -> int:
-        """Cached prompt tokens (whole blocks seen before), and remember this prompt's blocks."""
-        if not self.cfg.prefix_caching:
-            return 0
+    def _block_hashes(self, ids: list[int]) -> list[int]:
+        """Chained hashes of the prompt's full blocks; the last token is always computed, as
+        in vLLM, so a prompt of exactly n blocks caches n - 1 of them."""
         bs = self.block_size
-        full = (len(ids) - 1) // bs  # the last token is always computed, as in vLLM
         h = 0
-        hits = 0
-        missed = False
-        for i in range(full):
+        out = []
+        for i in range((len(ids) - 1) // bs):
             h = hash((h, tuple(ids[i * bs:(i + 1) * bs])))
-            if not missed and h in self.prefix:
-                self.prefix.move_to_end(h)
-                hits += 1
-            else:
-                missed = True
-                self.prefix[h] = None
-        while len(self.prefix) > self.total_blocks:
-            self.prefix.popitem(last=False)
+            out.append(h)
+        return out
+
+    def _match_prefix(self, seq: Sequence) -> int:
+        """Prompt tokens already in the cache (leading whole blocks), counted on the prefix-cache
+        metrics like vLLM's scheduler does."""
+        ids = seq.prompt_ids
+        if ids is None or not self.cfg.prefix_caching:
+            return 0
+        seq.block_hashes = self._block_hashes(ids)
+        hit: list[int] = []
+        for h in seq.block_hashes:
+            if h not in self.prefix:
+                break
+            hit.append(h)
+        self._touch(hit)
+        hits = len(hit)
         m = self.metrics
         m.prefix_cache_queries += len(ids)
-        m.prefix_cache_hits += hits * bs
-        return hits * bs
+        m.prefix_cache_hits += hits * self.block_size
+        return hits * self.block_size
+
+    def cache_prompt(self, seq: Sequence) -> None:
+        """Prefill is done: the prompt's full blocks are computed and shareable from now on."""
+        if seq.prompt_ids is None or not self.cfg.prefix_caching:
+            return
+        hashes = seq.block_hashes
+        for h in hashes:
+            self.prefix[h] = None
+        self._touch(hashes)
+        self._evict()
+
+    def _touch(self, hashes: list[int]) -> None:
+        # Most recently used last, a prompt's tail before its head: like vLLM, which frees a
+        # request's blocks tail first, eviction eats a prefix from its end and a later
+        # request still finds the head.
+        for h in reversed(hashes):
+            self.prefix.move_to_end(h)
+
+    def _evict(self) -> None:
+        """Drop least recently used blocks beyond what the KV cache can hold: every block not
+        held privately by a running sequence (its generated tokens, its last partial block)."""
+        room = max(0, self.total_blocks - (self.used_blocks - self.shared_blocks))
+        while len(self.prefix) > room:
+            self.prefix.popitem(last=False)
 
     # --- timing ------------------------------------------------------------------------
 
@@ -256,9 +307,12 @@ class Engine:
     def on_first_token(self, seq: Sequence) -> None:
         now = time.monotonic()
         seq.first_token = seq.last_token = now
-        self.metrics.ttft.observe(now - seq.arrival)
-        self.metrics.prompt_tokens += seq.prompt_tokens
-        self.metrics.prompt_tokens_cached += seq.cached_tokens
+        m = self.metrics
+        m.ttft.observe(now - seq.arrival)
+        m.prompt_tokens += seq.prompt_tokens
+        m.prompt_tokens_cached += seq.cached_tokens
+        m.prompt_by_source["local_cache_hit"] += seq.cached_tokens
+        m.prompt_by_source["local_compute"] += seq.prompt_tokens - seq.cached_tokens
 
     def on_token(self, seq: Sequence) -> None:
         """Count one generated token; grow the KV allocation every block_size tokens."""
@@ -281,6 +335,7 @@ class Engine:
         m.e2e.observe(time.monotonic() - seq.arrival)
         m.req_prompt.observe(seq.prompt_tokens)
         m.req_gen.observe(seq.generated)
+        m.prefill_computed.observe(seq.prompt_tokens - seq.cached_tokens)
         if seq.finish_reason in ("stop", "length"):
             self.finished += 1
 

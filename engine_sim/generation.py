@@ -123,6 +123,7 @@ class Generator:
             delay = eng.prefill_delay(seq)
             if delay > 0:
                 await asyncio.sleep(delay)
+            eng.cache_prompt(seq)
             due = loop.time()
             for i in range(n):
                 if i:
@@ -214,7 +215,7 @@ class Generator:
         if choice == "auto" and not self.cfg.auto_tool_choice:
             raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
                               "--tool-call-parser to be set", "tool_choice")
-        return replies.pick_tool(tools, choice)
+        return replies.pick_tool(tools, choice, body.get("messages"))
 
     def _reasoning_tokens(self, body: dict) -> int:
         if not self.cfg.reasoning:
@@ -240,9 +241,16 @@ class Generator:
                             tool=tool, stop=stop_list(body))
 
     def _stream_opts(self, body: dict) -> tuple[bool, bool]:
-        so = body.get("stream_options") or {}
-        include = bool(so.get("include_usage")) or self.cfg.force_include_usage
-        continuous = include and (bool(so.get("continuous_usage_stats")) or self.cfg.force_include_usage)
+        return self.usage_opts(body.get("stream_options") or {})
+
+    def usage_opts(self, so: dict) -> tuple[bool, bool]:
+        """(final usage chunk, running usage on every chunk) for these stream_options; the
+        --sim-no-* knobs model engines that ignore them."""
+        s = self.cfg.sim
+        force = self.cfg.force_include_usage
+        include = (bool(so.get("include_usage")) or force) and not s.sim_no_include_usage
+        continuous = (include and (bool(so.get("continuous_usage_stats")) or force)
+                      and not s.sim_no_continuous_usage)
         return include, continuous
 
     async def chat(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
@@ -253,7 +261,7 @@ class Generator:
         reasoning = self._reasoning_tokens(body)
         reply = self._plan(body, prompt, len(ids), ("max_completion_tokens", "max_tokens"), reasoning, tool)
         seq = Sequence(len(ids), priority_of(self.cfg, body))
-        seq.cached_tokens = self.engine.lookup_prefix(ids)
+        seq.prompt_ids = ids
         cid = "chatcmpl-" + rid
         headers = [("x-request-id", rid)]
         if body.get("stream"):
@@ -357,7 +365,7 @@ class Generator:
         text, ids = self._completion_prompt(body)
         reply = self._plan(body, text, len(ids), ("max_tokens",))
         seq = Sequence(len(ids), priority_of(self.cfg, body))
-        seq.cached_tokens = self.engine.lookup_prefix(ids)
+        seq.prompt_ids = ids
         cid = "cmpl-" + rid
         headers = [("x-request-id", rid)]
         if body.get("stream"):

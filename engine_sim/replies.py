@@ -72,13 +72,19 @@ def tool_arguments(tool: dict, seed: int) -> str:
     return json.dumps(args)
 
 
-def pick_tool(tools: list[dict], tool_choice: object) -> dict | None:
-    """The tool to call, or None when the model should answer in text."""
+def pick_tool(tools: list[dict], tool_choice: object, messages: list | None = None) -> dict | None:
+    """The tool to call (chat-format tools), or None when the model should answer in text.
+
+    Left to choose ("auto"), the model answers in text once the last message is a tool
+    result, so an agent's call-then-answer loop ends like it does with a real model."""
     if tool_choice == "none" or not tools:
         return None
     if isinstance(tool_choice, dict):
         wanted = (tool_choice.get("function") or {}).get("name")
         return next((t for t in tools if (t.get("function") or {}).get("name") == wanted), None)
+    last = messages[-1] if messages else None
+    if tool_choice == "auto" and isinstance(last, dict) and last.get("role") == "tool":
+        return None
     return tools[0]
 
 
@@ -96,7 +102,9 @@ def _apply_stop(reply: Reply, stop: list[str]) -> None:
             at = text.find(s)
             if s and at >= 0:
                 keep = at - (len(text) - len(tok))
-                reply.content = reply.content[:i] + ([tok[:keep]] if keep > 0 else [""])
+                # A token left with no text is not streamed and not counted: no content-less
+                # chunk is ever a token here (a gateway counts streamed tokens by chunks).
+                reply.content = reply.content[:i] + ([tok[:keep]] if keep > 0 else [])
                 reply.stop_reason = s
                 return
 

@@ -49,6 +49,11 @@ def decode(ids: list[int]) -> str:
     return "".join(_strs.get(i, f"<|unk_{i}|>") for i in ids)
 
 
+# Content-part types that are text to a chat template: chat's own, and the Responses API's
+# input and output text (vLLM's chat utils read all three as text).
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
 def _content_text(content: object) -> str:
     """Message content as text: a string, or the text parts of a content-part list."""
     if content is None:
@@ -57,7 +62,7 @@ def _content_text(content: object) -> str:
         return content
     parts = []
     for part in content:  # type: ignore[union-attr]
-        if isinstance(part, dict) and part.get("type") == "text":
+        if isinstance(part, dict) and part.get("type") in TEXT_PARTS:
             parts.append(str(part.get("text", "")))
         elif isinstance(part, dict):
             parts.append("<|image_pad|>")  # non-text parts cost a token, like a placeholder
@@ -128,3 +133,9 @@ def generate(seed: int, n: int, reasoning: bool = False) -> list[str]:
 
 def seed_of(text: str) -> int:
     return zlib.crc32(text.encode())
+
+
+def score_pair(query: str, document: str) -> str:
+    """What a cross-encoder sees for one (query, document) pair: both texts between its
+    special tokens, like a BERT-style `[CLS] q [SEP] d [SEP]` (3 tokens more than the texts)."""
+    return f"<|cls|>{query}<|sep|>{document}<|sep|>"

@@ -8,6 +8,7 @@ progress lines are checked.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -107,19 +108,39 @@ def module_sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     sims: dict[tuple, Sim] = {}
     tmp = tmp_path_factory.mktemp("sims")
 
-    def get(*args: str) -> Sim:
-        if args not in sims:
+    def get(*args: str, env: dict[str, str] | None = None) -> Sim:
+        key = (args, tuple(sorted((env or {}).items())))
+        if key not in sims:
             port = free_port()
             log = tmp / f"sim-{port}.log"
             cmd = [sys.executable, "-m", "engine_sim", *args, "--host", "127.0.0.1", "--port", str(port)]
             with open(log, "wb") as out:
-                proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
             sim = Sim(proc, port, log)
             wait_until(lambda: sim.proc.poll() is not None or sim.listening(), what="simulator to listen")
             assert sim.proc.poll() is None, f"simulator exited early:\n{sim.output()}"
-            sims[args] = sim
-        return sims[args]
+            sims[key] = sim
+        return sims[key]
 
     yield get
     for sim in sims.values():
         sim.stop()
+
+
+def sse_events(resp: httpx.Response) -> list[tuple[str, dict]]:
+    """The (event name, data) pairs of an SSE body whose frames carry `event:` lines."""
+    out = []
+    for frame in resp.text.split("\n\n"):
+        if not frame.strip():
+            continue
+        lines = dict(line.split(": ", 1) for line in frame.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def tokenize(sim: Sim, **body: object) -> int:
+    """The engine's own count for a prompt or messages body (POST /tokenize)."""
+    r = httpx.post(sim.url + "/tokenize", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["count"]

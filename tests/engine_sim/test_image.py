@@ -50,6 +50,12 @@ def test_image_answers_health_and_models(container):
     models = httpx.get(url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["qwen3-8b"]
     assert models["data"][0]["max_model_len"] == 8000
+    # The agent-era APIs are in the image too.
+    r = httpx.post(url + "/v1/responses", json={"input": "hi", "max_output_tokens": 3}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 3
+    r = httpx.post(url + "/v1/messages", timeout=30,
+                   json={"model": "qwen3-8b", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 3
     logs = container.logs().decode()
     assert "Loading safetensors checkpoint shards: 100% Completed" in logs
     assert container.attrs["Config"]["User"] == "sim"
