@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "config.apps.TollgateConfig",  # system checks (config/checks.py)
     "tenants",
     "deployments",
     "metering",
