@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 
 from config.permissions import admin_tenant_ids, is_tenant_admin, member_tenant_ids
-from deployments.api import models_visible_to
+from deployments.services import models_visible_to
 from metering.api import UsageEventViewSet
 from tenants.api import ApiKeyViewSet, AuditLogViewSet
 from tenants.models import ApiKey, AuditLog, Tenant
