@@ -339,6 +339,22 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
     return planner.check_fit(need, deployment.replicas, others, node.name, cap)
 
 
+def preview_fit(model: CatalogModel, node: Node | None, profile: EngineProfile | None,
+                replicas: int, engine_args: dict[str, Any]) -> planner.FitResult | None:
+    """The memory-fit verdict a deployment with these values would get; nothing is saved.
+
+    The flags (and the profile's, which they override) are checked as create_deployment
+    checks them: a ValidationError names what the allow-list refuses.
+    """
+    trusted = model.trust_remote_code
+    args = validate_engine_args(engine_args, trust_remote_code_allowed=trusted)
+    deployment = Deployment(name="preview", model=model, node=node, profile=profile,
+                            replicas=replicas, engine_args=args)
+    deployment.engine_args = validate_engine_args(deployment.effective_args,
+                                                  trust_remote_code_allowed=trusted)
+    return memory_fit(deployment)
+
+
 def _replica_bytes(deployment: Deployment, pool: int) -> int:
     args, model = deployment.effective_args, deployment.model
     return planner.footprint(
