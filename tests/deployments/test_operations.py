@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import orjson
 import pytest
 import redis
-from django.conf import settings as django_settings
 from django.db import transaction
 
 from config.celery import app
@@ -25,7 +24,8 @@ def node(transactional_db: None, redis_namespace: str) -> Iterator[Node]:
 
 
 def broker() -> redis.Redis:
-    return redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    # The app's own broker: Celery prefers a CELERY_BROKER_URL in the environment to settings.
+    return redis.Redis.from_url(app.conf.broker_url)
 
 
 def test_every_operation_task_is_registered_under_the_name_services_queue() -> None:
