@@ -114,7 +114,8 @@ def start_worker(op: Operation) -> None:
     _remove_stale(dc, name, node)
     cluster = settings_for(deployment)
     entrypoint = _fill(cluster["worker_entrypoint"], head_address=op.detail["head"],
-                       ray_port=cluster["ray_port"], timeout=int(settings.TOLLGATE_RAY_JOIN_TIMEOUT))
+                       ray_port=cluster["ray_port"],
+                       timeout=int(settings.TOLLGATE_RAY_JOIN_TIMEOUT))
     spec = runtime.engine_spec(
         name=name, image=deployment.image, command=[], entrypoint=entrypoint,
         env={**node_env(node), **engine_environment(deployment, node), **_own(node)},
@@ -173,9 +174,10 @@ def stop_worker(op: Operation) -> None:
     dc = runtime.client(node.docker_url)
     container = runtime.find(dc, op.detail["container"])
     labels = (container.labels or {}) if container is not None else {}
-    if container is not None and labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID and labels.get(runtime.LABEL_NODE) == node.name and labels.get(
-        runtime.LABEL_ROLE
-    ) == ContainerRole.WORKER:
+    ours = (labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID
+            and labels.get(runtime.LABEL_NODE) == node.name
+            and labels.get(runtime.LABEL_ROLE) == ContainerRole.WORKER)
+    if container is not None and ours:
         runtime.stop_and_remove(container, settings.TOLLGATE_STOP_GRACE_SECONDS)
     Replica.objects.filter(pk=op.detail["replica_id"], worker_container_name=op.detail["container"]
                            ).update(worker_container_name="")

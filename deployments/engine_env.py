@@ -55,6 +55,7 @@ def engine_environment(deployment: Deployment, node: Node | None = None) -> dict
         env["HF_TOKEN"] = token
     # Weights staged on this node: load them from the cache without asking the Hub (engines
     # sit on an internal network with no route out).
-    if node is not None and deployment.model.staged.filter(node=node, staged_at__isnull=False).exists():
+    staged = deployment.model.staged.filter(node=node, staged_at__isnull=False)
+    if node is not None and staged.exists():
         env.setdefault("HF_HUB_OFFLINE", "1")
     return env

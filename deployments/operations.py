@@ -94,7 +94,8 @@ def claim(op_id: int, kind: str) -> Operation | None:
 def finish(op: Operation, error: str = "") -> None:
     """Mark the operation succeeded, or failed with ``error``."""
     status = OperationStatus.FAILED if error else OperationStatus.SUCCEEDED
-    fields: dict[str, Any] = {"status": status, "error": error[:20000], "finished_at": timezone.now()}
+    fields: dict[str, Any] = {"status": status, "error": error[:20000],
+                              "finished_at": timezone.now()}
     if not error:
         fields["progress"] = 100.0
     update_op(op, **fields)

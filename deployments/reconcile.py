@@ -83,11 +83,16 @@ def _observe_worker(replica: Replica, container: object | None, done: dict[str, 
     if container is not None and container.status == "running":
         return
     code = runtime.exit_code(container) if container is not None else None
-    tail = runtime.logs_tail(container, settings.TOLLGATE_LOG_TAIL_LINES) if container else ""
+    tail = _tail(container)
     lifecycle.record_crash(replica, f"the Ray worker on {replica.worker_node_id and replica.worker_node}"
                            f" {'exited with code ' + str(code) if code is not None else 'disappeared'}",
                            code, tail)
     done["crashed"] += 1
+
+
+def _tail(container: object | None) -> str:
+    """The last log lines of a dead engine (none when its container is gone)."""
+    return runtime.logs_tail(container, settings.TOLLGATE_LOG_TAIL_LINES) if container else ""
 
 
 def _older_than(container: object, seconds: float) -> bool:
@@ -104,7 +109,7 @@ def _observe(replica: Replica, container: object | None, done: dict[str, int],
         observed = runtime.replica_state_for(container.status if container else None, health)
         if observed in (ReplicaState.CRASHED, runtime.MISSING):
             code = runtime.exit_code(container) if container is not None else None
-            tail = runtime.logs_tail(container, settings.TOLLGATE_LOG_TAIL_LINES) if container else ""
+            tail = _tail(container)
             reason = (f"engine exited with code {code}" if code is not None else
                       "engine /health answered 503" if health and health >= 500 else
                       "engine container disappeared")

@@ -133,7 +133,8 @@ def price_new(request: HttpRequest, pk: int) -> HttpResponse:
                             "requests keep theirs.", "console:model-detail", pk=pk),
         f"New price for {model}", nav="models", submit="Set price",
         cancel=reverse("console:model-detail", args=[pk]),
-        intro="A new price is a new version from its start; billed requests keep the price they had.",
+        intro="A new price is a new version from its start; billed requests keep the price "
+        "they had.",
     )
 
 
@@ -213,8 +214,8 @@ def _register_node(request: HttpRequest, form: NodeForm) -> Node:
 def node_new(request: HttpRequest) -> HttpResponse:
     return service_form(
         request, NodeForm(request.POST or None), lambda form: _register_node(request, form),
-        lambda node: saved(request, f"Node {node} registered. Start its worker with -Q {node.queue}.",
-                           "console:node-detail", pk=node.pk),
+        lambda node: saved(request, f"Node {node} registered. Start its worker with "
+                           f"-Q {node.queue}.", "console:node-detail", pk=node.pk),
         "Register a node", cancel=reverse("console:node-list"), submit="Register", nav="nodes",
     )
 

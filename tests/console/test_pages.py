@@ -284,22 +284,26 @@ def test_model_register_price_and_history(web: object, root: object) -> None:
     assert "llama-3-8b" in listing and "0.100000 USD / 1M tokens" in listing
 
 
-def test_model_edit_refused_by_the_service_keeps_the_form(web: object, root: object, public_model: object,
-                                                         local_node: object) -> None:
+def test_model_edit_refused_by_the_service_keeps_the_form(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
     deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
                                           image="tollgate/engine-sim:latest", engine_args=SMALL)
     form = {"served_name": "renamed", "source": public_model.source, "task": "generate",
-            "params_billions": "8.2", "context_length": "32768", "visibility": "public", "quantization": ""}
+            "params_billions": "8.2", "context_length": "32768", "visibility": "public",
+            "quantization": ""}
     response = web(root).post(u("model-edit", public_model.pk), form)
     page = response.content.decode()
-    assert response.status_code == 400 and "Stop and remove its deployments before renaming." in page
+    assert response.status_code == 400
+    assert "Stop and remove its deployments before renaming." in page
     assert 'value="renamed"' in page  # what was typed is kept
     public_model.refresh_from_db()
     assert public_model.served_name == "qwen3-8b"
 
 
-def test_granting_a_private_model_says_what_happened(web: object, root: object, private_model_a: object,
-                                                     tenant_b: Tenant) -> None:
+def test_granting_a_private_model_says_what_happened(
+    web: object, root: object, private_model_a: object, tenant_b: Tenant
+) -> None:
     client = web(root)
     granted = client.post(u("model-grant", private_model_a.pk), {"tenant": "bravo"}, follow=True)
     assert "Bravo Labs may now use acme-secret-70b." in granted.content.decode()
@@ -401,8 +405,9 @@ def test_deployment_actions_call_the_services(web: object, root: object, public_
     assert client.get(u("deployment-logs", "dep") + "?replica=0").status_code == 200
 
 
-def test_removing_a_deployment_goes_back_to_the_list(web: object, root: object, public_model: object,
-                                                    local_node: object) -> None:
+def test_removing_a_deployment_goes_back_to_the_list(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
     deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
                                           image="tollgate/engine-sim:latest", engine_args=SMALL)
     client = web(root)
@@ -464,15 +469,17 @@ def test_tenant_admin_usage_is_their_tenant_only(web: object, alice: object, ten
     assert {r["tenant"] for r in rows} == {"acme"}
 
 
-def test_tenant_page_shows_members_the_usage_of_their_own_keys(web: object, alice: object, bob: object,
-                                                               public_model: object) -> None:
+def test_tenant_page_shows_members_the_usage_of_their_own_keys(
+    web: object, alice: object, bob: object, public_model: object
+) -> None:
     tenant = Tenant.objects.get(slug="acme")
     alices = services.issue_api_key(alice, tenant, name="alice's").key
     bobs = services.issue_api_key(bob, tenant, name="bob's").key
     for key, tokens in ((alices, 100), (bobs, 7)):
         hour = timezone.now().replace(minute=0, second=0, microsecond=0)
-        UsageRollup.objects.create(hour=hour, tenant=tenant, api_key=key, model=public_model, requests=1,
-                                   prompt_tokens=tokens, completion_tokens=0, cost=Decimal("0"), currency="USD")
+        UsageRollup.objects.create(hour=hour, tenant=tenant, api_key=key, model=public_model,
+                                   requests=1, prompt_tokens=tokens, completion_tokens=0,
+                                   cost=Decimal("0"), currency="USD")
 
     def tokens_charted(user: object) -> int:
         series = web(user).get(u("tenant-detail", "acme")).context["series"]

@@ -81,9 +81,11 @@ def test_the_fit_preview_checks_flags_as_a_deployment_would_and_saves_nothing(
 ) -> None:
     with pytest.raises(ValidationError, match="--port cannot be set"):
         services.preview_fit(public_model, local_node, None, 1, {"port": 9999})
-    small = services.preview_fit(public_model, local_node, None, 1, {"max-num-seqs": 4, "max-model-len": "8k"})
+    small = services.preview_fit(public_model, local_node, None, 1,
+                                 {"max-num-seqs": 4, "max-model-len": "8k"})
     assert small.fits
-    big = services.preview_fit(public_model, local_node, None, 16, {"max-num-seqs": 256, "max-model-len": "32k"})
+    big = services.preview_fit(public_model, local_node, None, 16,
+                               {"max-num-seqs": 256, "max-model-len": "32k"})
     assert not big.fits and "× 16" in big.message
     assert services.preview_fit(public_model, None, None, 1, {}) is None  # placed by Tollgate
     assert not Deployment.objects.exists()

@@ -17,7 +17,9 @@ def test_an_empty_engine_image_list_is_error_e010(settings: object) -> None:
     assert "tollgate.E010" in ids()
 
 
-def test_production_without_a_key_pepper_warns_w002(settings: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_production_without_a_key_pepper_warns_w002(
+    settings: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TOLLGATE_KEY_PEPPER", raising=False)
     monkeypatch.delenv("TOLLGATE_KEY_PEPPER_FILE", raising=False)
     settings.PRODUCTION, settings.TOLLGATE_HTTPS = True, True
