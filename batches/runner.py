@@ -15,9 +15,10 @@ from datetime import timedelta
 
 import httpx
 import orjson
+from django.conf import settings
 from django.utils import timezone
 
-from batches import conf, services
+from batches import services
 from batches.choices import LineState, Status
 from batches.models import Batch, BatchLine
 from tenants.models import ApiKey
@@ -133,14 +134,14 @@ def _check(run: Run) -> None:
 
 
 def _dispatch(run: Run, key: str) -> None:
-    concurrency = max(1, conf.get("TOLLGATE_BATCH_CONCURRENCY"))
+    concurrency = max(1, settings.TOLLGATE_BATCH_CONCURRENCY)
     headers = {"Authorization": f"Bearer {key}", PRIORITY_HEADER: "P2", "Content-Type": "application/json"}
-    timeout = httpx.Timeout(conf.get("TOLLGATE_BATCH_REQUEST_TIMEOUT"), connect=10.0)
+    timeout = httpx.Timeout(settings.TOLLGATE_BATCH_REQUEST_TIMEOUT, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     queue: list[Line] = []
     inflight: dict[Future, Line] = {}
     checked = 0.0
-    with httpx.Client(base_url=conf.get("TOLLGATE_INTERNAL_URL"), headers=headers, timeout=timeout,
+    with httpx.Client(base_url=settings.TOLLGATE_INTERNAL_URL, headers=headers, timeout=timeout,
                       limits=limits) as client, ThreadPoolExecutor(concurrency, "batch") as pool:
         while True:
             if time.monotonic() - checked >= RENEW_EVERY_SECONDS:
@@ -165,7 +166,7 @@ def _dispatch(run: Run, key: str) -> None:
 
 def send(client: httpx.Client, run: Run, line: Line) -> dict | None:
     """The result line for one request, retrying what waiting can fix; None when told to stop."""
-    max_attempts, attempt = conf.get("TOLLGATE_BATCH_MAX_ATTEMPTS"), 0
+    max_attempts, attempt = settings.TOLLGATE_BATCH_MAX_ATTEMPTS, 0
     while True:
         try:
             answer = client.post(run.batch.endpoint, content=orjson.dumps(line.body))
@@ -208,12 +209,12 @@ def _retry_delay(answer: httpx.Response, attempt: int) -> float | None:
                 wait_s = float(answer.headers.get("retry-after", ""))
             except ValueError:
                 wait_s = _backoff(attempt)
-        return min(max(wait_s, 0.05), conf.get("TOLLGATE_BATCH_MAX_RETRY_AFTER"))
+        return min(max(wait_s, 0.05), settings.TOLLGATE_BATCH_MAX_RETRY_AFTER)
     return None
 
 
 def _backoff(attempt: int) -> float:
-    return min(0.5 * 2 ** (attempt - 1), conf.get("TOLLGATE_BATCH_MAX_RETRY_AFTER"))
+    return min(0.5 * 2 ** (attempt - 1), settings.TOLLGATE_BATCH_MAX_RETRY_AFTER)
 
 
 def recover() -> list[int]:

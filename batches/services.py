@@ -6,17 +6,20 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from batches import conf
 from batches.choices import COMPLETION_WINDOWS, ENDPOINTS, LineState, Purpose, Status
 from batches.jsonl import InvalidFile, parse_requests
 from batches.models import Batch, BatchLine, File
+from config.celery import enqueue
 from tenants.models import ApiKey, Tenant
 
 MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+# The Celery task that runs a batch (registered in batches/tasks.py), queued by name.
+RUN_TASK = "batches.run_batch"
 
 
 @dataclass
@@ -48,20 +51,20 @@ def upload_file(key: ApiKey, filename: str, data: bytes, purpose: str) -> File:
         raise RequestError(400, "Tollgate accepts files with purpose 'batch' only.", "purpose")
     check_size(len(data))
     try:
-        requests = parse_requests(data, conf.get("TOLLGATE_BATCH_MAX_LINES"))
+        requests = parse_requests(data, settings.TOLLGATE_BATCH_MAX_LINES)
     except InvalidFile as exc:
         raise RequestError(400, str(exc), "file", exc.code) from None
     return _store(key.tenant, owner_of(key), filename, data, Purpose.BATCH, len(requests))
 
 
 def check_size(size: int) -> None:
-    limit = conf.get("TOLLGATE_BATCH_MAX_FILE_BYTES")
+    limit = settings.TOLLGATE_BATCH_MAX_FILE_BYTES
     if size > limit:
         raise RequestError(400, f"The file is {size} bytes; the limit is {limit} bytes.", "file", "file_too_large")
 
 
 def _store(tenant: Tenant, key: ApiKey | None, filename: str, data: bytes, purpose: str, lines: int) -> File:
-    retention = timedelta(days=conf.get("TOLLGATE_FILES_RETENTION_DAYS"))
+    retention = timedelta(days=settings.TOLLGATE_FILES_RETENTION_DAYS)
     return File.objects.create(
         tenant=tenant, api_key=key, filename=filename[:255] or "upload.jsonl", purpose=purpose,
         size=len(data), lines=lines, content=data, expires_at=timezone.now() + retention,
@@ -131,7 +134,7 @@ def create_batch(key: ApiKey, input_file_id: Any, endpoint: Any, completion_wind
     if source.purpose != Purpose.BATCH:
         raise RequestError(400, f"File {input_file_id} has purpose {source.purpose!r}; a batch needs "
                            "purpose 'batch'.", "input_file_id")
-    requests = parse_requests(bytes(source.content), conf.get("TOLLGATE_BATCH_MAX_LINES"))
+    requests = parse_requests(bytes(source.content), settings.TOLLGATE_BATCH_MAX_LINES)
     for request in requests:
         if request.url != endpoint:
             raise RequestError(400, f"Line {request.line}: url {request.url} does not match the batch "
@@ -151,9 +154,8 @@ def create_batch(key: ApiKey, input_file_id: Any, endpoint: Any, completion_wind
 
 
 def queue_run(batch_pk: int) -> None:
-    from batches.tasks import run_batch
-
-    run_batch.apply_async(args=[batch_pk], queue=conf.get("TOLLGATE_BATCH_QUEUE"))
+    """Queue the batch's run on the batch workers' queue (the task batches.tasks registers)."""
+    enqueue(RUN_TASK, batch_pk, queue=settings.TOLLGATE_BATCH_QUEUE)
 
 
 def batches_of(tenant: Tenant) -> QuerySet[Batch]:
@@ -190,7 +192,7 @@ def cancel_batch(tenant: Tenant, public_id: str) -> Batch:
 def claim(batch_pk: int, owner: str) -> Batch | None:
     """Take a batch to run: a new one, or one whose runner's lease ran out. None: someone has it."""
     now = timezone.now()
-    lease = now + timedelta(seconds=conf.get("TOLLGATE_BATCH_LEASE_SECONDS"))
+    lease = now + timedelta(seconds=settings.TOLLGATE_BATCH_LEASE_SECONDS)
     mine = Batch.objects.filter(pk=batch_pk)
     took = mine.filter(status=Status.VALIDATING).update(
         status=Status.IN_PROGRESS, in_progress_at=now, lease_owner=owner, lease_until=lease)
@@ -202,7 +204,7 @@ def claim(batch_pk: int, owner: str) -> Batch | None:
 
 def renew(batch_pk: int, owner: str) -> str | None:
     """Extend the lease; the batch's status, or None when another runner took it over."""
-    lease = timezone.now() + timedelta(seconds=conf.get("TOLLGATE_BATCH_LEASE_SECONDS"))
+    lease = timezone.now() + timedelta(seconds=settings.TOLLGATE_BATCH_LEASE_SECONDS)
     mine = Batch.objects.filter(pk=batch_pk, lease_owner=owner)
     if not mine.update(lease_until=lease):
         return None

@@ -5,7 +5,7 @@ from celery import shared_task
 from batches import runner, services
 
 
-@shared_task(name="batches.run_batch", acks_late=True)
+@shared_task(name=services.RUN_TASK, acks_late=True)
 def run_batch(batch_pk: int) -> str:
     """Run a batch; a second delivery finds it claimed and does nothing."""
     return runner.run_batch(batch_pk)

@@ -21,13 +21,13 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 
-from deployments import conf, runtime  # noqa: E402
+from deployments import runtime  # noqa: E402
 
 
 def remove_engines() -> int:
     """Stop and remove the stack's containers on this node; the number removed."""
     dc = runtime.client(settings.TOLLGATE_DOCKER_URL)
-    stack, node = conf.get("TOLLGATE_STACK_ID"), settings.TOLLGATE_LOCAL_NODE_NAME
+    stack, node = settings.TOLLGATE_STACK_ID, settings.TOLLGATE_LOCAL_NODE_NAME
     containers = runtime.list_managed(dc, stack, node)
     grace = int(os.environ.get("TOLLGATE_JANITOR_GRACE_SECONDS", "20"))
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "config.apps.TollgateConfig",  # system checks (config/checks.py)
     "tenants",
     "deployments",
     "metering",
@@ -131,13 +132,6 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TIMEZONE = "UTC"
-# Each app lists its periodic tasks in its own schedule module (plain dicts, no imports).
-from batches.schedule import BEAT_SCHEDULE as _batches_beat  # noqa: E402
-from deployments.schedule import BEAT_SCHEDULE as _deployments_beat  # noqa: E402
-from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
-from metering.schedule import BEAT_SCHEDULE as _metering_beat  # noqa: E402
-
-CELERY_BEAT_SCHEDULE = {**_deployments_beat, **_metering_beat, **_gateway_beat, **_batches_beat}
 
 # --- Auth and security ----------------------------------------------------------------
 
@@ -255,6 +249,75 @@ TOLLGATE_DOCKER_URL = env_str("TOLLGATE_DOCKER_URL", "unix:///var/run/docker.soc
 TOLLGATE_LOCAL_NODE_NAME = env_str("TOLLGATE_LOCAL_NODE_NAME", "local")
 TOLLGATE_ENGINE_NETWORK = env_str("TOLLGATE_ENGINE_NETWORK", "tollgate-engines")
 TOLLGATE_DEFAULT_CURRENCY = env_str("TOLLGATE_DEFAULT_CURRENCY", "USD")
+# Every Tollgate stack sharing a Docker Engine labels its containers with its own id.
+TOLLGATE_STACK_ID = env_str("TOLLGATE_STACK_ID", "tollgate")
+TOLLGATE_MODEL_CACHE_VOLUME = env_str("TOLLGATE_MODEL_CACHE_VOLUME", "tollgate-model-cache")
+TOLLGATE_COMPILE_CACHE_VOLUME = env_str("TOLLGATE_COMPILE_CACHE_VOLUME", "tollgate-compile-cache")
+# always | missing | never: "never" for air-gapped nodes whose images are preloaded.
+TOLLGATE_PULL_POLICY = env_str("TOLLGATE_PULL_POLICY", "missing")
+TOLLGATE_ENGINE_READY_TIMEOUT = env_float("TOLLGATE_ENGINE_READY_TIMEOUT", 1800.0)
+TOLLGATE_ENGINE_POLL_SECONDS = env_float("TOLLGATE_ENGINE_POLL_SECONDS", 1.0)
+TOLLGATE_WARMUP_TIMEOUT = env_float("TOLLGATE_WARMUP_TIMEOUT", 120.0)
+TOLLGATE_RESTART_BACKOFF_SECONDS = env_float("TOLLGATE_RESTART_BACKOFF_SECONDS", 10.0)
+TOLLGATE_RESTART_BACKOFF_MAX_SECONDS = env_float("TOLLGATE_RESTART_BACKOFF_MAX_SECONDS", 300.0)
+TOLLGATE_MAX_CRASHES = env_int("TOLLGATE_MAX_CRASHES", 5)
+# A replica ready this long has its crash count forgiven.
+TOLLGATE_CRASH_RESET_SECONDS = env_float("TOLLGATE_CRASH_RESET_SECONDS", 600.0)
+TOLLGATE_ORPHAN_GRACE_SECONDS = env_float("TOLLGATE_ORPHAN_GRACE_SECONDS", 60.0)
+TOLLGATE_DRAIN_TIMEOUT = env_float("TOLLGATE_DRAIN_TIMEOUT", 60.0)
+TOLLGATE_STOP_GRACE_SECONDS = env_int("TOLLGATE_STOP_GRACE_SECONDS", 30)
+TOLLGATE_RECONCILE_SECONDS = env_float("TOLLGATE_RECONCILE_SECONDS", 5.0)
+# A running operation's worker renews its lease; a worker killed mid-operation stops
+# renewing, and after this reconcile fails the operation and takes over.
+TOLLGATE_OPERATION_LEASE_SECONDS = env_float("TOLLGATE_OPERATION_LEASE_SECONDS", 30.0)
+# A node whose worker sent no heartbeat for this long is unreachable: its replicas leave
+# routing and unpinned ones are placed on other nodes.
+TOLLGATE_NODE_HEARTBEAT_TIMEOUT = env_float("TOLLGATE_NODE_HEARTBEAT_TIMEOUT", 30.0)
+# How long a Ray head waits for its worker node(s) to join (and a worker for its head).
+TOLLGATE_RAY_JOIN_TIMEOUT = env_float("TOLLGATE_RAY_JOIN_TIMEOUT", 300.0)
+# Join tokens for new nodes expire after this long.
+TOLLGATE_JOIN_TOKEN_HOURS = env_float("TOLLGATE_JOIN_TOKEN_HOURS", 24.0)
+TOLLGATE_TELEMETRY_TTL_SECONDS = env_int("TOLLGATE_TELEMETRY_TTL_SECONDS", 30)
+TOLLGATE_LOG_TAIL_LINES = env_int("TOLLGATE_LOG_TAIL_LINES", 40)
+# Environment names an engine may be given (fnmatch); deployments.engine_env.DENIED lists
+# the names refused whatever this says.
+TOLLGATE_ENGINE_ENV_ALLOWED = env_list(
+    "TOLLGATE_ENGINE_ENV_ALLOWED",
+    ["VLLM_*", "NCCL_*", "RAY_*", "CUDA_*", "HF_HUB_*", "TORCH_*", "PYTORCH_*",
+     "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "SIM_*"],
+)
+# How weights are staged: the engine image's Hugging Face CLI.
+TOLLGATE_STAGE_ENTRYPOINT = env_list("TOLLGATE_STAGE_ENTRYPOINT", ["hf", "download"])
+TOLLGATE_STAGE_TIMEOUT = env_float("TOLLGATE_STAGE_TIMEOUT", 6 * 3600.0)
+# Given to engines and staging helpers for gated models; never logged or audited.
+HF_TOKEN = env_secret("HF_TOKEN")
+
+# --- Batch API (/v1/files, /v1/batches) ---------------------------------------------------
+
+# Where the batch runner sends requests: the gateway itself, not the public URL.
+TOLLGATE_INTERNAL_URL = env_str("TOLLGATE_INTERNAL_URL", "http://127.0.0.1:8000")
+TOLLGATE_BATCH_MAX_FILE_BYTES = env_int("TOLLGATE_BATCH_MAX_FILE_BYTES", 100 * 1024 * 1024)
+TOLLGATE_BATCH_MAX_LINES = env_int("TOLLGATE_BATCH_MAX_LINES", 50_000)
+TOLLGATE_BATCH_CONCURRENCY = env_int("TOLLGATE_BATCH_CONCURRENCY", 4)  # requests in flight
+TOLLGATE_BATCH_QUEUE = env_str("TOLLGATE_BATCH_QUEUE", "batches")
+TOLLGATE_BATCH_LEASE_SECONDS = env_int("TOLLGATE_BATCH_LEASE_SECONDS", 120)
+TOLLGATE_BATCH_REQUEST_TIMEOUT = env_float("TOLLGATE_BATCH_REQUEST_TIMEOUT", 600.0)
+TOLLGATE_BATCH_MAX_ATTEMPTS = env_int("TOLLGATE_BATCH_MAX_ATTEMPTS", 10)
+TOLLGATE_BATCH_MAX_RETRY_AFTER = env_float("TOLLGATE_BATCH_MAX_RETRY_AFTER", 60.0)
+TOLLGATE_FILES_RETENTION_DAYS = env_int("TOLLGATE_FILES_RETENTION_DAYS", 30)
+
+# --- Periodic tasks -------------------------------------------------------------------------
+
+# Each app lists its periodic tasks in its own schedule module (plain dicts, no imports).
+from batches.schedule import BEAT_SCHEDULE as _batches_beat  # noqa: E402
+from deployments.schedule import beat_schedule as _deployments_beat  # noqa: E402
+from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
+from metering.schedule import BEAT_SCHEDULE as _metering_beat  # noqa: E402
+
+CELERY_BEAT_SCHEDULE = {
+    **_deployments_beat(TOLLGATE_RECONCILE_SECONDS), **_metering_beat, **_gateway_beat,
+    **_batches_beat,
+}
 
 # --- Gateway (/v1) -------------------------------------------------------------------------
 

@@ -16,8 +16,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 
 from config.permissions import admin_tenant_ids, is_tenant_admin, member_tenant_ids
-from deployments.api import models_visible_to
+from deployments.services import models_visible_to
 from metering.api import UsageEventViewSet
+from metering.models import UsageRollup
 from tenants.api import ApiKeyViewSet, AuditLogViewSet
 from tenants.models import ApiKey, AuditLog, Tenant
 from tenants.services import role_in, tenants_of
@@ -25,9 +26,10 @@ from tenants.services import role_in, tenants_of
 View = Callable[..., HttpResponse]
 
 __all__ = [
-    "admin_tenant_ids", "audit_visible_to", "is_tenant_admin", "keys_visible_to",
-    "member_tenant_ids", "models_visible_to", "require_tenant_admin", "role_in",
-    "staff_required", "tenant_or_404", "tenants_of", "usage_events_visible_to",
+    "admin_tenant_ids", "admin_tenants", "audit_visible_to", "is_tenant_admin",
+    "keys_visible_to", "member_tenant_ids", "models_visible_to", "require_tenant_admin",
+    "role_in", "staff_required", "tenant_or_404", "tenants_of", "usage_events_visible_to",
+    "usage_rollups_visible_to",
 ]
 
 
@@ -64,6 +66,22 @@ def audit_visible_to(user: Any) -> QuerySet[AuditLog]:
 
 def usage_events_visible_to(user: Any) -> QuerySet:
     return UsageEventViewSet().scope(user)
+
+
+def usage_rollups_visible_to(user: Any, tenant: Tenant) -> QuerySet[UsageRollup]:
+    """A tenant's hourly usage as its admins see it; members see their own keys' usage,
+    as the admin API shows them their own keys' requests."""
+    rollups = UsageRollup.objects.filter(tenant=tenant)
+    if is_tenant_admin(user, tenant.pk):
+        return rollups
+    return rollups.filter(api_key__created_by=user)
+
+
+def admin_tenants(user: Any) -> QuerySet[Tenant]:
+    """The tenants whose keys, usage and audit log the user manages (all for platform admins)."""
+    if user.is_staff:
+        return Tenant.objects.all()
+    return Tenant.objects.filter(pk__in=admin_tenant_ids(user))
 
 
 def export_scope(user: Any) -> frozenset[int] | None:

@@ -6,7 +6,7 @@ from typing import Any
 from django import forms
 
 from deployments.choices import Arch, NodeStatus
-from deployments.models import CatalogModel, Deployment, EngineProfile, Node
+from deployments.models import CatalogModel, EngineProfile, Node
 from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
 
 LIMIT_LABELS = {
@@ -247,10 +247,6 @@ class DeploymentForm(forms.Form):
 
     def service_data(self) -> dict[str, Any]:
         return dict(self.cleaned_data)
-
-    @staticmethod
-    def unsaved(data: dict[str, Any]) -> Deployment:
-        return Deployment(**{k: v for k, v in data.items() if k != "name"}, name=data.get("name") or "preview")
 
 
 class ScaleForm(forms.Form):

@@ -3,23 +3,28 @@
 - ``ListPage``: a queryset, columns, an optional django-filter FilterSet, sorting by
   whitelisted columns (``?sort=name`` / ``?sort=-name``), pagination, an empty state that
   says what to do next.
-- ``render_form`` / ``apply_errors``: forms call a service; a ValidationError from the
-  service lands on the form (field or top), and the bound form is shown again, nothing lost.
+- ``service_form``: every create/edit page. A valid form goes to a service function; a
+  ValidationError from the service lands on the form (field or top) and the bound form is
+  shown again, nothing lost; success is a message and a redirect (``saved``) or a page.
+- ``service_action``: every POST button (start, suspend, grant…): the service's refusal
+  becomes an error message, its success a message, and the user goes back to the page.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
+from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils.html import format_html
 
 PER_PAGE = 25
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -125,3 +130,42 @@ def render_form(
     if status is None:
         status = 400 if form.is_bound and form.errors else 200
     return render(request, template, context, status=status)
+
+
+def service_form(
+    request: HttpRequest, form: forms.BaseForm, save: Callable[[Any], Result],
+    done: Callable[[Result], HttpResponse], title: str, *, cancel: str,
+    extra: Callable[[], dict] | None = None, **page: Any,
+) -> HttpResponse:
+    """A create/edit page: on a valid POST, ``save(form)`` calls the service and ``done``
+    turns its result into the answer; otherwise (or when the service refuses) the form is
+    shown with its errors. ``extra`` is called last, so it sees the service's errors too."""
+    if request.method == "POST" and form.is_valid():
+        try:
+            result = save(form)
+        except ValidationError as exc:
+            apply_errors(form, exc)
+        else:
+            return done(result)
+    return render_form(request, form, title, cancel=cancel, extra=extra() if extra else None,
+                       **page)
+
+
+def saved(request: HttpRequest, message: str, to: str, **kwargs: Any) -> HttpResponse:
+    """Say what happened, then go to ``to`` (a URL name and its arguments)."""
+    messages.success(request, message)
+    return redirect(to, **kwargs)
+
+
+def service_action(request: HttpRequest, act: Callable[[], Any], success: str,
+                   back: HttpResponse, onward: HttpResponse | None = None) -> HttpResponse:
+    """A POST button: run the service. Its ValidationError becomes the error message and
+    the user goes ``back``; otherwise ``success`` is said and the user goes ``onward``
+    (``back`` when not given)."""
+    try:
+        act()
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return back
+    messages.success(request, success)
+    return onward or back

@@ -10,8 +10,8 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from config.api import UserScopedMixin
-from config.permissions import IsPlatformAdmin, PlatformAdminWrites, member_tenant_ids
-from deployments import services
+from config.permissions import IsPlatformAdmin, PlatformAdminWrites
+from deployments import joining, services, staging
 from deployments.choices import DesiredState
 from deployments.models import (
     AllowedImage,
@@ -37,17 +37,6 @@ from deployments.serializers import (
     StagedModelSerializer,
     StageSerializer,
 )
-from tenants.models import Tenant
-
-
-def models_visible_to(user: object) -> QuerySet[CatalogModel]:
-    """Every model for platform admins; for others, what any of their tenants may call."""
-    if user.is_staff:
-        return CatalogModel.objects.all()
-    ids: set[int] = set()
-    for tenant in Tenant.objects.filter(pk__in=member_tenant_ids(user)):
-        ids |= set(services.models_for_tenant(tenant).values_list("pk", flat=True))
-    return CatalogModel.objects.filter(pk__in=ids)
 
 
 class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
@@ -60,7 +49,7 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
     queryset = CatalogModel.objects.none()
 
     def scope(self, user: object) -> QuerySet[CatalogModel]:
-        return models_visible_to(user).prefetch_related("granted_tenants")
+        return services.models_visible_to(user).prefetch_related("granted_tenants")
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         serializer.instance = services.create_model(self.request.user, **serializer.validated_data)
@@ -98,8 +87,6 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
     @action(detail=True, methods=["post"], permission_classes=[IsPlatformAdmin])
     def stage(self, request: Request, pk: str) -> Response:
         """Download this model's weights into a node's model cache before deploying it."""
-        from deployments import staging
-
         body = StageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         op = staging.stage_weights(
@@ -138,11 +125,9 @@ class NodeViewSet(viewsets.ModelViewSet):
     @action(detail=False, methods=["post"], url_path="join-token")
     def join_token(self, request: Request) -> Response:
         """A one-time token and the command that makes a new box join as the named node."""
-        from deployments.joining import create_join_token
-
         body = JoinTokenRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        issued = create_join_token(request.user, **body.validated_data)
+        issued = joining.create_join_token(request.user, **body.validated_data)
         data = {"node_name": issued.node_name, "token": issued.token,
                 "expires_at": issued.expires_at, "command": issued.command}
         return Response(JoinTokenSerializer(data).data, status=status.HTTP_201_CREATED)

@@ -15,11 +15,14 @@ import logging
 import time
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
-from deployments import conf, runtime
+from deployments import runtime
 from deployments.choices import ContainerRole, OperationKind, OperationStatus, ReplicaState
+from deployments.engine_env import engine_environment
 from deployments.models import Deployment, Node, Operation, Replica
+from deployments.operations import EngineFailed, queue_operation, update_op
 
 log = logging.getLogger(__name__)
 HOST_NETWORK = "host"
@@ -51,7 +54,7 @@ def _fill(parts: list[str], **values: Any) -> list[str]:
 
 def head_entrypoint(deployment: Deployment) -> list[str]:
     cluster = settings_for(deployment)
-    timeout = int(conf.get("TOLLGATE_RAY_JOIN_TIMEOUT"))
+    timeout = int(settings.TOLLGATE_RAY_JOIN_TIMEOUT)
     return _fill(cluster["head_entrypoint"], ray_port=cluster["ray_port"], workers=1, nodes=2,
                  timeout=timeout)
 
@@ -77,9 +80,7 @@ def worker_name(replica: Replica) -> str:
 
 def queue_worker(replica: Replica) -> Operation:
     """Ask the worker node's own worker to start this replica's Ray worker container."""
-    from deployments import lifecycle
-
-    return lifecycle.queue_operation(
+    return queue_operation(
         OperationKind.WORKER_START, replica.deployment, node=replica.worker_node,
         replica_id=replica.pk, head=head_address(replica.deployment, replica),
     )
@@ -102,8 +103,6 @@ def start_worker(op: Operation) -> None:
     A worker that exits (it could not reach the head: wrong interface, address or
     firewall) fails this operation with its log tail; the head's start reports it.
     """
-    from deployments.lifecycle import EngineFailed, update_op
-
     replica = Replica.objects.select_related("deployment__model", "deployment__profile", "node",
                                              "worker_node").filter(pk=op.detail["replica_id"]).first()
     if replica is None or replica.worker_node_id != op.node_id:
@@ -111,13 +110,12 @@ def start_worker(op: Operation) -> None:
         return
     deployment, node = replica.deployment, op.node
     dc = runtime.client(node.docker_url)
-    stack, name = conf.get("TOLLGATE_STACK_ID"), worker_name(replica)
+    stack, name = settings.TOLLGATE_STACK_ID, worker_name(replica)
     _remove_stale(dc, name, node)
     cluster = settings_for(deployment)
     entrypoint = _fill(cluster["worker_entrypoint"], head_address=op.detail["head"],
-                       ray_port=cluster["ray_port"], timeout=int(conf.get("TOLLGATE_RAY_JOIN_TIMEOUT")))
-    from deployments.engine import engine_environment
-
+                       ray_port=cluster["ray_port"],
+                       timeout=int(settings.TOLLGATE_RAY_JOIN_TIMEOUT))
     spec = runtime.engine_spec(
         name=name, image=deployment.image, command=[], entrypoint=entrypoint,
         env={**node_env(node), **engine_environment(deployment, node), **_own(node)},
@@ -133,12 +131,12 @@ def start_worker(op: Operation) -> None:
                                                  updated_at=timezone.now())
     runtime.start(container)
     update_op(op, phase="joined", message=f"Ray worker {name} running on {node.name}")
-    deadline = time.monotonic() + conf.get("TOLLGATE_ENGINE_READY_TIMEOUT")
+    deadline = time.monotonic() + settings.TOLLGATE_ENGINE_READY_TIMEOUT
     while time.monotonic() < deadline:
         current = runtime.refresh(container)
         if current is None or current.status != "running":
             code = runtime.exit_code(container) if current is not None else None
-            tail = runtime.logs_tail(container, conf.get("TOLLGATE_LOG_TAIL_LINES")) if current else ""
+            tail = runtime.logs_tail(container, settings.TOLLGATE_LOG_TAIL_LINES) if current else ""
             raise EngineFailed(f"the Ray worker on {node.name} exited with code {code}", code, tail)
         state = Replica.objects.filter(pk=replica.pk).values_list("state", flat=True).first()
         if state == ReplicaState.READY:
@@ -149,7 +147,7 @@ def start_worker(op: Operation) -> None:
             return
         if state in (ReplicaState.STOPPED, ReplicaState.DRAINING):
             return  # being stopped: the stop removes this worker after the head
-        time.sleep(conf.get("TOLLGATE_ENGINE_POLL_SECONDS"))
+        time.sleep(settings.TOLLGATE_ENGINE_POLL_SECONDS)
     raise EngineFailed("the head never became ready", None, "")
 
 
@@ -163,7 +161,7 @@ def _remove_stale(dc: Any, name: str, node: Node) -> None:
     if stale is None:
         return
     labels = stale.labels or {}
-    if labels.get(runtime.LABEL_STACK) != conf.get("TOLLGATE_STACK_ID") or labels.get(
+    if labels.get(runtime.LABEL_STACK) != settings.TOLLGATE_STACK_ID or labels.get(
         runtime.LABEL_NODE
     ) != node.name:
         raise runtime.RuntimeFailure(f"a container named {name} exists and is not Tollgate's")
@@ -172,18 +170,15 @@ def _remove_stale(dc: Any, name: str, node: Node) -> None:
 
 def stop_worker(op: Operation) -> None:
     """Stop and remove a Ray worker container (after its head is gone)."""
-    from deployments.lifecycle import update_op
-
     node = op.node
     dc = runtime.client(node.docker_url)
     container = runtime.find(dc, op.detail["container"])
     labels = (container.labels or {}) if container is not None else {}
-    if container is not None and labels.get(runtime.LABEL_STACK) == conf.get(
-        "TOLLGATE_STACK_ID"
-    ) and labels.get(runtime.LABEL_NODE) == node.name and labels.get(
-        runtime.LABEL_ROLE
-    ) == ContainerRole.WORKER:
-        runtime.stop_and_remove(container, conf.get("TOLLGATE_STOP_GRACE_SECONDS"))
+    ours = (labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID
+            and labels.get(runtime.LABEL_NODE) == node.name
+            and labels.get(runtime.LABEL_ROLE) == ContainerRole.WORKER)
+    if container is not None and ours:
+        runtime.stop_and_remove(container, settings.TOLLGATE_STOP_GRACE_SECONDS)
     Replica.objects.filter(pk=op.detail["replica_id"], worker_container_name=op.detail["container"]
                            ).update(worker_container_name="")
     update_op(op, message=f"Ray worker {op.detail['container']} removed from {node.name}")

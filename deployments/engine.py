@@ -10,13 +10,16 @@ import time
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from deployments import cluster, conf, placement, progress, runtime
+from deployments import cluster, placement, progress, runtime
 from deployments.choices import ContainerRole, ReplicaState, Task
 from deployments.engine_args import to_argv
+from deployments.engine_env import engine_environment
 from deployments.models import Deployment, Operation, Replica
+from deployments.operations import EngineFailed, update_op
 from gateway.invalidation import publish_change
 
 PROBE_TIMEOUT = 3.0
@@ -38,8 +41,6 @@ class Starter:
     # -- bookkeeping --
 
     def report(self, phase: str, progress_pct: float | None = None, message: str = "") -> None:
-        from deployments.lifecycle import update_op
-
         detail = dict(self.op.detail)
         detail.setdefault("replicas", {})[str(self.replica.index)] = {"phases": self.phases}
         fields: dict[str, Any] = {"phase": phase, "detail": detail}
@@ -66,8 +67,6 @@ class Starter:
     # -- the sequence --
 
     def run(self) -> None:
-        from deployments.lifecycle import EngineFailed
-
         self.timed("pull", self.pull)
         self.set_replica(state=ReplicaState.STARTING)
         self.timed("create", self.create)
@@ -87,9 +86,7 @@ class Starter:
         self.mark_ready()
 
     def pull(self) -> None:
-        from deployments.lifecycle import EngineFailed
-
-        image, policy = self.deployment.image, conf.get("TOLLGATE_PULL_POLICY")
+        image, policy = self.deployment.image, settings.TOLLGATE_PULL_POLICY
         if policy != "always" and runtime.image_present(self.dc, image):
             return
         if policy == "never":
@@ -107,7 +104,7 @@ class Starter:
                 self.report("pull", pct, f"pulling {image}: {pct:.0f}% of {len(layers)} layers")
 
     def create(self) -> None:
-        stack, name = conf.get("TOLLGATE_STACK_ID"), self.container_name()
+        stack, name = settings.TOLLGATE_STACK_ID, self.container_name()
         stale = runtime.find(self.dc, name)
         if stale is not None:
             labels = stale.labels or {}
@@ -137,21 +134,19 @@ class Starter:
             "entrypoint": cluster.head_entrypoint(self.deployment),
             "command": cluster.head_command(engine_command(self.deployment)),
             "env": env,
-            "labels": runtime.labels_for(conf.get("TOLLGATE_STACK_ID"), self.node.name,
+            "labels": runtime.labels_for(settings.TOLLGATE_STACK_ID, self.node.name,
                                          self.deployment.pk, self.replica.index,
                                          role=ContainerRole.HEAD),
             "host_network": host, "join_network": not host,
         }
 
     def container_name(self) -> str:
-        name = f"{conf.get('TOLLGATE_STACK_ID')}-{self.deployment.name}-{self.replica.index}"
+        name = f"{settings.TOLLGATE_STACK_ID}-{self.deployment.name}-{self.replica.index}"
         # A replica placed by Tollgate may move between nodes; several nodes can share one
         # Docker Engine (tests, demos), so the node is part of the name.
         return name if self.deployment.node_id == self.node.pk else f"{name}-{self.node.name}"
 
     def locate(self) -> None:
-        from deployments.lifecycle import EngineFailed
-
         if self.group and cluster.settings_for(self.deployment)["network"] == cluster.HOST_NETWORK:
             self.set_replica(host=self.node.engine_host or self.node.cluster_address,
                              port=runtime.ENGINE_PORT)
@@ -167,11 +162,9 @@ class Starter:
     def tail(self) -> str:
         if self.container is None:
             return ""
-        return runtime.logs_tail(self.container, conf.get("TOLLGATE_LOG_TAIL_LINES"))
+        return runtime.logs_tail(self.container, settings.TOLLGATE_LOG_TAIL_LINES)
 
     def check_alive(self) -> None:
-        from deployments.lifecycle import EngineFailed
-
         if self.worker_op_id is not None:
             failure = cluster.worker_failure(self.worker_op_id)
             if failure:
@@ -185,9 +178,7 @@ class Starter:
             raise EngineFailed(f"the engine exited with code {code} while starting", code, self.tail())
 
     def wait_listening(self) -> None:
-        from deployments.lifecycle import EngineFailed
-
-        deadline = time.monotonic() + conf.get("TOLLGATE_ENGINE_READY_TIMEOUT")
+        deadline = time.monotonic() + settings.TOLLGATE_ENGINE_READY_TIMEOUT
         while time.monotonic() < deadline:
             self.check_alive()
             shards = progress.shard_progress(runtime.logs_tail(self.container, 20))
@@ -199,19 +190,17 @@ class Starter:
                 return
             if status is not None and status >= 500:
                 raise EngineFailed(f"/health answered {status} while starting", None, self.tail())
-            time.sleep(conf.get("TOLLGATE_ENGINE_POLL_SECONDS"))
+            time.sleep(settings.TOLLGATE_ENGINE_POLL_SECONDS)
         raise EngineFailed("the engine did not become healthy in time", None, self.tail())
 
     def wait_models(self) -> None:
-        from deployments.lifecycle import EngineFailed
-
         served = self.deployment.model.served_name
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             self.check_alive()
             if served in served_models(self.replica.base_url):
                 return
-            time.sleep(conf.get("TOLLGATE_ENGINE_POLL_SECONDS"))
+            time.sleep(settings.TOLLGATE_ENGINE_POLL_SECONDS)
         raise EngineFailed(f"/v1/models never listed {served!r}", None, self.tail())
 
     def mark_ready(self) -> None:
@@ -237,18 +226,6 @@ def engine_command(deployment: Deployment) -> list[str]:
     if model.task == Task.EMBED and "runner" not in deployment.effective_args:
         argv += ["--runner", "pooling"]
     return argv + to_argv(deployment.effective_args)
-
-
-def engine_environment(deployment: Deployment, node: Any = None) -> dict[str, str]:
-    env = dict(deployment.effective_env)
-    token = conf.hf_token()
-    if token:
-        env["HF_TOKEN"] = token
-    # Weights staged on this node: load them from the cache without asking the Hub (engines
-    # sit on an internal network with no route out).
-    if node is not None and deployment.model.staged.filter(node=node, staged_at__isnull=False).exists():
-        env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
 
 
 # --- HTTP to engines -----------------------------------------------------------------------
@@ -284,7 +261,7 @@ def warm_up(base_url: str, deployment: Deployment) -> None:
             "model": model.served_name, "max_tokens": 1,
             "messages": [{"role": "user", "content": "Hi"}],
         }
-    answer = httpx.post(f"{base_url}{path}", json=body, timeout=conf.get("TOLLGATE_WARMUP_TIMEOUT"),
+    answer = httpx.post(f"{base_url}{path}", json=body, timeout=settings.TOLLGATE_WARMUP_TIMEOUT,
                         headers={"X-Request-Id": "tollgate-warmup"})
     answer.raise_for_status()
 

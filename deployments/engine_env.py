@@ -1,16 +1,19 @@
-"""Validation of the extra environment an engine container may be given.
+"""The environment of an engine container: what an admin may add, and what it gets.
 
-Names must match an allow-list pattern (``TOLLGATE_ENGINE_ENV_ALLOWED``) and never be
-one that changes how programs load code, where the engine listens or its credentials.
+Names an admin gives must match an allow-list pattern (``TOLLGATE_ENGINE_ENV_ALLOWED``)
+and never be one that changes how programs load code, where the engine listens or its
+credentials. The engine then gets those, plus the Hugging Face token and offline mode
+when its weights are staged on its node.
 """
 
 import fnmatch
 import re
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from deployments import conf
+from deployments.models import Deployment, Node
 
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 # Refused whatever the allow-list says: code loading, credentials, listening address.
@@ -24,7 +27,7 @@ def validate_engine_env(env: Any) -> dict[str, str]:
     if not isinstance(env, dict):
         raise ValidationError({"env": 'Give an object of variables, e.g. {"NCCL_DEBUG": "INFO"}.'})
     clean, errors = {}, []
-    allowed = conf.get("TOLLGATE_ENGINE_ENV_ALLOWED")
+    allowed = settings.TOLLGATE_ENGINE_ENV_ALLOWED
     for name, value in env.items():
         name = str(name)
         if not NAME_RE.match(name):
@@ -42,3 +45,17 @@ def validate_engine_env(env: Any) -> dict[str, str]:
     if errors:
         raise ValidationError({"env": errors})
     return clean
+
+
+def engine_environment(deployment: Deployment, node: Node | None = None) -> dict[str, str]:
+    """The variables an engine (or a Ray worker) of ``deployment`` starts with on ``node``."""
+    env = dict(deployment.effective_env)
+    token = settings.HF_TOKEN
+    if token:
+        env["HF_TOKEN"] = token
+    # Weights staged on this node: load them from the cache without asking the Hub (engines
+    # sit on an internal network with no route out).
+    staged = deployment.model.staged.filter(node=node, staged_at__isnull=False)
+    if node is not None and staged.exists():
+        env.setdefault("HF_HUB_OFFLINE", "1")
+    return env

@@ -6,11 +6,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import orjson
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from config.redis import get_redis, rkey
-from deployments import conf, engine, nodes, runtime
+from deployments import engine, nodes, runtime
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -80,7 +81,7 @@ def heartbeat(node: Node) -> Node:
 
 def mark_silent_nodes() -> int:
     """Nodes whose worker sent no heartbeat within the timeout are marked unreachable."""
-    timeout = conf.get("TOLLGATE_NODE_HEARTBEAT_TIMEOUT")
+    timeout = settings.TOLLGATE_NODE_HEARTBEAT_TIMEOUT
     cutoff = timezone.now() - timedelta(seconds=timeout)
     count = 0
     for node in Node.objects.filter(status=NodeStatus.ONLINE, last_seen_at__lt=cutoff):
@@ -180,7 +181,7 @@ def scrape_replica(replica: Replica) -> dict[str, float] | None:
     figures["scraped_at"] = timezone.now().timestamp()
     figures["deployment_id"] = replica.deployment_id
     get_redis().set(telemetry_key(replica.pk), orjson.dumps(figures),
-                    ex=conf.get("TOLLGATE_TELEMETRY_TTL_SECONDS"))
+                    ex=settings.TOLLGATE_TELEMETRY_TTL_SECONDS)
     return figures
 
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from deployments import conf
 from deployments.choices import NodeStatus
 from deployments.models import JoinToken, Node
 from tenants.audit import Actor, record
@@ -65,7 +65,7 @@ def create_join_token(actor: Actor, node_name: str, control_plane: str = "") -> 
     prefix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
     secret = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
     token = f"{KIND}-{prefix}-{secret}"
-    expires_at = timezone.now() + timedelta(hours=conf.get("TOLLGATE_JOIN_TOKEN_HOURS"))
+    expires_at = timezone.now() + timedelta(hours=settings.TOLLGATE_JOIN_TOKEN_HOURS)
     user = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     row = JoinToken.objects.create(prefix=prefix, secret_hash=hash_key(token), node_name=node_name,
                                    expires_at=expires_at, created_by=user)

@@ -1,93 +1,31 @@
-"""Deploy, scale, stop, restart and remove: each an Operation row run by a node's worker.
+"""Deploy, scale, restart, stop and remove: what each operation does on its node.
 
-Services create the operation and queue its task after commit; the task (on the node's
-own queue, so Docker is driven on its box) calls ``run_operation``. Every state change
-is compare-and-set, so a task delivered twice never starts two containers.
+Services record the operation and queue its task (deployments.operations); the task, on
+the node's own queue so Docker is driven on its box, runs one of the handlers here. Every
+state change is compare-and-set, so a task delivered twice never starts two containers.
 """
 
 import logging
-import threading
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import httpx
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from config.redis import get_redis, rkey
-from deployments import cluster, conf, engine, placement, runtime
-from deployments.choices import (
-    DeploymentState,
-    DesiredState,
-    OperationKind,
-    OperationStatus,
-    ReplicaState,
-)
+from deployments import engine, placement, runtime
+from deployments.choices import DeploymentState, DesiredState, OperationKind, ReplicaState
 from deployments.models import Deployment, Node, Operation, Replica
+from deployments.operations import EngineFailed, op_node, queue_operation, update_op
 from deployments.runtime import RuntimeFailure
 from gateway.invalidation import publish_change
-from tenants.audit import Actor
 
 log = logging.getLogger(__name__)
 
 STARTABLE = [ReplicaState.PENDING, ReplicaState.STOPPED, ReplicaState.CRASHED, ReplicaState.FAILED]
 ACTIVE = [ReplicaState.PULLING, ReplicaState.STARTING, ReplicaState.LOADING,
           ReplicaState.WARMING, ReplicaState.READY]
-
-
-class EngineFailed(Exception):
-    """An engine died or never became ready; carries its exit code and log tail."""
-
-    def __init__(self, message: str, exit_code: int | None = None, log_tail: str = "") -> None:
-        super().__init__(message)
-        self.exit_code, self.log_tail = exit_code, log_tail
-
-
-# --- Operations ---------------------------------------------------------------------------
-
-
-def queue_operation(kind: str, deployment: Deployment | None, actor: Actor = None,
-                    node: Node | None = None, model: Any = None, **detail: Any) -> Operation:
-    """Record an operation and queue its task on the node's queue once this commits."""
-    from deployments import tasks
-
-    user = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
-    node = node or (deployment.node if deployment else None)
-    op = Operation.objects.create(
-        kind=kind, deployment=deployment, node=node, model=model, requested_by=user,
-        detail=detail,
-    )
-    task = tasks.TASK_FOR_KIND[kind]
-    queue = node.queue if node else "control"
-    transaction.on_commit(lambda: task.apply_async(args=[op.pk], queue=queue))
-    return op
-
-
-def queue_on_nodes(kind: str, deployment: Deployment, actor: Actor = None,
-                   **detail: Any) -> Operation | None:
-    """Queue ``kind`` on each node that runs (or is to run) replicas of the deployment.
-
-    Deploys, scales and restarts place replicas first (pinned node, or the node with the
-    most free memory). Returns the first operation (None when there is nothing to do).
-    """
-    if kind in (OperationKind.DEPLOY, OperationKind.SCALE, OperationKind.RESTART):
-        placement.place(deployment)
-    node_ids = set(deployment.replica_set.exclude(node=None).values_list("node_id", flat=True))
-    if deployment.node_id:
-        node_ids.add(deployment.node_id)
-    ops = [queue_operation(kind, deployment, actor, node=node, **detail)
-           for node in Node.objects.filter(pk__in=node_ids).order_by("name")]
-    if not ops and kind == OperationKind.STOP:
-        Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
-            state=DeploymentState.STOPPED, state_message="")
-    return ops[0] if ops else None
-
-
-def op_node(op: Operation) -> Node:
-    """The node an operation acts on (its own, else the deployment's pinned node)."""
-    return op.node or op.deployment.node
 
 
 def on_node(deployment: Deployment, node: Node) -> Any:
@@ -98,95 +36,11 @@ def on_node(deployment: Deployment, node: Node) -> Any:
     return rows.filter(node=node)
 
 
-def update_op(op: Operation, **fields: Any) -> None:
-    """Save progress fields of a running operation (and keep the object in step)."""
-    for name, value in fields.items():
-        setattr(op, name, value)
-    Operation.objects.filter(pk=op.pk).update(**fields)
-
-
-def claim(op_id: int, kind: str) -> Operation | None:
-    """The operation, now running, or None when another delivery already took it."""
-    now = timezone.now()
-    taken = Operation.objects.filter(pk=op_id, kind=kind, status=OperationStatus.QUEUED).update(
-        status=OperationStatus.RUNNING, started_at=now
-    )
-    if not taken:
-        log.info("operation %s already taken or finished: duplicate delivery ignored", op_id)
-        return None
-    return Operation.objects.select_related("deployment__model", "deployment__node",
-                                            "deployment__profile", "node", "model").get(pk=op_id)
-
-
-def finish(op: Operation, error: str = "") -> None:
-    status = OperationStatus.FAILED if error else OperationStatus.SUCCEEDED
-    fields: dict[str, Any] = {"status": status, "error": error[:20000], "finished_at": timezone.now()}
-    if not error:
-        fields["progress"] = 100.0
-    update_op(op, **fields)
-
-
-def lease_key(op_id: int) -> str:
-    return rkey("op", op_id, "lease")
-
-
-class OperationLease:
-    """While an operation runs, a thread keeps its Redis lease alive. A worker killed
-    mid-operation stops renewing; reconcile sees the lease lapse and takes over."""
-
-    def __init__(self, op_id: int) -> None:
-        self.key = lease_key(op_id)
-        self.ttl = conf.get("TOLLGATE_OPERATION_LEASE_SECONDS")
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._renew, name=f"lease-op-{op_id}", daemon=True)
-
-    def __enter__(self) -> "OperationLease":
-        get_redis().set(self.key, b"1", px=int(self.ttl * 1000))
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=5)
-        get_redis().delete(self.key)
-
-    def _renew(self) -> None:
-        while not self.stopped.wait(self.ttl / 3):
-            try:
-                get_redis().set(self.key, b"1", px=int(self.ttl * 1000))
-            except Exception:  # noqa: BLE001 - Redis blip: the next round renews
-                log.warning("could not renew %s", self.key, exc_info=True)
-
-
-def run_operation(op_id: int, kind: str) -> None:
-    """Run one queued operation to its end; failures end up in the operation row."""
-    op = claim(op_id, kind)
-    if op is None:
-        return
-    handler: Callable[[Operation], None] = HANDLERS[kind]
-    with OperationLease(op.pk):
-        _run(op, handler)
-
-
-def _run(op: Operation, handler: Callable[[Operation], None]) -> None:
-    op_id = op.pk
-    try:
-        handler(op)
-    except (EngineFailed, RuntimeFailure, httpx.HTTPError) as exc:
-        tail = getattr(exc, "log_tail", "")
-        finish(op, f"{exc}\n--- last log lines ---\n{tail}" if tail else str(exc))
-    except Exception as exc:
-        log.exception("operation %s failed", op_id)
-        finish(op, f"unexpected error: {exc}")
-        raise
-    else:
-        finish(op)
-
-
 # --- Deploy and scale ---------------------------------------------------------------------
 
 
-def _deploy(op: Operation) -> None:
+def deploy(op: Operation) -> None:
+    """Start this node's missing replicas and remove those beyond the replica count."""
     deployment = op.deployment
     Deployment.objects.filter(pk=deployment.pk).exclude(state=DeploymentState.FAILED).update(
         state=DeploymentState.DEPLOYING
@@ -211,7 +65,8 @@ def _indexes(deployment: Deployment, node: Node) -> list[int]:
                   .values_list("index", flat=True))
 
 
-def _restart(op: Operation) -> None:
+def restart(op: Operation) -> None:
+    """Replace this node's replicas (or the one ``detail["replica"]`` names), one by one."""
     deployment = op.deployment
     mine = _indexes(deployment, op_node(op))
     indexes = [op.detail["replica"]] if "replica" in op.detail else mine
@@ -249,8 +104,9 @@ def start_replica(deployment: Deployment, index: int, op: Operation) -> Replica:
     return replica
 
 
-def _scale(op: Operation) -> None:
-    _deploy(op)
+def scale(op: Operation) -> None:
+    """A new replica count: the same convergence as a deploy."""
+    deploy(op)
 
 
 def _scale_down(deployment: Deployment, op: Operation) -> None:
@@ -264,8 +120,8 @@ def _scale_down(deployment: Deployment, op: Operation) -> None:
 
 def backoff_seconds(crash_count: int) -> float:
     """10 s after the first crash, doubling, at most 5 minutes (both settings)."""
-    base = conf.get("TOLLGATE_RESTART_BACKOFF_SECONDS")
-    return min(base * 2 ** max(crash_count - 1, 0), conf.get("TOLLGATE_RESTART_BACKOFF_MAX_SECONDS"))
+    base = settings.TOLLGATE_RESTART_BACKOFF_SECONDS
+    return min(base * 2 ** max(crash_count - 1, 0), settings.TOLLGATE_RESTART_BACKOFF_MAX_SECONDS)
 
 
 def record_crash(replica: Replica, reason: str, exit_code: int | None, log_tail: str) -> None:
@@ -280,7 +136,7 @@ def record_crash(replica: Replica, reason: str, exit_code: int | None, log_tail:
         replica.next_restart_at = timezone.now() + timedelta(seconds=delay)
         Replica.objects.filter(pk=replica.pk).update(next_restart_at=replica.next_restart_at)
         publish_change("replica", replica.pk)
-        if replica.crash_count >= conf.get("TOLLGATE_MAX_CRASHES"):
+        if replica.crash_count >= settings.TOLLGATE_MAX_CRASHES:
             message = (
                 f"Replica {replica.index} crashed {replica.crash_count} times; not restarting. "
                 f"Last: {reason}\n--- last log lines ---\n{log_tail}"
@@ -305,13 +161,13 @@ def drain_and_remove(replica: Replica, op: Operation | None, stop_worker: bool =
     if op is not None:
         update_op(op, phase="draining", message=f"draining replica {replica.index}")
     if replica.base_url:
-        engine.wait_idle(replica.base_url, conf.get("TOLLGATE_DRAIN_TIMEOUT"))
+        engine.wait_idle(replica.base_url, settings.TOLLGATE_DRAIN_TIMEOUT)
     node = replica.node or replica.deployment.node
     if node is not None and replica.container_name:
         dc = runtime.client(node.docker_url)
         container = runtime.find(dc, replica.container_name)
         if container is not None and _is_ours(container, node):
-            runtime.stop_and_remove(container, conf.get("TOLLGATE_STOP_GRACE_SECONDS"))
+            runtime.stop_and_remove(container, settings.TOLLGATE_STOP_GRACE_SECONDS)
     Replica.objects.filter(pk=replica.pk).update(
         state=ReplicaState.STOPPED, healthy=False, container_id="", port=None, ready_at=None
     )
@@ -324,11 +180,12 @@ def drain_and_remove(replica: Replica, op: Operation | None, stop_worker: bool =
 def _is_ours(container: Any, node: Node) -> bool:
     labels = container.labels or {}
     return (labels.get(runtime.LABEL_MANAGED) == "true"
-            and labels.get(runtime.LABEL_STACK) == conf.get("TOLLGATE_STACK_ID")
+            and labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID
             and labels.get(runtime.LABEL_NODE) == node.name)
 
 
-def _stop(op: Operation) -> None:
+def stop(op: Operation) -> None:
+    """Drain and remove this node's replicas; the deployment is stopped once none is left."""
     deployment = op.deployment
     Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPING)
     for replica in on_node(deployment, op_node(op)):
@@ -340,9 +197,10 @@ def _stop(op: Operation) -> None:
         )
 
 
-def _remove(op: Operation) -> None:
+def remove(op: Operation) -> None:
+    """Stop this node's replicas and delete their rows; the last node deletes the deployment."""
     deployment = op.deployment
-    _stop(op)
+    stop(op)
     with transaction.atomic():
         on_node(deployment, op_node(op)).delete()
         update_op(op, detail={**op.detail, "deployment_name": deployment.name}, deployment=None)
@@ -370,15 +228,4 @@ def refresh_deployment_state(deployment: Deployment) -> None:
     Deployment.objects.filter(pk=deployment.pk).exclude(state=DeploymentState.FAILED).exclude(
         state=new
     ).update(state=new, state_message="" if new == DeploymentState.READY else deployment.state_message)
-
-
-HANDLERS: dict[str, Callable[[Operation], None]] = {
-    OperationKind.DEPLOY: _deploy,
-    OperationKind.SCALE: _scale,
-    OperationKind.RESTART: _restart,
-    OperationKind.STOP: _stop,
-    OperationKind.REMOVE: _remove,
-    OperationKind.WORKER_START: cluster.start_worker,
-    OperationKind.WORKER_STOP: cluster.stop_worker,
-}
 

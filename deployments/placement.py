@@ -9,11 +9,12 @@ node's share of the work on that node's own queue.
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import conf, planner
+from deployments import planner
 from deployments.choices import DesiredState, NodeStatus, ReplicaState
 from deployments.models import Deployment, Node, Replica
 
@@ -104,7 +105,7 @@ def capacity(node: Node, held: int) -> planner.Capacity:
 
 def candidates() -> list[Node]:
     """Online nodes whose worker sent a heartbeat within the timeout."""
-    since = timezone.now() - timedelta(seconds=conf.get("TOLLGATE_NODE_HEARTBEAT_TIMEOUT"))
+    since = timezone.now() - timedelta(seconds=settings.TOLLGATE_NODE_HEARTBEAT_TIMEOUT)
     return list(Node.objects.filter(status=NodeStatus.ONLINE, last_seen_at__gte=since))
 
 

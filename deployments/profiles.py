@@ -6,6 +6,8 @@ as the reference (``builtin=True``).
 
 from typing import Any
 
+from deployments.models import EngineProfile
+
 # vLLM's plain release tags are CUDA 13 since v0.20 and multi-arch (arm64 for GB10/sm_121).
 DGX_SPARK_IMAGE = "vllm/vllm-openai:v0.33.0"
 SIMULATOR_IMAGE = "tollgate/engine-sim:latest"
@@ -89,8 +91,6 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
 
 def ensure_builtin_profiles() -> None:
     """Create or refresh the built-in profiles (the data migration does this on install)."""
-    from deployments.models import EngineProfile
-
     for profile in BUILTIN_PROFILES:
         EngineProfile.objects.update_or_create(
             name=profile["name"], defaults={**profile, "builtin": True}

@@ -11,11 +11,12 @@ unpinned replicas is done once, fleet-wide, by ``place_all`` on the control queu
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from config.redis import get_redis
-from deployments import conf, engine, lifecycle, placement, runtime
+from deployments import engine, lifecycle, placement, runtime
 from deployments.choices import (
     ContainerRole,
     DeploymentState,
@@ -26,6 +27,7 @@ from deployments.choices import (
     ReplicaState,
 )
 from deployments.models import Deployment, Node, Operation, Replica
+from deployments.operations import lease_key, queue_operation
 from gateway.invalidation import publish_change
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ IN_FLIGHT = [ReplicaState.PULLING, ReplicaState.STARTING, ReplicaState.LOADING,
 def reconcile_node(node: Node) -> dict[str, int]:
     """One pass over a node; returns counts of what it did (for logs and tests)."""
     dc = runtime.client(node.docker_url)
-    stack = conf.get("TOLLGATE_STACK_ID")
+    stack = settings.TOLLGATE_STACK_ID
     engines: dict[tuple[str, str], object] = {}
     workers: dict[tuple[str, str], object] = {}
     for c in runtime.list_managed(dc, stack, node.name):
@@ -66,10 +68,10 @@ def reconcile_node(node: Node) -> dict[str, int]:
     orphans = [c for k, c in engines.items() if k not in expected]
     orphans += [c for k, c in workers.items() if k not in expected_workers]
     for container in orphans:
-        if _older_than(container, conf.get("TOLLGATE_ORPHAN_GRACE_SECONDS")):
+        if _older_than(container, settings.TOLLGATE_ORPHAN_GRACE_SECONDS):
             # Also what a returning node finds of replicas that were placed elsewhere.
             log.warning("removing orphan container %s", container.name)
-            runtime.stop_and_remove(container, conf.get("TOLLGATE_STOP_GRACE_SECONDS"))
+            runtime.stop_and_remove(container, settings.TOLLGATE_STOP_GRACE_SECONDS)
             done["orphans"] += 1
     return done
 
@@ -81,11 +83,16 @@ def _observe_worker(replica: Replica, container: object | None, done: dict[str, 
     if container is not None and container.status == "running":
         return
     code = runtime.exit_code(container) if container is not None else None
-    tail = runtime.logs_tail(container, conf.get("TOLLGATE_LOG_TAIL_LINES")) if container else ""
+    tail = _tail(container)
     lifecycle.record_crash(replica, f"the Ray worker on {replica.worker_node_id and replica.worker_node}"
                            f" {'exited with code ' + str(code) if code is not None else 'disappeared'}",
                            code, tail)
     done["crashed"] += 1
+
+
+def _tail(container: object | None) -> str:
+    """The last log lines of a dead engine (none when its container is gone)."""
+    return runtime.logs_tail(container, settings.TOLLGATE_LOG_TAIL_LINES) if container else ""
 
 
 def _older_than(container: object, seconds: float) -> bool:
@@ -102,7 +109,7 @@ def _observe(replica: Replica, container: object | None, done: dict[str, int],
         observed = runtime.replica_state_for(container.status if container else None, health)
         if observed in (ReplicaState.CRASHED, runtime.MISSING):
             code = runtime.exit_code(container) if container is not None else None
-            tail = runtime.logs_tail(container, conf.get("TOLLGATE_LOG_TAIL_LINES")) if container else ""
+            tail = _tail(container)
             reason = (f"engine exited with code {code}" if code is not None else
                       "engine /health answered 503" if health and health >= 500 else
                       "engine container disappeared")
@@ -134,7 +141,7 @@ def _set_health(replica: Replica, healthy: bool) -> None:
 def _forgive(replica: Replica) -> None:
     # A replica that stayed up long enough has its earlier crashes forgiven.
     if replica.crash_count and replica.ready_at and replica.ready_at < timezone.now() - timedelta(
-        seconds=conf.get("TOLLGATE_CRASH_RESET_SECONDS")
+        seconds=settings.TOLLGATE_CRASH_RESET_SECONDS
     ):
         Replica.objects.filter(pk=replica.pk).update(crash_count=0)
 
@@ -157,7 +164,7 @@ def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
     if deployment.desired_state == DesiredState.STOPPED:
         live = mine.exclude(state=ReplicaState.STOPPED)
         if live.exists() and deployment.state != DeploymentState.STOPPING:
-            lifecycle.queue_operation(OperationKind.STOP, deployment, node=node)
+            queue_operation(OperationKind.STOP, deployment, node=node)
             done["stops"] += 1
         return
     if deployment.state == DeploymentState.FAILED:
@@ -180,7 +187,7 @@ def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
             state=ReplicaState.PENDING
         )
         if claimed:
-            lifecycle.queue_operation(OperationKind.RESTART, deployment, node=node,
+            queue_operation(OperationKind.RESTART, deployment, node=node,
                                       replica=replica.index)
             restarted += 1
     done["restarts"] += restarted
@@ -190,7 +197,7 @@ def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
                           index__lt=deployment.replicas)
     extra = mine.filter(index__gte=deployment.replicas)
     if pending.exists() or extra.exists():
-        lifecycle.queue_operation(OperationKind.DEPLOY, deployment, node=node)
+        queue_operation(OperationKind.DEPLOY, deployment, node=node)
         done["starts"] += 1
     else:
         lifecycle.refresh_deployment_state(deployment)
@@ -202,7 +209,7 @@ def _operation_running_for(deployment: Deployment, node: Node | None = None) -> 
     A queued one no worker picked up within the start timeout no longer counts; a running
     one whose worker stopped renewing its lease (killed mid-operation) is failed here, so
     reconcile takes over at once instead of waiting for the broker to redeliver its task."""
-    since = timezone.now() - timedelta(seconds=conf.get("TOLLGATE_ENGINE_READY_TIMEOUT") + 120)
+    since = timezone.now() - timedelta(seconds=settings.TOLLGATE_ENGINE_READY_TIMEOUT + 120)
     ops = deployment.operations.filter(
         status__in=[OperationStatus.QUEUED, OperationStatus.RUNNING], created_at__gte=since
     ).exclude(kind=OperationKind.WORKER_START)  # it runs as long as its head's start
@@ -220,7 +227,7 @@ def _operation_running_for(deployment: Deployment, node: Node | None = None) -> 
 def _lease_lapsed(op: Operation) -> bool:
     recently = timezone.now() - timedelta(seconds=5)  # claimed a moment ago: lease being set
     return bool(op.started_at and op.started_at < recently
-                and not get_redis().exists(lifecycle.lease_key(op.pk)))
+                and not get_redis().exists(lease_key(op.pk)))
 
 
 def _abandon(op: Operation) -> None:
@@ -251,7 +258,7 @@ def place_all() -> int:
             Deployment.objects.filter(pk=deployment.pk).update(state_message=str(exc)[:2000])
             continue
         for node_id in sorted({r.node_id for r in replicas}):
-            lifecycle.queue_operation(OperationKind.DEPLOY, deployment,
+            queue_operation(OperationKind.DEPLOY, deployment,
                                       node=Node.objects.get(pk=node_id))
         moved += len(replicas)
     return moved

@@ -12,11 +12,11 @@ from datetime import datetime
 from typing import Any
 
 import docker
+from django.conf import settings
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
-from deployments import conf
 from deployments.choices import ReplicaState
 
 ENGINE_PORT = 8000
@@ -115,15 +115,15 @@ def engine_spec(name: str, image: str, command: list[str], env: dict[str, str],
     return EngineSpec(
         name=name, image=image, command=command, env=env, labels=labels, gpus=gpus,
         bind_host=_publish_address(engine_host) if engine_host else "",
-        network=conf.settings.TOLLGATE_ENGINE_NETWORK, **more,
+        network=settings.TOLLGATE_ENGINE_NETWORK, **more,
     )
 
 
 def cache_mounts() -> dict[str, dict[str, str]]:
     """The shared model cache and the compile cache, as named volumes."""
     return {
-        conf.get("TOLLGATE_MODEL_CACHE_VOLUME"): {"bind": "/root/.cache/huggingface", "mode": "rw"},
-        conf.get("TOLLGATE_COMPILE_CACHE_VOLUME"): {"bind": "/root/.cache/vllm", "mode": "rw"},
+        settings.TOLLGATE_MODEL_CACHE_VOLUME: {"bind": "/root/.cache/huggingface", "mode": "rw"},
+        settings.TOLLGATE_COMPILE_CACHE_VOLUME: {"bind": "/root/.cache/vllm", "mode": "rw"},
     }
 
 

@@ -8,7 +8,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 
-from deployments import placement, planner
+from config.permissions import member_tenant_ids
+from deployments import placement, planner, runtime
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -19,6 +20,7 @@ from deployments.choices import (
 )
 from deployments.engine_args import validate_engine_args
 from deployments.engine_env import validate_engine_env
+from deployments.fleet import read_log_tail
 from deployments.models import (
     AllowedImage,
     CatalogModel,
@@ -28,6 +30,7 @@ from deployments.models import (
     Node,
     Operation,
 )
+from deployments.operations import queue_operation
 from gateway.invalidation import publish_change
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, ModelAccess
@@ -80,6 +83,16 @@ def models_for_tenant(tenant: Tenant) -> QuerySet[CatalogModel]:
     if tenant.model_access == ModelAccess.LISTED:
         visible = visible.filter(pk__in=tenant.allowed_models.values("pk"))
     return visible.distinct()
+
+
+def models_visible_to(user: Any) -> QuerySet[CatalogModel]:
+    """Every model for platform admins; for others, what any of their tenants may call."""
+    if user.is_staff:
+        return CatalogModel.objects.all()
+    ids: set[int] = set()
+    for tenant in Tenant.objects.filter(pk__in=member_tenant_ids(user)):
+        ids |= set(models_for_tenant(tenant).values_list("pk", flat=True))
+    return CatalogModel.objects.filter(pk__in=ids)
 
 
 def models_for_key(key: ApiKey) -> QuerySet[CatalogModel]:
@@ -257,12 +270,26 @@ def _validate_group(deployment: Deployment) -> None:
 
 
 def _queue(kind: str, deployment: Deployment, actor: Actor) -> Operation | None:
-    from deployments import lifecycle
+    """Queue ``kind`` on each node that runs (or is to run) replicas of the deployment.
 
-    try:
-        return lifecycle.queue_on_nodes(kind, deployment, actor)
-    except placement.NoRoom as exc:
-        raise ValidationError({"memory": str(exc)}) from None
+    Deploys, scales and restarts place replicas first (pinned node, or the node with the
+    most free memory). Returns the first operation (None when there is nothing to do).
+    """
+    if kind in (OperationKind.DEPLOY, OperationKind.SCALE, OperationKind.RESTART):
+        try:
+            placement.place(deployment)
+        except placement.NoRoom as exc:
+            raise ValidationError({"memory": str(exc)}) from None
+    node_ids = set(deployment.replica_set.exclude(node=None).values_list("node_id", flat=True))
+    if deployment.node_id:
+        node_ids.add(deployment.node_id)
+    ops = [queue_operation(kind, deployment, actor, node=node)
+           for node in Node.objects.filter(pk__in=node_ids).order_by("name")]
+    if not ops and kind == OperationKind.STOP:
+        # Nothing placed anywhere: nothing to drain, so it is stopped already.
+        Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
+            state=DeploymentState.STOPPED, state_message="")
+    return ops[0] if ops else None
 
 
 def _validate_external(deployment: Deployment) -> None:
@@ -310,6 +337,22 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
         held += verdict_need * running
     cap = placement.capacity(node, held)
     return planner.check_fit(need, deployment.replicas, others, node.name, cap)
+
+
+def preview_fit(model: CatalogModel, node: Node | None, profile: EngineProfile | None,
+                replicas: int, engine_args: dict[str, Any]) -> planner.FitResult | None:
+    """The memory-fit verdict a deployment with these values would get; nothing is saved.
+
+    The flags (and the profile's, which they override) are checked as create_deployment
+    checks them: a ValidationError names what the allow-list refuses.
+    """
+    trusted = model.trust_remote_code
+    args = validate_engine_args(engine_args, trust_remote_code_allowed=trusted)
+    deployment = Deployment(name="preview", model=model, node=node, profile=profile,
+                            replicas=replicas, engine_args=args)
+    deployment.engine_args = validate_engine_args(deployment.effective_args,
+                                                  trust_remote_code_allowed=trusted)
+    return memory_fit(deployment)
 
 
 def _replica_bytes(deployment: Deployment, pool: int) -> int:
@@ -450,9 +493,6 @@ def remove_deployment(actor: Actor, deployment: Deployment) -> Operation | None:
 
 def replica_logs(deployment: Deployment, index: int, lines: int = 200) -> str:
     """The last lines an engine container printed (empty when it is gone)."""
-    from deployments import runtime
-    from deployments.fleet import read_log_tail
-
     replica = deployment.replica_set.filter(index=index).first()
     node = (replica.node or deployment.node) if replica else None
     if replica is None or node is None or not replica.container_name:

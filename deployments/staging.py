@@ -8,13 +8,15 @@ doubling as a 60 GB download.
 
 import time
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from deployments import conf, lifecycle, progress, runtime
+from deployments import progress, runtime
 from deployments.choices import OperationKind
 from deployments.models import CatalogModel, Node, Operation, StagedModel
+from deployments.operations import EngineFailed, queue_operation, update_op
 from deployments.services import check_image
 from tenants.audit import Actor, record
 from tenants.choices import AuditAction
@@ -34,49 +36,50 @@ def stage_weights(actor: Actor, model: CatalogModel, node: Node, image: str) -> 
         raise ValidationError({"model": "The model is a path in the cache already; nothing to download."})
     check_image(image)
     record(actor, AuditAction.ACTION, model, changes={"stage": node.name, "image": image})
-    return lifecycle.queue_operation(OperationKind.STAGE, None, actor, node=node, model=model,
+    return queue_operation(OperationKind.STAGE, None, actor, node=node, model=model,
                                      image=image)
 
 
-def _stage(op: Operation) -> None:
+def stage(op: Operation) -> None:
+    """Run the download helper on the node, then measure and record what it stored."""
     model, node = op.model, op.node
     dc = runtime.client(node.docker_url)
-    stack = conf.get("TOLLGATE_STACK_ID")
+    stack = settings.TOLLGATE_STACK_ID
     labels = runtime.labels_for(stack, node.name, role="stage")
     command = [model.source] + (["--revision", model.revision] if model.revision else [])
-    env = {"HF_TOKEN": conf.hf_token()} if conf.hf_token() else {}
-    lifecycle.update_op(op, phase="download", message=f"downloading {model.source} on {node.name}")
+    env = {"HF_TOKEN": settings.HF_TOKEN} if settings.HF_TOKEN else {}
+    update_op(op, phase="download", message=f"downloading {model.source} on {node.name}")
     helper = runtime.run_to_completion(
-        dc, op.detail["image"], conf.get("TOLLGATE_STAGE_ENTRYPOINT"), command, env, labels,
+        dc, op.detail["image"], settings.TOLLGATE_STAGE_ENTRYPOINT, command, env, labels,
         name=f"{stack}-stage-{op.pk}",
     )
     try:
         code = _follow(op, helper)
         if code != 0:
-            tail = runtime.logs_tail(helper, conf.get("TOLLGATE_LOG_TAIL_LINES"))
-            raise lifecycle.EngineFailed(f"the download exited with code {code}", code, tail)
+            tail = runtime.logs_tail(helper, settings.TOLLGATE_LOG_TAIL_LINES)
+            raise EngineFailed(f"the download exited with code {code}", code, tail)
     finally:
         runtime.stop_and_remove(helper, 0)
-    lifecycle.update_op(op, phase="measure", progress=99.0)
+    update_op(op, phase="measure", progress=99.0)
     size = measure(dc, op, model, labels)
     StagedModel.objects.update_or_create(
         model=model, node=node,
         defaults={"size_bytes": size, "revision": model.revision, "staged_at": timezone.now()},
     )
-    lifecycle.update_op(op, message=f"{model.source} staged on {node.name}: {size / 1e9:.1f} GB")
+    update_op(op, message=f"{model.source} staged on {node.name}: {size / 1e9:.1f} GB")
 
 
 def _follow(op: Operation, helper: object) -> int:
-    deadline = time.monotonic() + conf.get("TOLLGATE_STAGE_TIMEOUT")
+    deadline = time.monotonic() + settings.TOLLGATE_STAGE_TIMEOUT
     while time.monotonic() < deadline:
         runtime.refresh(helper)
         pct = progress.download_progress(runtime.logs_tail(helper, 20))
         if pct is not None:
-            lifecycle.update_op(op, progress=round(min(pct, 98.0), 1))
+            update_op(op, progress=round(min(pct, 98.0), 1))
         if helper.status in {"exited", "dead"}:
             return runtime.exit_code(helper)
-        time.sleep(conf.get("TOLLGATE_ENGINE_POLL_SECONDS"))
-    raise lifecycle.EngineFailed("the download did not finish in time")
+        time.sleep(settings.TOLLGATE_ENGINE_POLL_SECONDS)
+    raise EngineFailed("the download did not finish in time")
 
 
 def measure(dc: object, op: Operation, model: CatalogModel, labels: dict[str, str]) -> int:
@@ -95,5 +98,3 @@ def measure(dc: object, op: Operation, model: CatalogModel, labels: dict[str, st
     finally:
         runtime.stop_and_remove(helper, 0)
 
-
-lifecycle.HANDLERS[OperationKind.STAGE] = _stage

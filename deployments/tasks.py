@@ -5,63 +5,55 @@ always driven by the worker on that box; fleet-wide passes run on the default qu
 """
 
 from celery import shared_task
+from django.conf import settings
 
 from config.redis import get_redis, rkey
-from deployments import conf, fleet, lifecycle, reconcile, staging  # noqa: F401 - registers STAGE
+from deployments import cluster, fleet, lifecycle, operations, reconcile, staging
 from deployments.choices import NodeStatus, OperationKind
 from deployments.models import Node
+from deployments.operations import TASKS
+
+# One task per kind of operation; services queue them by name (operations.TASKS).
 
 
-@shared_task(name="deployments.deploy")
+@shared_task(name=TASKS[OperationKind.DEPLOY])
 def deploy(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.DEPLOY)
+    operations.run_operation(operation_id, OperationKind.DEPLOY, lifecycle.deploy)
 
 
-@shared_task(name="deployments.scale")
+@shared_task(name=TASKS[OperationKind.SCALE])
 def scale(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.SCALE)
+    operations.run_operation(operation_id, OperationKind.SCALE, lifecycle.scale)
 
 
-@shared_task(name="deployments.stop")
+@shared_task(name=TASKS[OperationKind.STOP])
 def stop(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.STOP)
+    operations.run_operation(operation_id, OperationKind.STOP, lifecycle.stop)
 
 
-@shared_task(name="deployments.restart")
+@shared_task(name=TASKS[OperationKind.RESTART])
 def restart(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.RESTART)
+    operations.run_operation(operation_id, OperationKind.RESTART, lifecycle.restart)
 
 
-@shared_task(name="deployments.remove")
+@shared_task(name=TASKS[OperationKind.REMOVE])
 def remove(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.REMOVE)
+    operations.run_operation(operation_id, OperationKind.REMOVE, lifecycle.remove)
 
 
-@shared_task(name="deployments.stage_weights")
+@shared_task(name=TASKS[OperationKind.STAGE])
 def stage_weights(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.STAGE)
+    operations.run_operation(operation_id, OperationKind.STAGE, staging.stage)
 
 
-@shared_task(name="deployments.start_ray_worker")
+@shared_task(name=TASKS[OperationKind.WORKER_START])
 def start_ray_worker(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.WORKER_START)
+    operations.run_operation(operation_id, OperationKind.WORKER_START, cluster.start_worker)
 
 
-@shared_task(name="deployments.stop_ray_worker")
+@shared_task(name=TASKS[OperationKind.WORKER_STOP])
 def stop_ray_worker(operation_id: int) -> None:
-    lifecycle.run_operation(operation_id, OperationKind.WORKER_STOP)
-
-
-TASK_FOR_KIND = {
-    OperationKind.DEPLOY: deploy,
-    OperationKind.SCALE: scale,
-    OperationKind.STOP: stop,
-    OperationKind.RESTART: restart,
-    OperationKind.REMOVE: remove,
-    OperationKind.STAGE: stage_weights,
-    OperationKind.WORKER_START: start_ray_worker,
-    OperationKind.WORKER_STOP: stop_ray_worker,
-}
+    operations.run_operation(operation_id, OperationKind.WORKER_STOP, cluster.stop_worker)
 
 
 @shared_task(name="deployments.reconcile_node", ignore_result=True)
@@ -89,7 +81,7 @@ def node_heartbeat(node_id: int) -> None:
 @shared_task(name="deployments.reconcile_all", ignore_result=True)
 def reconcile_all() -> None:
     """Fan out: each node's reconcile and heartbeat on its own queue; externals here."""
-    interval = conf.get("TOLLGATE_RECONCILE_SECONDS")
+    interval = settings.TOLLGATE_RECONCILE_SECONDS
     for node in Node.objects.exclude(status=NodeStatus.DISABLED):
         # Expire rather than pile up on the queue of a node whose worker is down.
         reconcile_node.apply_async(args=[node.pk], queue=node.queue, expires=interval * 3)

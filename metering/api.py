@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from config.api import UserScopedMixin
 from config.permissions import PlatformAdminWrites, admin_tenant_ids, member_tenant_ids
-from deployments.api import models_visible_to
+from deployments.services import models_visible_to
 from metering import services
 from metering.models import Price, UsageEvent
 from metering.serializers import PriceSerializer, UsageEventSerializer

@@ -118,7 +118,8 @@ def parse_moment(text: str | None, name: str) -> datetime:
 # --- Rows ----------------------------------------------------------------------------------
 
 
-def _filtered(qs: QuerySet, q: ExportQuery) -> QuerySet:
+def filter_rows(qs: QuerySet, q: ExportQuery) -> QuerySet:
+    """Rollup or adjustment rows inside the query's period, tenants, key and model."""
     qs = qs.filter(hour__gte=q.start, hour__lt=q.end)
     if q.tenant_ids is not None:
         qs = qs.filter(tenant_id__in=q.tenant_ids)
@@ -145,7 +146,7 @@ _SUMS = {
 def _grouped(qs: QuerySet, q: ExportQuery, usage_hour: str) -> QuerySet:
     kind = q.granularity
     return (
-        _filtered(qs, q)
+        filter_rows(qs, q)
         .annotate(
             bucket=Trunc("hour", kind, tzinfo=UTC), usage_bucket=Trunc(usage_hour, kind, tzinfo=UTC)
         )
@@ -170,7 +171,7 @@ def totals(q: ExportQuery) -> dict[str, Any]:
     out = {name: 0 for name in _SUMS}
     out["cost"] = Decimal(0)
     for qs in (UsageRollup.objects.all(), UsageAdjustment.objects.all()):
-        sums = _filtered(qs, q).aggregate(**_SUMS)
+        sums = filter_rows(qs, q).aggregate(**_SUMS)
         for name in _SUMS:
             out[name] += sums[name] or 0
     return out

@@ -1,15 +1,18 @@
-"""Rules for prices: versioned, never edited, looked up by the time of a request."""
+"""Rules for prices (versioned, never edited, looked up by the time of a request), and
+which usage an export query covers."""
 
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from deployments.models import CatalogModel
 from gateway.invalidation import publish_change
-from metering.models import Price
+from metering import export
+from metering.models import Price, UsageRollup
 from tenants.audit import Actor, record
 from tenants.choices import AuditAction
 
@@ -76,3 +79,9 @@ def price_at(model: CatalogModel, currency: str, when: datetime) -> Price | None
         .order_by("-effective_from")
         .first()
     )
+
+
+def filter_usage(q: export.ExportQuery) -> QuerySet[UsageRollup]:
+    """The hourly usage rollups an export query covers: what the console charts for a
+    query is what the showback CSV of the same query bills."""
+    return export.filter_rows(UsageRollup.objects.all(), q)

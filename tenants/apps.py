@@ -6,4 +6,4 @@ class TenantsConfig(AppConfig):
     verbose_name = "Tenants and API keys"
 
     def ready(self) -> None:
-        from tenants import checks, schema  # noqa: F401 - registers checks and the auth scheme
+        from tenants import schema  # noqa: F401 - registers the auth scheme

@@ -73,7 +73,7 @@ class VisibleModelsField(serializers.SlugRelatedField):
         super().__init__(slug_field="served_name", queryset=CatalogModel.objects.all(), **kwargs)
 
     def get_queryset(self) -> Any:
-        from deployments.api import models_visible_to
+        from deployments.services import models_visible_to
 
         return models_visible_to(self.context["request"].user)
 

@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from console.access import admin_tenant_ids, audit_visible_to
+from console.access import admin_tenant_ids, admin_tenants, audit_visible_to
 from console.generic import Column, ListPage
 from tenants.choices import AuditAction
 from tenants.models import AuditLog, Tenant
@@ -26,10 +26,7 @@ class AuditFilter(django_filters.FilterSet):
 
     def __init__(self, *args: object, request: HttpRequest, **kwargs: object) -> None:
         super().__init__(*args, request=request, **kwargs)
-        user = request.user
-        self.filters["tenant"].queryset = (
-            Tenant.objects.all() if user.is_staff else Tenant.objects.filter(pk__in=admin_tenant_ids(user))
-        )
+        self.filters["tenant"].queryset = admin_tenants(request.user)
 
 
 def _changes(entry: AuditLog) -> str:

@@ -1,20 +1,21 @@
 """The model catalogue with prices and price history; nodes. Changes: platform admins."""
 
 import django_filters
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from console import queries
 from console.access import models_visible_to, staff_required, tenants_of
 from console.forms import CatalogModelForm, GrantForm, JoinNodeForm, NodeForm, PriceForm
-from console.generic import Action, Column, ListPage, apply_errors, render_form
-from console.templatetags.console import ago, badge, gb, per_mtok, tokens
-from deployments import services
+from console.generic import Action, Column, ListPage, saved, service_action, service_form
+from console.templatetags.console import ago, badge, bar, gb, per_mtok, tokens
+from deployments import joining, services
 from deployments.choices import NodeStatus, Task, Visibility
 from deployments.models import CatalogModel, ModelGrant, Node
 from metering import services as metering_services
@@ -34,8 +35,6 @@ class ModelFilter(django_filters.FilterSet):
 def _price_currency(request: HttpRequest) -> str:
     """The currency prices are shown in: the user's (first) tenant's, else the default."""
     tenant = None if request.user.is_staff else tenants_of(request.user).first()
-    from django.conf import settings
-
     return tenant.currency if tenant else settings.TOLLGATE_DEFAULT_CURRENCY
 
 
@@ -95,54 +94,48 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_required
 def model_new(request: HttpRequest) -> HttpResponse:
-    form = CatalogModelForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            model = services.create_model(request.user, **form.cleaned_data)
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"{model} registered. Next: set its price, then deploy it.")
-            return redirect("console:model-detail", pk=model.pk)
-    return render_form(request, form, "Register a model", cancel=reverse("console:model-list"),
-                       submit="Register", nav="models")
+    return service_form(
+        request, CatalogModelForm(request.POST or None),
+        lambda form: services.create_model(request.user, **form.cleaned_data),
+        lambda model: saved(request, f"{model} registered. Next: set its price, then deploy it.",
+                            "console:model-detail", pk=model.pk),
+        "Register a model", cancel=reverse("console:model-list"), submit="Register", nav="models",
+    )
 
 
 @staff_required
 def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(CatalogModel, pk=pk)
+    # The form edits its own copy; the service's audit entry compares with ``model``.
     form = CatalogModelForm(request.POST or None, instance=CatalogModel.objects.get(pk=pk))
-    if request.method == "POST" and form.is_valid():
-        try:
-            services.update_model(request.user, model, **form.cleaned_data)
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"{model} saved.")
-            return redirect("console:model-detail", pk=pk)
-    return render_form(request, form, f"Edit {model}", nav="models",
-                       cancel=reverse("console:model-detail", args=[pk]))
+    return service_form(
+        request, form, lambda f: services.update_model(request.user, model, **f.cleaned_data),
+        lambda _: saved(request, f"{model} saved.", "console:model-detail", pk=pk),
+        f"Edit {model}", nav="models", cancel=reverse("console:model-detail", args=[pk]),
+    )
 
 
 @staff_required
 def price_new(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(CatalogModel, pk=pk)
-    form = PriceForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
+
+    def set_price(form: PriceForm) -> object:
         data = form.cleaned_data
-        try:
-            metering_services.set_price(
-                request.user, model, data["input_per_mtok"], data["cached_input_per_mtok"],
-                data["output_per_mtok"], currency=data["currency"], effective_from=data["effective_from"],
-            )
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"New {data['currency']} price for {model} recorded; earlier requests keep theirs.")
-            return redirect("console:model-detail", pk=pk)
-    return render_form(request, form, f"New price for {model}", nav="models", submit="Set price",
-                       cancel=reverse("console:model-detail", args=[pk]),
-                       intro="A new price is a new version from its start; billed requests keep the price they had.")
+        return metering_services.set_price(
+            request.user, model, data["input_per_mtok"], data["cached_input_per_mtok"],
+            data["output_per_mtok"], currency=data["currency"],
+            effective_from=data["effective_from"],
+        )
+
+    return service_form(
+        request, PriceForm(request.POST or None), set_price,
+        lambda price: saved(request, f"New {price.currency} price for {model} recorded; earlier "
+                            "requests keep theirs.", "console:model-detail", pk=pk),
+        f"New price for {model}", nav="models", submit="Set price",
+        cancel=reverse("console:model-detail", args=[pk]),
+        intro="A new price is a new version from its start; billed requests keep the price "
+        "they had.",
+    )
 
 
 @staff_required
@@ -150,15 +143,13 @@ def price_new(request: HttpRequest, pk: int) -> HttpResponse:
 def model_grant(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(CatalogModel, pk=pk)
     form = GrantForm(request.POST)
-    if form.is_valid():
-        try:
-            services.grant_model(request.user, model, form.cleaned_data["tenant"])
-            messages.success(request, f"{form.cleaned_data['tenant']} may now use {model}.")
-        except ValidationError as exc:
-            messages.error(request, " ".join(exc.messages))
-    else:
+    detail = redirect("console:model-detail", pk=pk)
+    if not form.is_valid():
         messages.error(request, "Choose a tenant to grant the model to.")
-    return redirect("console:model-detail", pk=pk)
+        return detail
+    tenant = form.cleaned_data["tenant"]
+    return service_action(request, lambda: services.grant_model(request.user, model, tenant),
+                          f"{tenant} may now use {model}.", detail)
 
 
 @staff_required
@@ -182,15 +173,11 @@ class NodeFilter(django_filters.FilterSet):
 
 
 def _memory(node: Node) -> str:
-    from console.templatetags.console import bar
-
     if not node.total_memory_bytes:
         return "unknown until the first heartbeat"
     if not node.available_memory_bytes:
         return f"{gb(node.total_memory_bytes)} total"
     used = node.total_memory_bytes - node.available_memory_bytes
-    from django.utils.html import format_html
-
     return format_html("{} {} of {} in use", bar(used, node.total_memory_bytes), gb(used), gb(node.total_memory_bytes))
 
 
@@ -218,39 +205,37 @@ def node_list(request: HttpRequest) -> HttpResponse:
     return page.render(request)
 
 
+def _register_node(request: HttpRequest, form: NodeForm) -> Node:
+    data = form.service_data()
+    return services.register_node(request.user, data.pop("name"), **data)
+
+
 @staff_required
 def node_new(request: HttpRequest) -> HttpResponse:
-    form = NodeForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        data = form.service_data()
-        try:
-            node = services.register_node(request.user, data.pop("name"), **data)
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"Node {node} registered. Start its worker with -Q {node.queue}.")
-            return redirect("console:node-detail", pk=node.pk)
-    return render_form(request, form, "Register a node", cancel=reverse("console:node-list"),
-                       submit="Register", nav="nodes")
+    return service_form(
+        request, NodeForm(request.POST or None), lambda form: _register_node(request, form),
+        lambda node: saved(request, f"Node {node} registered. Start its worker with "
+                           f"-Q {node.queue}.", "console:node-detail", pk=node.pk),
+        "Register a node", cancel=reverse("console:node-list"), submit="Register", nav="nodes",
+    )
+
+
+def _join_page(request: HttpRequest, issued: joining.IssuedJoinToken) -> HttpResponse:
+    # The token exists only in this response: never cached.
+    response = render(request, "console/nodes/join.html", {"issued": issued, "nav": "nodes"})
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @staff_required
 def node_join(request: HttpRequest) -> HttpResponse:
     """Issue a one-time join token and show the command to run on the new box."""
-    from deployments.joining import create_join_token
-
-    form = JoinNodeForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            issued = create_join_token(request.user, **form.cleaned_data)
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            response = render(request, "console/nodes/join.html", {"issued": issued, "nav": "nodes"})
-            response["Cache-Control"] = "no-store"
-            return response
-    return render_form(request, form, "Join a node", cancel=reverse("console:node-list"),
-                       submit="Create join token", nav="nodes")
+    return service_form(
+        request, JoinNodeForm(request.POST or None),
+        lambda form: joining.create_join_token(request.user, **form.cleaned_data),
+        lambda issued: _join_page(request, issued),
+        "Join a node", cancel=reverse("console:node-list"), submit="Create join token", nav="nodes",
+    )
 
 
 @staff_required

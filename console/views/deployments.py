@@ -4,7 +4,6 @@ replica health and engine metrics. Platform admins only."""
 from typing import Any
 
 import django_filters
-from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -15,11 +14,10 @@ from django.views.decorators.http import require_POST
 from console import queries
 from console.access import staff_required
 from console.forms import DeploymentForm, ScaleForm, parse_flags
-from console.generic import Action, Column, ListPage, apply_errors, render_form
+from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import badge
 from deployments import services
 from deployments.choices import DeploymentState, DesiredState, OperationStatus
-from deployments.engine_args import validate_engine_args
 from deployments.models import CatalogModel, Deployment, EngineProfile, Node, Operation
 
 # The start sequence of one replica, as deployments.engine.Starter reports it.
@@ -73,18 +71,15 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
         if initial["model"]:
             initial["name"] = initial["model"].served_name.replace("/", "-").replace(".", "-").lower()[:60]
     form = DeploymentForm(request.POST or None, initial=initial)
-    if request.method == "POST" and form.is_valid():
-        try:
-            deployment = services.create_deployment(request.user, **form.service_data())
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"{deployment} is queued: follow its progress below.")
-            return redirect("console:deployment-detail", name=deployment.name)
-    fit = _fit(form) if form.is_bound else None
-    return render_form(request, form, "New deployment", cancel=reverse("console:deployment-list"),
-                       submit="Deploy", nav="deployments", template="console/deployments/form.html",
-                       extra={"fit": fit, "profiles": EngineProfile.objects.all()})
+    return service_form(
+        request, form, lambda f: services.create_deployment(request.user, **f.service_data()),
+        lambda deployment: saved(request, f"{deployment} is queued: follow its progress below.",
+                                 "console:deployment-detail", name=deployment.name),
+        "New deployment", cancel=reverse("console:deployment-list"), submit="Deploy",
+        nav="deployments", template="console/deployments/form.html",
+        extra=lambda: {"fit": _fit(form) if form.is_bound else None,
+                       "profiles": EngineProfile.objects.all()},
+    )
 
 
 def _fit(form: DeploymentForm) -> dict[str, Any]:
@@ -94,14 +89,11 @@ def _fit(form: DeploymentForm) -> dict[str, Any]:
     if not data.get("model"):
         return {"message": "Choose a model to see whether it fits.", "fits": None}
     try:
-        trusted = data["model"].trust_remote_code
-        args = validate_engine_args(parse_flags(form.data.get("engine_args", "")), trusted)
-        deployment = Deployment(name="preview", model=data["model"], node=data.get("node"),
-                                profile=data.get("profile"), replicas=data.get("replicas") or 1,
-                                engine_args=args)
-        deployment.engine_args = validate_engine_args(deployment.effective_args, trusted)
-        verdict = services.memory_fit(deployment)
-    except (ValidationError, forms.ValidationError) as exc:
+        # The raw text: flags that do not parse are missing from cleaned_data; say why here.
+        flags = parse_flags(form.data.get("engine_args", ""))
+        verdict = services.preview_fit(data["model"], data.get("node"), data.get("profile"),
+                                       data.get("replicas") or 1, flags)
+    except ValidationError as exc:
         return {"message": " ".join(exc.messages), "fits": False}
     if verdict is None:
         return {"message": "No node chosen: Tollgate places it where memory is free.", "fits": None}
@@ -189,25 +181,20 @@ def _actions(deployment: Deployment) -> list[Action]:
 @staff_required
 @require_POST
 def deployment_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
-    deployment = _deployment(name)
-    try:
-        if action == "start":
-            services.set_desired_state(request.user, deployment, DesiredState.RUNNING)
-        elif action == "stop":
-            services.set_desired_state(request.user, deployment, DesiredState.STOPPED)
-        elif action == "restart":
-            services.restart_deployment(request.user, deployment)
-        elif action == "remove":
-            services.remove_deployment(request.user, deployment)
-            messages.success(request, f"{name} is being drained, stopped and removed.")
-            return redirect("console:deployment-list")
-        else:
-            return HttpResponse(status=404)
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-    else:
-        messages.success(request, f"{name}: {action} requested.")
-    return redirect("console:deployment-detail", name=name)
+    deployment, user = _deployment(name), request.user
+    act = {
+        "start": lambda: services.set_desired_state(user, deployment, DesiredState.RUNNING),
+        "stop": lambda: services.set_desired_state(user, deployment, DesiredState.STOPPED),
+        "restart": lambda: services.restart_deployment(user, deployment),
+        "remove": lambda: services.remove_deployment(user, deployment),
+    }.get(action)
+    if act is None:
+        return HttpResponse(status=404)
+    detail = redirect("console:deployment-detail", name=name)
+    if action == "remove":
+        return service_action(request, act, f"{name} is being drained, stopped and removed.",
+                              detail, onward=redirect("console:deployment-list"))
+    return service_action(request, act, f"{name}: {action} requested.", detail)
 
 
 @staff_required
@@ -215,16 +202,15 @@ def deployment_action(request: HttpRequest, name: str, action: str) -> HttpRespo
 def deployment_scale(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _deployment(name)
     form = ScaleForm(request.POST)
+    detail = redirect("console:deployment-detail", name=name)
     if not form.is_valid():
         messages.error(request, "Replicas: " + " ".join(form.errors.get("replicas", [])))
-        return redirect("console:deployment-detail", name=name)
-    try:
-        services.update_deployment(request.user, deployment, replicas=form.cleaned_data["replicas"])
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-    else:
-        messages.success(request, f"{name}: scaling to {form.cleaned_data['replicas']} replicas.")
-    return redirect("console:deployment-detail", name=name)
+        return detail
+    replicas = form.cleaned_data["replicas"]
+    return service_action(
+        request, lambda: services.update_deployment(request.user, deployment, replicas=replicas),
+        f"{name}: scaling to {replicas} replicas.", detail,
+    )
 
 
 @staff_required

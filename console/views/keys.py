@@ -7,14 +7,14 @@ changes); another tenant's key is 404. The same scoping and services as the admi
 import django_filters
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from console.access import (
-    admin_tenant_ids,
+    admin_tenants,
     is_tenant_admin,
     keys_visible_to,
     models_visible_to,
@@ -22,7 +22,7 @@ from console.access import (
     tenants_of,
 )
 from console.forms import KeyForm
-from console.generic import Action, Column, ListPage, apply_errors, render_form
+from console.generic import Action, Column, ListPage, saved, service_form
 from console.templatetags.console import ago, badge
 from tenants import services
 from tenants.models import ApiKey, Tenant
@@ -49,13 +49,9 @@ class KeyFilter(django_filters.FilterSet):
         return queryset.filter(revoked_at__isnull=value == "active")
 
 
-def _tenants_you_admin(user: object) -> object:
-    return Tenant.objects.all() if user.is_staff else Tenant.objects.filter(pk__in=admin_tenant_ids(user))
-
-
 @login_required
 def key_list(request: HttpRequest) -> HttpResponse:
-    can_issue = _tenants_you_admin(request.user).exists()
+    can_issue = admin_tenants(request.user).exists()
     detail = lambda k: reverse("console:key-detail", args=[k.pk])  # noqa: E731
     new = reverse("console:key-new")
     page = ListPage(
@@ -88,9 +84,24 @@ def _visible_key(request: HttpRequest, pk: int) -> ApiKey:
     return get_object_or_404(keys_visible_to(request.user), pk=pk)
 
 
+def _issue(request: HttpRequest, form: KeyForm) -> services.IssuedKey:
+    tenant = form.cleaned_data["tenant"]
+    require_tenant_admin(request.user, tenant)
+    return services.issue_api_key(request.user, tenant, **form.service_data())
+
+
+def _created_page(request: HttpRequest, issued: services.IssuedKey) -> HttpResponse:
+    # Rendered, not redirected: the plaintext exists only in this response.
+    response = render(request, "console/keys/created.html",
+                      {"key": issued.key, "plaintext": issued.plaintext, "nav": "keys",
+                       "base_url": request.build_absolute_uri("/v1")})
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 @login_required
 def key_new(request: HttpRequest) -> HttpResponse:
-    tenants = _tenants_you_admin(request.user)
+    tenants = admin_tenants(request.user)
     if not tenants.exists():
         raise PermissionDenied("Only tenant admins can issue keys.")
     initial = {}
@@ -98,23 +109,11 @@ def key_new(request: HttpRequest) -> HttpResponse:
         initial["tenant"] = tenants.filter(slug=request.GET["tenant"]).first()
     form = KeyForm(request.POST or None, initial=initial, tenants=tenants,
                    models=models_visible_to(request.user))
-    if request.method == "POST" and form.is_valid():
-        tenant = form.cleaned_data["tenant"]
-        require_tenant_admin(request.user, tenant)
-        try:
-            issued = services.issue_api_key(request.user, tenant, **form.service_data())
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            # Rendered, not redirected: the plaintext exists only in this response.
-            response = render(request, "console/keys/created.html",
-                              {"key": issued.key, "plaintext": issued.plaintext, "nav": "keys",
-                               "base_url": request.build_absolute_uri("/v1")})
-            response["Cache-Control"] = "no-store"
-            return response
-    return render_form(request, form, "New API key", cancel=reverse("console:key-list"),
-                       submit="Issue key", nav="keys",
-                       intro="The key is shown once, right after you issue it. Store it in your secret manager.")
+    return service_form(
+        request, form, lambda f: _issue(request, f), lambda issued: _created_page(request, issued),
+        "New API key", cancel=reverse("console:key-list"), submit="Issue key", nav="keys",
+        intro="The key is shown once, right after you issue it. Store it in your secret manager.",
+    )
 
 
 @login_required
@@ -140,16 +139,11 @@ def key_edit(request: HttpRequest, pk: int) -> HttpResponse:
     require_tenant_admin(request.user, key.tenant)
     form = KeyForm(request.POST or None, initial=KeyForm.initial_for(key), tenants=Tenant.objects.none(),
                    models=models_visible_to(request.user), editing=True)
-    if request.method == "POST" and form.is_valid():
-        try:
-            services.update_api_key(request.user, key, **form.service_data())
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"Key {key.name} saved.")
-            return redirect("console:key-detail", pk=pk)
-    return render_form(request, form, f"Edit key {key.name}", nav="keys",
-                       cancel=reverse("console:key-detail", args=[pk]))
+    return service_form(
+        request, form, lambda f: services.update_api_key(request.user, key, **f.service_data()),
+        lambda _: saved(request, f"Key {key.name} saved.", "console:key-detail", pk=pk),
+        f"Edit key {key.name}", nav="keys", cancel=reverse("console:key-detail", args=[pk]),
+    )
 
 
 @login_required

@@ -8,9 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import django_filters
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -25,12 +23,12 @@ from console.access import (
     staff_required,
     tenant_or_404,
     tenants_of,
+    usage_rollups_visible_to,
 )
 from console.forms import TenantForm
-from console.generic import Action, Column, ListPage, apply_errors, render_form
+from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import badge, money, tokens
 from deployments.services import models_for_tenant
-from metering.models import UsageRollup
 from metering.usage import quota_status
 from tenants import services
 from tenants.choices import Priority, TenantStatus
@@ -93,35 +91,28 @@ def _quota_text(tenant: Tenant) -> str:
 
 @staff_required
 def tenant_new(request: HttpRequest) -> HttpResponse:
-    form = TenantForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            tenant = services.create_tenant(request.user, **form.service_data())
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"Tenant {tenant.name} created. Next: issue it an API key.")
-            return redirect("console:tenant-detail", slug=tenant.slug)
-    return render_form(request, form, "New tenant", cancel=reverse("console:tenant-list"),
-                       submit="Create tenant", nav="tenants")
+    return service_form(
+        request, TenantForm(request.POST or None),
+        lambda form: services.create_tenant(request.user, **form.service_data()),
+        lambda tenant: saved(request, f"Tenant {tenant.name} created. Next: issue it an API key.",
+                             "console:tenant-detail", slug=tenant.slug),
+        "New tenant", cancel=reverse("console:tenant-list"), submit="Create tenant", nav="tenants",
+    )
 
 
 @staff_required
 def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_or_404(request.user, slug)
+    # A fresh row: the form writes its values into its own instance, and the service's
+    # audit entry must see the before/after difference.
     form = TenantForm(request.POST or None, instance=Tenant.objects.get(pk=tenant.pk))
-    if request.method == "POST" and form.is_valid():
-        try:
-            # A fresh row: the form has already written its values into its own instance,
-            # and the service's audit entry must see the before/after difference.
-            services.update_tenant(request.user, tenant, **form.service_data())
-        except ValidationError as exc:
-            apply_errors(form, exc)
-        else:
-            messages.success(request, f"Tenant {tenant.name} saved.")
-            return redirect("console:tenant-detail", slug=tenant.slug)
-    return render_form(request, form, f"Edit {tenant.name}",
-                       cancel=reverse("console:tenant-detail", args=[tenant.slug]), nav="tenants")
+    return service_form(
+        request, form, lambda f: services.update_tenant(request.user, tenant, **f.service_data()),
+        lambda _: saved(request, f"Tenant {tenant.name} saved.", "console:tenant-detail",
+                        slug=tenant.slug),
+        f"Edit {tenant.name}", cancel=reverse("console:tenant-detail", args=[tenant.slug]),
+        nav="tenants",
+    )
 
 
 @staff_required
@@ -129,14 +120,11 @@ def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
 def tenant_status(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_or_404(request.user, slug)
     status = request.POST.get("status") or request.GET.get("status", "")
-    try:
-        services.set_tenant_status(request.user, tenant, status)
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-    else:
-        verb = "suspended: its keys stop working within a second" if status == TenantStatus.SUSPENDED else "active again"
-        messages.success(request, f"{tenant.name} is {verb}.")
-    return redirect("console:tenant-detail", slug=tenant.slug)
+    verb = ("suspended: its keys stop working within a second" if status == TenantStatus.SUSPENDED
+            else "active again")
+    return service_action(request, lambda: services.set_tenant_status(request.user, tenant, status),
+                          f"{tenant.name} is {verb}.",
+                          redirect("console:tenant-detail", slug=tenant.slug))
 
 
 @login_required
@@ -146,9 +134,7 @@ def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
     admin = is_tenant_admin(user, tenant.pk)
     now = timezone.now()
     keys = keys_visible_to(user).filter(tenant=tenant)
-    rollups = UsageRollup.objects.filter(tenant=tenant)
-    if not admin:
-        rollups = rollups.filter(api_key__created_by=user)  # members: their own keys' usage
+    rollups = usage_rollups_visible_to(user, tenant)
     start = (now - timedelta(days=29)).replace(hour=0, minute=0, second=0, microsecond=0)
     series = queries.usage_series(rollups.filter(hour__gte=start), "model", "day", start, now)
     models = [

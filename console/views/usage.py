@@ -5,7 +5,6 @@ The CSV is the showback export itself (metering.export), so its totals are the p
 """
 
 from datetime import UTC, datetime, time, timedelta
-from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -13,16 +12,16 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from console import queries
-from console.access import export_scope, models_visible_to
+from console.access import admin_tenants, export_scope, models_visible_to
 from console.forms import UsageFilterForm
 from metering import export
-from metering.models import UsageRollup
-from tenants.models import Tenant
+from metering.services import filter_usage
 
 
-def _form(request: HttpRequest, scope: frozenset[int] | None) -> UsageFilterForm:
-    tenants = Tenant.objects.all() if scope is None else Tenant.objects.filter(pk__in=scope)
-    return UsageFilterForm(request.GET or None, tenants=tenants, models=models_visible_to(request.user))
+def _form(request: HttpRequest) -> UsageFilterForm:
+    # export_scope has refused members already: the tenants are those the user administers.
+    return UsageFilterForm(request.GET or None, tenants=admin_tenants(request.user),
+                           models=models_visible_to(request.user))
 
 
 def _query(form: UsageFilterForm, scope: frozenset[int] | None) -> export.ExportQuery:
@@ -43,26 +42,13 @@ def _query(form: UsageFilterForm, scope: frozenset[int] | None) -> export.Export
     )
 
 
-def _rollups(q: export.ExportQuery) -> Any:
-    rollups = UsageRollup.objects.filter(hour__gte=q.start, hour__lt=q.end)
-    if q.tenant_ids is not None:
-        rollups = rollups.filter(tenant_id__in=q.tenant_ids)
-    if q.tenant:
-        rollups = rollups.filter(tenant__slug=q.tenant)
-    if q.key:
-        rollups = rollups.filter(api_key__prefix=q.key)
-    if q.model:
-        rollups = rollups.filter(model__served_name=q.model)
-    return rollups
-
-
 @login_required
 def usage(request: HttpRequest) -> HttpResponse:
     scope = export_scope(request.user)
-    form = _form(request, scope)
+    form = _form(request)
     q = _query(form, scope)
     group = (form.cleaned_data.get("group") if form.is_bound and form.is_valid() else "") or "tenant"
-    rollups = _rollups(q)
+    rollups = filter_usage(q)
     series = queries.usage_series(rollups, group, q.granularity, q.start, q.end)
     params = request.GET.copy()
     for name in ("group", "page"):
@@ -80,7 +66,7 @@ def usage(request: HttpRequest) -> HttpResponse:
 def usage_export(request: HttpRequest) -> HttpResponse:
     """The showback (or FOCUS) CSV for the page's filters, streamed from metering.export."""
     scope = export_scope(request.user)
-    form = _form(request, scope)
+    form = _form(request)
     if form.is_bound and not form.is_valid():
         if "tenant" in form.errors:
             raise Http404("No such tenant.")  # another tenant's slug: as if it did not exist

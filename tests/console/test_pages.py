@@ -284,6 +284,36 @@ def test_model_register_price_and_history(web: object, root: object) -> None:
     assert "llama-3-8b" in listing and "0.100000 USD / 1M tokens" in listing
 
 
+def test_model_edit_refused_by_the_service_keeps_the_form(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
+    deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
+                                          image="tollgate/engine-sim:latest", engine_args=SMALL)
+    form = {"served_name": "renamed", "source": public_model.source, "task": "generate",
+            "params_billions": "8.2", "context_length": "32768", "visibility": "public",
+            "quantization": ""}
+    response = web(root).post(u("model-edit", public_model.pk), form)
+    page = response.content.decode()
+    assert response.status_code == 400
+    assert "Stop and remove its deployments before renaming." in page
+    assert 'value="renamed"' in page  # what was typed is kept
+    public_model.refresh_from_db()
+    assert public_model.served_name == "qwen3-8b"
+
+
+def test_granting_a_private_model_says_what_happened(
+    web: object, root: object, private_model_a: object, tenant_b: Tenant
+) -> None:
+    client = web(root)
+    granted = client.post(u("model-grant", private_model_a.pk), {"tenant": "bravo"}, follow=True)
+    assert "Bravo Labs may now use acme-secret-70b." in granted.content.decode()
+    again = client.post(u("model-grant", private_model_a.pk), {"tenant": "bravo"}, follow=True)
+    assert "Bravo Labs already has acme-secret-70b." in again.content.decode()
+    nobody = client.post(u("model-grant", private_model_a.pk), {"tenant": "nope"}, follow=True)
+    assert "Choose a tenant to grant the model to." in nobody.content.decode()
+    assert private_model_a.grants.filter(tenant=tenant_b).count() == 1
+
+
 def test_tenants_see_only_their_models(web: object, carol: object, alice: object, private_model_a: object,
                                        public_model: object) -> None:
     assert "acme-secret-70b" not in web(carol).get(u("model-list")).content.decode()
@@ -299,6 +329,16 @@ def test_node_register_and_detail(web: object, root: object) -> None:
     page = client.get(response["Location"]).content.decode()
     assert "node.box-2" in page and "128.0 GB" in page
     assert "box-2" in client.get(u("node-list")).content.decode()
+
+
+def test_join_token_is_shown_once_and_a_joined_name_is_refused(web: object, root: object) -> None:
+    client = web(root)
+    response = client.post(u("node-join"), {"node_name": "spark-2", "control_plane": "10.0.0.1"})
+    page = response.content.decode()
+    assert response.status_code == 200 and response["Cache-Control"] == "no-store"
+    assert "TOLLGATE_JOIN_TOKEN=tgj-" in page and "TOLLGATE_CONTROL_PLANE=10.0.0.1" in page
+    bad = client.post(u("node-join"), {"node_name": "Spark 2"})
+    assert bad.status_code == 400 and "Lower-case letters, digits and -" in bad.content.decode()
 
 
 # --- Deployments --------------------------------------------------------------------------------
@@ -365,6 +405,20 @@ def test_deployment_actions_call_the_services(web: object, root: object, public_
     assert client.get(u("deployment-logs", "dep") + "?replica=0").status_code == 200
 
 
+def test_removing_a_deployment_goes_back_to_the_list(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
+    deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
+                                          image="tollgate/engine-sim:latest", engine_args=SMALL)
+    client = web(root)
+    assert client.post(u("deployment-action", "dep", "explode")).status_code == 404
+    response = client.post(u("deployment-action", "dep", "remove"))
+    assert response.status_code == 302 and response["Location"] == u("deployment-list")
+    listing = client.get(response["Location"]).content.decode()
+    assert "dep is being drained, stopped and removed." in listing
+    assert Operation.objects.filter(kind="remove").exists()
+
+
 def test_deployment_progress_shows_phases(web: object, root: object, public_model: object,
                                           local_node: object) -> None:
     deployment = deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
@@ -408,9 +462,30 @@ def test_tenant_admin_usage_is_their_tenant_only(web: object, alice: object, ten
     _rollup(Tenant.objects.get(slug="acme"), public_model, 10, "0.01")
     _rollup(tenant_b, public_model, 999, "9")
     client = web(alice)
-    assert client.get(u("usage")).context["totals"]["prompt_tokens"] == 10
+    page = client.get(u("usage"))
+    assert page.context["totals"]["prompt_tokens"] == 10
+    assert [r["tenant__slug"] for r in page.context["rows"]] == ["acme"]
     rows = list(csv.DictReader(io.StringIO(b"".join(client.get(u("usage-export")).streaming_content).decode())))
     assert {r["tenant"] for r in rows} == {"acme"}
+
+
+def test_tenant_page_shows_members_the_usage_of_their_own_keys(
+    web: object, alice: object, bob: object, public_model: object
+) -> None:
+    tenant = Tenant.objects.get(slug="acme")
+    alices = services.issue_api_key(alice, tenant, name="alice's").key
+    bobs = services.issue_api_key(bob, tenant, name="bob's").key
+    for key, tokens in ((alices, 100), (bobs, 7)):
+        hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+        UsageRollup.objects.create(hour=hour, tenant=tenant, api_key=key, model=public_model,
+                                   requests=1, prompt_tokens=tokens, completion_tokens=0,
+                                   cost=Decimal("0"), currency="USD")
+
+    def tokens_charted(user: object) -> int:
+        series = web(user).get(u("tenant-detail", "acme")).context["series"]
+        return sum(sum(line["data"]) for line in series["tokens"])
+
+    assert tokens_charted(alice) == 107 and tokens_charted(bob) == 7
 
 
 def test_usage_with_no_data_explains(web: object, root: object) -> None:

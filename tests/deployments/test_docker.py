@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from config.redis import get_redis
-from deployments import fleet, lifecycle, reconcile, runtime, services, tasks
+from deployments import fleet, operations, reconcile, runtime, services, tasks
 from deployments.choices import DeploymentState, OperationKind, OperationStatus, ReplicaState
 from deployments.models import Deployment, EngineProfile, Node, Operation, Replica
 from deployments.profiles import ensure_builtin_profiles
@@ -229,7 +229,7 @@ def test_a_second_deploy_operation_leaves_a_ready_replica_alone(
 ) -> None:
     deployment = deploy(docker_node, sim_model)
     first = containers(stack)[0].id
-    op = lifecycle.queue_operation(OperationKind.DEPLOY, deployment)
+    op = operations.queue_operation(OperationKind.DEPLOY, deployment)
     assert Operation.objects.get(pk=op.pk).status == OperationStatus.SUCCEEDED
     assert [c.id for c in containers(stack)] == [first]
 
@@ -311,8 +311,6 @@ def test_a_deploy_whose_worker_died_is_taken_over_by_reconcile(
 
     from django.utils import timezone
 
-    from deployments import lifecycle
-
     settings.TOLLGATE_RESTART_BACKOFF_SECONDS = 0.5
     deployment = deploy(docker_node, sim_model)
     (first,) = containers(stack)
@@ -323,7 +321,7 @@ def test_a_deploy_whose_worker_died_is_taken_over_by_reconcile(
                                   node=docker_node, started_at=gone)
     Operation.objects.filter(pk=op.pk).update(created_at=gone)
     Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.STARTING, healthy=False, updated_at=gone)
-    assert not get_redis().exists(lifecycle.lease_key(op.pk))
+    assert not get_redis().exists(operations.lease_key(op.pk))
 
     assert reconcile.reconcile_node(docker_node)["crashed"] == 1
     op.refresh_from_db()
@@ -339,10 +337,8 @@ def test_a_deploy_whose_worker_died_is_taken_over_by_reconcile(
 def test_a_running_operations_lease_is_renewed_while_it_works(settings: object) -> None:
     import time
 
-    from deployments import lifecycle
-
     settings.TOLLGATE_OPERATION_LEASE_SECONDS = 0.6
-    with lifecycle.OperationLease(424242):
+    with operations.OperationLease(424242):
         time.sleep(1.2)  # twice the lease: only renewal keeps it
-        assert get_redis().exists(lifecycle.lease_key(424242))
-    assert not get_redis().exists(lifecycle.lease_key(424242))
+        assert get_redis().exists(operations.lease_key(424242))
+    assert not get_redis().exists(operations.lease_key(424242))

@@ -33,7 +33,7 @@ def test_without_a_published_tail_and_no_docker_the_answer_says_when_it_comes(re
 def test_engines_of_staged_models_load_offline(replica: Replica) -> None:
     from django.utils import timezone
 
-    from deployments.engine import engine_environment
+    from deployments.engine_env import engine_environment
     from deployments.models import StagedModel
 
     deployment, node = replica.deployment, replica.node

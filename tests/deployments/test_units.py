@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import ValidationError
 
-from deployments import engine, lifecycle, planner, progress, runtime
+from deployments import engine, lifecycle, planner, progress, runtime, services
 from deployments.choices import ReplicaState
 from deployments.engine_args import to_argv, validate_engine_args
 from deployments.engine_env import validate_engine_env
@@ -66,14 +66,28 @@ GiB = 2**30
 def test_service_refuses_a_deployment_that_does_not_fit(local_node: object) -> None:
     big = CatalogModel.objects.create(served_name="big", source="org/big", params_billions=Decimal("70"),
                                       context_length=131072)
-    from deployments import services
-
     with pytest.raises(ValidationError) as refused:
         services.create_deployment(None, name="big", model=big, node=local_node,
                                    image="vllm/vllm-openai:v0.33.0",
                                    engine_args={"max-model-len": "128k", "max-num-seqs": 16})
     message = refused.value.message_dict["memory"][0]
     assert "70 B params × 2 bytes (bf16) = 140.0 GB" in message and "137.4 GB" in message
+    assert not Deployment.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_fit_preview_checks_flags_as_a_deployment_would_and_saves_nothing(
+    local_node: object, public_model: CatalogModel
+) -> None:
+    with pytest.raises(ValidationError, match="--port cannot be set"):
+        services.preview_fit(public_model, local_node, None, 1, {"port": 9999})
+    small = services.preview_fit(public_model, local_node, None, 1,
+                                 {"max-num-seqs": 4, "max-model-len": "8k"})
+    assert small.fits
+    big = services.preview_fit(public_model, local_node, None, 16,
+                               {"max-num-seqs": 256, "max-model-len": "32k"})
+    assert not big.fits and "× 16" in big.message
+    assert services.preview_fit(public_model, None, None, 1, {}) is None  # placed by Tollgate
     assert not Deployment.objects.exists()
 
 

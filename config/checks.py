@@ -1,10 +1,15 @@
-"""System checks for security settings (ids tollgate.W001–W009, tollgate.E001–E009)."""
+"""Tollgate's system checks: misconfiguration reported with stable ids (``manage.py check``).
+
+Security (``--deploy``): tollgate.W001–W009 warnings, tollgate.E001–E009 errors.
+Engines: tollgate.E010–E019. Registered by ``config.apps.TollgateConfig.ready``.
+"""
 
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from config.env import env_secret
 from config.redis import get_redis
 
 
@@ -24,8 +29,7 @@ def check_https(app_configs: Any, **kwargs: Any) -> list[Warning]:
 
 @register(deploy=True)
 def check_key_pepper(app_configs: Any, **kwargs: Any) -> list[Warning]:
-    from config.env import env_secret
-
+    # The environment, not settings: settings derive a pepper when none is given.
     if settings.PRODUCTION and not env_secret("TOLLGATE_KEY_PEPPER"):
         return [
             Warning(
@@ -49,6 +53,19 @@ def check_redis(app_configs: Any, **kwargs: Any) -> list[Error]:
                 "cannot rate-limit or meter without it.",
                 hint="Check REDIS_URL and that the redis service is running.",
                 id="tollgate.E001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_engine_images(app_configs: Any, **kwargs: Any) -> list[Error]:
+    if not settings.TOLLGATE_ENGINE_IMAGES:
+        return [
+            Error(
+                "TOLLGATE_ENGINE_IMAGES is empty: no deployment could ever start.",
+                hint="List allowed engine images, e.g. vllm/vllm-openai:*",
+                id="tollgate.E010",
             )
         ]
     return []
