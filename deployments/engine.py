@@ -13,11 +13,11 @@ import httpx
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.changes import publish_change
 from deployments import cluster, conf, placement, progress, runtime
 from deployments.choices import ContainerRole, ReplicaState, Task
 from deployments.engine_args import to_argv
 from deployments.models import Deployment, Operation, Replica
-from gateway.invalidation import publish_change
 
 PROBE_TIMEOUT = 3.0
 

@@ -16,7 +16,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from config.redis import get_redis, rkey
+from core.changes import publish_change
+from core.keyspace import rkey
+from core.redis import get_redis
 from deployments import cluster, conf, engine, placement, runtime
 from deployments.choices import (
     DeploymentState,
@@ -27,7 +29,6 @@ from deployments.choices import (
 )
 from deployments.models import Deployment, Node, Operation, Replica
 from deployments.runtime import RuntimeFailure
-from gateway.invalidation import publish_change
 from tenants.audit import Actor
 
 log = logging.getLogger(__name__)

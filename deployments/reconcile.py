@@ -14,7 +14,8 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from config.redis import get_redis
+from core.changes import publish_change
+from core.redis import get_redis
 from deployments import conf, engine, lifecycle, placement, runtime
 from deployments.choices import (
     ContainerRole,
@@ -26,7 +27,6 @@ from deployments.choices import (
     ReplicaState,
 )
 from deployments.models import Deployment, Node, Operation, Replica
-from gateway.invalidation import publish_change
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = [ReplicaState.PULLING, ReplicaState.STARTING, ReplicaState.LOADING,

@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 
+from core.changes import publish_change
 from deployments import placement, planner
 from deployments.choices import (
     DeploymentState,
@@ -28,7 +29,6 @@ from deployments.models import (
     Node,
     Operation,
 )
-from gateway.invalidation import publish_change
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, ModelAccess
 from tenants.models import ApiKey, Tenant

@@ -6,7 +6,8 @@ always driven by the worker on that box; fleet-wide passes run on the default qu
 
 from celery import shared_task
 
-from config.redis import get_redis, rkey
+from core.keyspace import rkey
+from core.redis import get_redis
 from deployments import conf, fleet, lifecycle, reconcile, staging  # noqa: F401 - registers STAGE
 from deployments.choices import NodeStatus, OperationKind
 from deployments.models import Node

@@ -7,8 +7,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from core.changes import publish_change
 from deployments.models import CatalogModel
-from gateway.invalidation import publish_change
 from metering.models import Price
 from tenants.audit import Actor, record
 from tenants.choices import AuditAction

@@ -5,7 +5,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from config.redis import get_redis
+from core.redis import get_redis
 
 
 @register(deploy=True)

@@ -7,7 +7,8 @@ import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from gateway.admission import Admission, lowered, pool_keys
+from core.keyspace import pool_keys
+from gateway.admission import Admission, lowered, pool_status, wait_stats
 from gateway.controller import ControllerState, Sample, next_ceiling
 
 
@@ -78,6 +79,36 @@ def test_slots_go_by_class_then_fair_share() -> None:
     # Tenant 3 arrived after three of tenant 1's requests, but tenant 1 had already used
     # tokens (the holder's): fair share serves tenant 3 first, not after tenant 1's burst.
     assert p1 == ["p1-t3-a", "p1-t1-a", "p1-t1-b", "p1-t1-c"]
+
+
+def test_the_pool_and_the_waits_as_the_console_reads_them() -> None:
+    """pool_status counts waiters by class from the queue the Lua scripts keep (whose rank
+    encoding only gateway/admission.py knows); wait_stats sums the waits by class and tenant."""
+
+    async def scenario() -> None:
+        adm, client = await admission()
+        model, gone = 900003, asyncio.Event()
+        try:
+            assert (await acquire(adm, model, 1, "holder", "P1", 1, 10)).admitted
+            waiters = [asyncio.create_task(acquire(adm, model, 1, rid, prio, tenant, 100, gone))
+                       for rid, prio, tenant in (("a", "P2", 97), ("b", "P0", 98), ("c", "P2", 97), ("d", "P1", 97))]
+            deadline = time.monotonic() + 10
+            while await client.zcard(pool_keys(model)[1]) < 4:
+                assert time.monotonic() < deadline, "the waiters never queued"
+                await asyncio.sleep(0.01)
+            status = await asyncio.to_thread(pool_status, model, 1)
+            assert (status.ceiling, status.running) == (1, 1)
+            assert status.waiting == {"P0": 1, "P1": 1, "P2": 2}
+            gone.set()  # every waiter's client goes away
+            assert not any(t.admitted for t in await asyncio.gather(*waiters))
+            stats = {(w.priority, w.tenant_id): w.count for w in await asyncio.to_thread(wait_stats)
+                     if w.tenant_id in (97, 98)}  # the module's tests share one Redis prefix
+            assert stats == {("P2", 97): 2, ("P0", 98): 1, ("P1", 97): 1}
+        finally:
+            await client.delete(*pool_keys(model))
+            await client.aclose()
+
+    run(scenario())
 
 
 def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_after(settings: object) -> None:
