@@ -29,7 +29,8 @@ MAX_PRESENTED_KEY = 256  # longer is no key of ours; the cap bounds the hashing 
 
 INVALID_KEY = orjson.dumps({
     "error": {
-        "message": "Incorrect API key provided. Check the key, or ask your tenant admin for a new one.",
+        "message": "Incorrect API key provided. Check the key, or ask your tenant admin for a "
+                   "new one.",
         "type": "invalid_request_error", "param": None, "code": "invalid_api_key",
     }
 })

@@ -210,8 +210,9 @@ class Exchange:
             log.error("rate-limit store unreachable (%s): refusing request %s", exc.__class__.__name__, request_id)
             metrics.REJECTIONS.labels(tenant.slug, "redis_down").inc()
             return await respond(send, 503, error_body(
-                "Tollgate cannot reach its rate-limit store, so it cannot admit requests right now. "
-                "Please retry shortly.", "server_error", code="service_unavailable"), [(b"retry-after", b"5")])
+                "Tollgate cannot reach its rate-limit store, so it cannot admit requests right "
+                "now. Please retry shortly.", "server_error", code="service_unavailable"),
+                [(b"retry-after", b"5")])
         if not decision.admitted:
             metrics.REJECTIONS.labels(tenant.slug, decision.reason).inc()
             status, err, headers = refusal(decision)
@@ -225,7 +226,8 @@ class Exchange:
             await self.serve(decision)
         finally:
             disconnect.close()
-            # Settled, or else left on record for the reaper (its lease lapses once we stop renewing).
+            # Settled, or else left on record for the reaper (its lease lapses once we stop
+            # renewing it).
             rt.open_requests.discard(request_id)
             rt.admission.running.pop(request_id, None)
 
@@ -275,11 +277,13 @@ class Exchange:
         st = None
         if stream:
             options = payload.get("stream_options") or {}
+            wants_usage = bool(options.get("include_usage"))
             st = StreamState(
-                wants_usage=bool(options.get("include_usage")),
-                wants_continuous=bool(options.get("include_usage") and options.get("continuous_usage_stats")),
+                wants_usage=wants_usage,
+                wants_continuous=wants_usage and bool(options.get("continuous_usage_stats")),
                 started_at=self.started, outcome=outcome, checkpoint=self.checkpoint,
-                last_checkpoint=time.monotonic(),  # the first after a second: not in the way of the first token
+                # The first checkpoint after a second: not in the way of the first token.
+                last_checkpoint=time.monotonic(),
             )
         endpoint = self.endpoint
         path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
@@ -332,8 +336,9 @@ class Exchange:
                 await respond(send, 502, error_body(
                     "The engine failed while answering. Please retry.", "server_error"), headers)
             else:
-                await send({"type": "http.response.body", "body": b"data: " + error_body(
-                    "The engine failed while answering.", "server_error") + b"\n\ndata: [DONE]\n\n"})
+                failed = error_body("The engine failed while answering.", "server_error")
+                await send({"type": "http.response.body",
+                            "body": b"data: " + failed + b"\n\ndata: [DONE]\n\n"})
         finally:
             disconnect.cancel_on = None
         return outcome, chosen
