@@ -1,8 +1,9 @@
 """``/v1/files`` and ``/v1/batches``: OpenAI's Files and Batch APIs for tenant keys.
 
-Plain Django views (not the gateway hot path): they authenticate the tenant key with
-metering's helper, and answer every error in OpenAI's ``{"error": {...}}`` shape. Files and
-batches belong to the tenant: any of its keys sees them; another tenant's answer 404.
+Plain Django views (not the gateway hot path): they authenticate the tenant key by the
+gateway's rule (``tenants.auth.authenticate_api_key``), and answer every error in OpenAI's
+``{"error": {...}}`` shape. Files and batches belong to the tenant: any of its keys sees
+them; another tenant's answer 404.
 """
 
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from batches import render, services
 from batches.services import RequestError
-from metering.views import authenticate_key, invalid_key
+from tenants.auth import authenticate_api_key, invalid_key
 from tenants.models import ApiKey
 
 View = Callable[..., HttpResponse]
@@ -33,7 +34,7 @@ def api(*methods: str) -> Callable[[View], View]:
         @csrf_exempt
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            key = authenticate_key(request)
+            key = authenticate_api_key(request)
             if key is None:
                 return invalid_key()
             if request.method not in methods:

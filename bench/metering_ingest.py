@@ -74,10 +74,11 @@ def seed() -> tuple[list[int], list[int], int]:
 
 
 def produce(n: int, keys: list[int], tenants: list[int], model: int) -> float:
-    from config.redis import get_redis
-    from metering.events import FIELD, UsageRecord, stream_key
+    from core.keyspace import usage_stream
+    from core.redis import get_redis
+    from core.usage import FIELD, UsageRecord
 
-    client, stream, started = get_redis(), stream_key(), time.monotonic()
+    client, stream, started = get_redis(), usage_stream(), time.monotonic()
     for chunk in range(0, n, 10_000):
         pipe = client.pipeline(transaction=False)
         for i in range(chunk, min(chunk + 10_000, n)):
@@ -94,9 +95,9 @@ def produce(n: int, keys: list[int], tenants: list[int], model: int) -> float:
 
 
 def ingest(n: int, consumers: int) -> float:
-    from config.redis import get_redis
+    from core.keyspace import usage_stream
+    from core.redis import get_redis
     from metering import ingest as metering_ingest
-    from metering.events import stream_key
 
     metering_ingest.ensure_group()
     started = time.monotonic()
@@ -107,7 +108,7 @@ def ingest(n: int, consumers: int) -> float:
     ]
     client = get_redis()
     while True:
-        (group,) = client.xinfo_groups(stream_key())
+        (group,) = client.xinfo_groups(usage_stream())
         if group["pending"] == 0 and group["lag"] == 0:
             break
         time.sleep(0.2)
@@ -154,7 +155,7 @@ def main() -> None:
     setup_django()
     from django.db import connection
 
-    from config.redis import get_redis
+    from core.redis import get_redis
     from metering.models import UsageEvent, UsageRollup
 
     try:

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from config.env import env_secret
-from config.redis import get_redis
+from core.redis import get_redis
 
 
 @register(deploy=True)

@@ -4,7 +4,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from config.redis import get_redis
+from core.redis import get_redis
 
 
 @require_GET

@@ -10,11 +10,12 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
-from config.redis import get_redis
+from core.keyspace import usage_stream
+from core.redis import get_redis
+from core.usage import FIELD
 from deployments import fleet
 from deployments.choices import DeploymentState, OperationStatus
 from deployments.models import Deployment, Node, Operation, Replica
-from metering.events import FIELD, stream_key
 from metering.models import DeadLetter, Price, UsageEvent, UsageRollup
 from metering.services import price_at
 
@@ -30,7 +31,7 @@ def live_rates(window: int = LIVE_WINDOW_SECONDS) -> dict[str, Any]:
     only below what metering acknowledged, and never within minutes.)
     """
     since_ms = int((time.time() - window) * 1000)
-    entries = get_redis().xrange(stream_key(), min=f"{since_ms}-0", max="+", count=LIVE_MAX_EVENTS)
+    entries = get_redis().xrange(usage_stream(), min=f"{since_ms}-0", max="+", count=LIVE_MAX_EVENTS)
     requests = tokens = errors = 0
     for _, fields in entries:
         try:

@@ -14,13 +14,13 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.changes import publish_change
 from deployments import cluster, placement, progress, runtime
 from deployments.choices import ContainerRole, ReplicaState, Task
 from deployments.engine_args import to_argv
 from deployments.engine_env import engine_environment
 from deployments.models import Deployment, Operation, Replica
 from deployments.operations import EngineFailed, update_op
-from gateway.invalidation import publish_change
 
 PROBE_TIMEOUT = 3.0
 

@@ -10,7 +10,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from config.redis import get_redis, rkey
+from core.changes import publish_change
+from core.keyspace import engine_metrics_key, rkey
+from core.redis import get_redis
 from deployments import engine, nodes, runtime
 from deployments.choices import (
     DeploymentState,
@@ -19,7 +21,6 @@ from deployments.choices import (
     ReplicaState,
 )
 from deployments.models import Deployment, Node, Replica
-from gateway.invalidation import publish_change
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ def check_externals() -> int:
 
 
 def telemetry_key(replica_id: int) -> str:
-    return rkey("engine", replica_id, "metrics")
+    return engine_metrics_key(replica_id)
 
 
 def scrape_replica(replica: Replica) -> dict[str, float] | None:

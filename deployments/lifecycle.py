@@ -14,12 +14,12 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from core.changes import publish_change
 from deployments import engine, placement, runtime
 from deployments.choices import DeploymentState, DesiredState, OperationKind, ReplicaState
 from deployments.models import Deployment, Node, Operation, Replica
 from deployments.operations import EngineFailed, op_node, queue_operation, update_op
 from deployments.runtime import RuntimeFailure
-from gateway.invalidation import publish_change
 
 log = logging.getLogger(__name__)
 

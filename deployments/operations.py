@@ -18,7 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.celery import enqueue
-from config.redis import get_redis, rkey
+from core.keyspace import rkey
+from core.redis import get_redis
 from deployments.choices import OperationKind, OperationStatus
 from deployments.models import Deployment, Node, Operation
 from deployments.runtime import RuntimeFailure

@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from config.redis import get_redis
+from core.changes import publish_change
+from core.redis import get_redis
 from deployments import engine, lifecycle, placement, runtime
 from deployments.choices import (
     ContainerRole,
@@ -28,7 +29,6 @@ from deployments.choices import (
 )
 from deployments.models import Deployment, Node, Operation, Replica
 from deployments.operations import lease_key, queue_operation
-from gateway.invalidation import publish_change
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = [ReplicaState.PULLING, ReplicaState.STARTING, ReplicaState.LOADING,

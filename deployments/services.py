@@ -9,6 +9,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 
 from config.permissions import member_tenant_ids
+from core.changes import publish_change
 from deployments import placement, planner, runtime
 from deployments.choices import (
     DeploymentState,
@@ -31,7 +32,6 @@ from deployments.models import (
     Operation,
 )
 from deployments.operations import queue_operation
-from gateway.invalidation import publish_change
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, ModelAccess
 from tenants.models import ApiKey, Tenant

@@ -7,7 +7,8 @@ always driven by the worker on that box; fleet-wide passes run on the default qu
 from celery import shared_task
 from django.conf import settings
 
-from config.redis import get_redis, rkey
+from core.keyspace import rkey
+from core.redis import get_redis
 from deployments import cluster, fleet, lifecycle, operations, reconcile, staging
 from deployments.choices import NodeStatus, OperationKind
 from deployments.models import Node

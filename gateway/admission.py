@@ -13,18 +13,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import orjson
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from config.hot import setting
-from config.redis import rkey
+from core.hot import setting
+from core.keyspace import engine_metrics_key, open_keys, pool_keys, wait_stats_key
+from core.redis import get_redis
 from gateway import metrics
 from gateway.limiter import SlotRequest
-from gateway.orphans import lease_ms, open_keys
+from gateway.orphans import lease_ms
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -33,27 +33,9 @@ CLASS_INDEX = {"P0": 0, "P1": 1, "P2": 2}
 _HERE = Path(__file__).parent
 RETRY_LUA = (_HERE / "acquire.lua").read_text() + (_HERE / "retry_slot.lua").read_text()
 TELEMETRY_FRESH_SECONDS = 20.0
-
-
-@lru_cache(maxsize=4096)
-def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
-    base = ("adm", model_id)
-    return (rkey(*base, "run"), rkey(*base, "q"), rkey(*base, "qexp"), rkey(*base, "vft"),
-            rkey(*base, "ceiling"))
-
-
-def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
-    """(running, queue, queue expiry, fair share, ceiling) keys of a model's engine pool."""
-    return _pool_keys(setting("TOLLGATE_REDIS_PREFIX"), model_id)
-
-
-def wait_stats_key(hour: int) -> str:
-    """Queue-wait statistics of one UTC hour (hours since the epoch)."""
-    return rkey("adm", "waits", hour)
-
-
-def wake_channel() -> str:
-    return rkey("adm", "wake")
+# acquire.lua ranks a waiter class * CLASS_RANK + its virtual start time. The encoding stays
+# between the scripts and this module; others read the queue through ``pool_status``.
+CLASS_RANK = 10**13
 
 
 def queue_timeout(priority: str) -> float:
@@ -70,6 +52,62 @@ def lowered(tenant_class: str, asked: object) -> str:
         asked = asked.upper()
         return asked if CLASS_INDEX[asked] > CLASS_INDEX[tenant_class] else tenant_class
     return tenant_class
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """A model's engine pool now, as every gateway process shares it."""
+
+    ceiling: int  # the adaptive concurrency ceiling (the static budget until tuned)
+    running: int  # requests holding an engine slot
+    waiting: dict[str, int]  # requests queued, by class (P0, P1, P2)
+
+
+def pool_status(model_id: int, budget: int) -> PoolStatus:
+    """The pool of a model whose engines' static budget is ``budget`` (for the console)."""
+    running, queue, _, _, ceiling = pool_keys(model_id)
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.get(ceiling)
+    pipe.zcard(running)
+    for index in CLASS_INDEX.values():
+        low = index * CLASS_RANK if index else "-inf"
+        high = f"({(index + 1) * CLASS_RANK}" if index < len(CLASS_INDEX) - 1 else "+inf"
+        pipe.zcount(queue, low, high)
+    now_ceiling, now_running, *waiting = pipe.execute()
+    return PoolStatus(
+        ceiling=int(now_ceiling) if now_ceiling else budget, running=now_running,
+        waiting=dict(zip(CLASS_INDEX, waiting, strict=True)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WaitStat:
+    """How long one tenant's requests of one class waited for an engine slot."""
+
+    priority: str
+    tenant_id: int
+    count: int
+    seconds: float  # all their waits added up
+
+    @property
+    def mean(self) -> float:
+        return self.seconds / self.count if self.count else 0.0
+
+
+def wait_stats(hours: int = 2, now: float | None = None) -> list[WaitStat]:
+    """Queue waits by class and tenant over the last ``hours`` UTC hours (this one included)."""
+    hour = int((time.time() if now is None else now) // 3600)
+    client = get_redis()
+    totals: dict[tuple[str, int], list] = {}
+    for h in range(hour - hours + 1, hour + 1):
+        for name, value in client.hgetall(wait_stats_key(h)).items():
+            priority, tenant_id, kind = name.decode().split("|")
+            entry = totals.setdefault((priority, int(tenant_id)), [0, 0.0])
+            if kind == "n":
+                entry[0] += int(value)
+            else:
+                entry[1] += float(value)
+    return [WaitStat(p, t, n, s) for (p, t), (n, s) in totals.items()]
 
 
 @dataclass(slots=True)
@@ -228,7 +266,7 @@ class Admission:
         replicas = [(model_id, u) for model_id, ups in routes.items() for u in ups]
         if not replicas:
             return
-        raw = await self.redis.mget([rkey("engine", u.replica_id, "metrics") for _, u in replicas])
+        raw = await self.redis.mget([engine_metrics_key(u.replica_id) for _, u in replicas])
         now, verdict = time.time(), {}
         for (model_id, upstream), blob in zip(replicas, raw, strict=True):
             figures = orjson.loads(blob) if blob else None

@@ -1,13 +1,8 @@
-"""Error bodies in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+"""Error bodies in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+(The 401 for a bad key is ``core.credentials.INVALID_KEY``: every /v1 door answers with it.)"""
 
 import orjson
-
-INVALID_KEY = orjson.dumps({
-    "error": {
-        "message": "Incorrect API key provided. Check the key, or ask your tenant admin for a new one.",
-        "type": "invalid_request_error", "param": None, "code": "invalid_api_key",
-    }
-})
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

@@ -12,13 +12,21 @@ from pathlib import Path
 import orjson
 import redis.asyncio as aioredis
 
-from config.hot import setting
-from config.redis import rkey
-from gateway.orphans import open_keys
+from core.hot import setting
+from core.keyspace import (
+    PREFIX_SETTING,
+    QUOTA_TTL_SECONDS,
+    open_keys,
+    pool_keys,
+    quota_key,
+    rate_keys,
+    settled_stem,
+    usage_stream,
+    wake_channel,
+)
 from gateway.redispipe import RedisPipe, Script
 from gateway.state import KeyInfo, TenantInfo
-from metering.events import stream_key
-from metering.quota import QUOTA_TTL_SECONDS, quota_key
+from metering.periods import period_id
 
 WINDOW_MS = 60_000
 # A request that never settles (its gateway died) stops counting as in flight after this.
@@ -66,7 +74,7 @@ class Decision:
 class SlotRequest:
     """Where and how an admitted request asks for an engine slot."""
 
-    pool: tuple[str, ...]  # gateway.admission.pool_keys(model id)
+    pool: tuple[str, ...]  # core.keyspace.pool_keys(model id)
     priority_index: int
     weight: int
     budget: int
@@ -77,24 +85,15 @@ class SlotRequest:
 
 
 @lru_cache(maxsize=65536)
-def _scope_keys(prefix: str, key_id: int, tenant_id: int) -> tuple[str, ...]:
-    return (
-        rkey("rl", "k", key_id), rkey("rl", "k", key_id, "t"),
-        rkey("rl", "t", tenant_id), rkey("rl", "t", tenant_id, "t"),
-        rkey("cc", "k", key_id), rkey("cc", "t", tenant_id),
-    )
-
-
-@lru_cache(maxsize=65536)
-def _quota_key(prefix: str, tenant_id: int, period: str, hour: int) -> str:
-    return quota_key(tenant_id, period, datetime.fromtimestamp(hour * 3600, UTC))
+def _keys_at(prefix: str, key_id: int, tenant_id: int, period: str, hour: int) -> tuple[str, ...]:
+    """limiter.lua's KEYS 1-7 (cached per prefix: tests change it)."""
+    period_of_hour = period_id(period, datetime.fromtimestamp(hour * 3600, UTC))
+    return (*rate_keys(key_id, tenant_id), quota_key(tenant_id, period_of_hour))
 
 
 def _keys(key: KeyInfo, tenant: TenantInfo, at: float) -> tuple[str, ...]:
-    prefix = setting("TOLLGATE_REDIS_PREFIX")
     # Periods start on whole UTC hours (days, weeks, months), so the hour picks the period.
-    return (*_scope_keys(prefix, key.id, tenant.id),
-            _quota_key(prefix, tenant.id, tenant.quota_period, int(at // 3600)))
+    return _keys_at(setting(PREFIX_SETTING), key.id, tenant.id, tenant.quota_period, int(at // 3600))
 
 
 _ADMIT = Script(ADMIT_LUA)
@@ -153,13 +152,10 @@ class Limiter:
 def settle_keys(reservation: Reservation, tokens: int, money_nano: int, event: bytes,
                 model_id: int) -> tuple[list[str], list[object]]:
     """KEYS and ARGV of settle.lua (shared with the orphan reaper)."""
-    from gateway.admission import pool_keys
-
-    prefix = setting("TOLLGATE_REDIS_PREFIX")
-    stream, wake, opened = _settle_names(prefix)
+    stream, wake, opened, settled = _settle_names(setting(PREFIX_SETTING))
     k = reservation.keys
     running, queue = pool_keys(model_id)[:2]
-    keys = [k[1], k[3], k[4], k[5], k[6], stream, f"{prefix}:settled:{reservation.request_id}",
+    keys = [k[1], k[3], k[4], k[5], k[6], stream, settled + reservation.request_id,
             running, queue, *opened]
     args = [reservation.request_id, reservation.tokens, tokens, reservation.money_nano, money_nano,
             event.decode(), wake, model_id]
@@ -167,8 +163,6 @@ def settle_keys(reservation: Reservation, tokens: int, money_nano: int, event: b
 
 
 @lru_cache(maxsize=16)
-def _settle_names(prefix: str) -> tuple[str, str, tuple[str, str, str]]:
-    """(usage stream, wake channel, open-request keys) under one prefix."""
-    from gateway.admission import wake_channel
-
-    return stream_key(), wake_channel(), open_keys()
+def _settle_names(prefix: str) -> tuple[str, str, tuple[str, str, str], str]:
+    """(usage stream, wake channel, open-request keys, settled-mark stem) under one prefix."""
+    return usage_stream(), wake_channel(), open_keys(), settled_stem()

@@ -14,27 +14,19 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import lru_cache
 
 import orjson
 
-from config.hot import setting
-from config.redis import get_redis, rkey
-from metering.events import UsageRecord
+from core.hot import setting
+from core.keyspace import open_keys
+from core.pricing import Rates, cost_nano
+from core.redis import get_redis
+from core.usage import UsageRecord
+from gateway.limiter import SETTLE_LUA, Reservation, settle_keys
 
 log = logging.getLogger("tollgate.gateway")
 
 CHECKPOINT_SECONDS = 1.0
-
-
-def open_keys() -> tuple[str, str, str]:
-    """(open requests zset: id -> lease deadline ms, records hash, checkpoints hash)."""
-    return _open_keys(setting("TOLLGATE_REDIS_PREFIX"))
-
-
-@lru_cache(maxsize=16)
-def _open_keys(prefix: str) -> tuple[str, str, str]:
-    return rkey("gw", "open"), rkey("gw", "open", "rec"), rkey("gw", "open", "cp")
 
 
 def lease_ms() -> int:
@@ -47,8 +39,6 @@ def checkpoint_value(prompt: int, completion: int, cached: int, reasoning: int) 
 
 def reap(now: float | None = None, limit: int = 500) -> int:
     """Settle every open request whose lease lapsed; returns how many."""
-    from gateway.limiter import SETTLE_LUA, Reservation, settle_keys
-
     now = time.time() if now is None else now
     client = get_redis()
     zset, records, checkpoints = open_keys()
@@ -65,7 +55,8 @@ def reap(now: float | None = None, limit: int = 500) -> int:
             [int(x) for x in checkpoint.decode().split(",")] if checkpoint else [0, 0, 0, 0])
         if not completion:  # nothing reached the client: nothing is billed
             prompt = cached = reasoning = 0
-        tokens, money = prompt + completion, _money(opened, prompt, cached, completion)
+        tokens, price = prompt + completion, opened.get("price")
+        money = cost_nano(Rates(*price), prompt, cached, completion) if price and tokens else 0
         event = UsageRecord(
             **opened["event"], prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
             reasoning_tokens=reasoning, status="error", http_status=502,
@@ -77,10 +68,3 @@ def reap(now: float | None = None, limit: int = 500) -> int:
         log.warning("billed %s after its gateway died: %d tokens delivered", request_id, completion)
     return len(lapsed)
 
-
-def _money(opened: dict, prompt: int, cached: int, completion: int) -> int:
-    price = opened.get("price")
-    if not price or not (prompt or completion):
-        return 0
-    uncached = max(prompt - cached, 0)
-    return -(-(uncached * price[0] + cached * price[1] + completion * price[2]) // 1_000_000)

@@ -1,4 +1,5 @@
-"""Forwarding to an engine: whole responses, and SSE streams passed through frame by frame.
+"""Answers to the client: Tollgate's own (``respond``), and engines' — whole responses, and
+SSE streams passed through frame by frame.
 
 Streams ask the engine for ``include_usage`` + ``continuous_usage_stats`` so the gateway
 knows the tokens delivered after every frame; what the client did not ask for is stripped,
@@ -25,6 +26,12 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+async def respond(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A whole JSON response of Tollgate's own."""
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
 
 
 @dataclass(slots=True)

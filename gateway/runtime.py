@@ -18,9 +18,9 @@ import redis.exceptions
 from django.conf import settings
 from django.db import close_old_connections
 
+from core.keyspace import invalidation_channel, wake_channel
 from gateway import metrics
-from gateway.admission import Admission, wake_channel
-from gateway.invalidation import channel
+from gateway.admission import Admission
 from gateway.limiter import Limiter, Reservation
 from gateway.redispipe import RedisPipe
 from gateway.state import Snapshot, load_snapshot
@@ -60,6 +60,7 @@ class Runtime:
     """Everything one gateway process shares between requests."""
 
     def __init__(self) -> None:
+        self.max_frame = settings.TOLLGATE_MAX_SSE_FRAME_BYTES  # a relayed SSE event, at most
         self.snapshot = Snapshot()
         self.redis: aioredis.Redis | None = None
         self.pipe: RedisPipe | None = None  # the per-request calls (admit, settle, checkpoint)
@@ -185,7 +186,7 @@ class Runtime:
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(channel(), wake_channel())
+                await pubsub.subscribe(invalidation_channel(), wake_channel())
                 self.request_reload()  # changes made while we were not listening
                 wake = wake_channel().encode()
                 async for message in pubsub.listen():

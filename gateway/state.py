@@ -10,11 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 
-from django.db.models import Q
-from django.utils import timezone
-
-NANO_PER_UNIT = 1_000_000_000
+from core.pricing import to_nano
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +28,6 @@ class Limits:
 class TenantInfo:
     id: int
     slug: str
-    active: bool
     priority: str
     boost_until: float  # P0 until this Unix time (0: no boost)
     weight: int  # fair-share weight inside its class
@@ -47,11 +44,13 @@ class TenantInfo:
 
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
+    """A key that was usable when the snapshot loaded (core.credentials)."""
+
     id: int  # the key billed and limited: a child key's parent
     prefix: str
     secret_hash: str
     tenant_id: int
-    expires_at: float  # Unix seconds; 0: never
+    expires_at: float  # Unix seconds, the earlier of its own and its parent's expiry; 0: never
     limits: Limits
     model_ids: frozenset[int]  # empty: all of the tenant's
 
@@ -80,7 +79,8 @@ class Upstream:
 
 @dataclass(frozen=True, slots=True)
 class PriceInfo:
-    """A price version, in nano-units of its currency per 1M tokens (exact integers)."""
+    """A price version, in nano-units of its currency per 1M tokens (exact integers): a
+    ``core.pricing.NanoRates``."""
 
     id: int
     input_nano_per_mtok: int
@@ -118,9 +118,7 @@ def _limits(obj: object) -> Limits:
     )
 
 
-def _nano(amount: object) -> int:
-    from metering.quota import to_nano
-
+def _nano(amount: Decimal | None) -> int:
     return to_nano(amount) if amount is not None else 0
 
 
@@ -147,13 +145,12 @@ def _load_models(snap: Snapshot) -> None:
 
 def _load_tenants(snap: Snapshot) -> None:
     from deployments.services import models_for_tenant
-    from tenants.choices import TenantStatus
     from tenants.models import Tenant
 
     for tenant in Tenant.objects.all():
         snap.tenants[tenant.pk] = TenantInfo(
-            id=tenant.pk, slug=tenant.slug, active=tenant.status == TenantStatus.ACTIVE,
-            priority=tenant.priority, boost_until=_ts(tenant.priority_boost_until),
+            id=tenant.pk, slug=tenant.slug, priority=tenant.priority,
+            boost_until=_ts(tenant.priority_boost_until),
             weight=tenant.fair_share_weight, limits=_limits(tenant), quota_period=tenant.quota_period,
             quota_tokens=tenant.quota_tokens or 0, quota_money_nano=_nano(tenant.quota_amount),
             currency=tenant.currency,
@@ -164,16 +161,12 @@ def _load_tenants(snap: Snapshot) -> None:
 def _load_keys(snap: Snapshot) -> None:
     from tenants.models import ApiKey
 
-    now = timezone.now()
-    live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-    keys = ApiKey.objects.filter(live).select_related("parent").prefetch_related(
+    keys = ApiKey.objects.usable().select_related("parent").prefetch_related(
         "allowed_models", "parent__allowed_models"
     )
     for key in keys:
-        # A child key acts as its parent (limits, models, billing) while both are live.
+        # A child key acts as its parent (limits, models, billing).
         acting = key.parent or key
-        if key.parent and (key.parent.revoked_at or (key.parent.expires_at and key.parent.expires_at <= now)):
-            continue
         expiry = min(filter(None, [_ts(key.expires_at), _ts(acting.expires_at)]), default=0.0)
         snap.keys[key.prefix] = KeyInfo(
             id=acting.pk, prefix=key.prefix, secret_hash=key.secret_hash, tenant_id=key.tenant_id,

@@ -8,8 +8,8 @@ from datetime import timedelta
 import orjson
 from django.utils import timezone
 
-from config.redis import get_redis, rkey
-from gateway.admission import pool_keys
+from core.keyspace import controller_key, engine_metrics_key, pool_keys
+from core.redis import get_redis
 from gateway.controller import ControllerState, Sample, next_ceiling
 from gateway.models import AdmissionSample
 
@@ -33,7 +33,7 @@ def ready_pools() -> dict[int, tuple[int, list[int]]]:
 
 def _totals(replica_ids: list[int]) -> tuple[float, float, float, float] | None:
     """Summed (generation tokens, TTFT seconds sum, TTFT count, waiting) over the replicas."""
-    raw = get_redis().mget([rkey("engine", rid, "metrics") for rid in replica_ids])
+    raw = get_redis().mget([engine_metrics_key(rid) for rid in replica_ids])
     figures = [orjson.loads(blob) for blob in raw if blob]
     if not figures:
         return None
@@ -52,7 +52,7 @@ def tune_model(model_id: int, budget: int, replica_ids: list[int], now: float | 
     totals = _totals(replica_ids)
     if totals is None:
         return None
-    state_key = rkey("adm", model_id, "ctl")
+    state_key = controller_key(model_id)
     previous = client.get(state_key)
     client.set(state_key, orjson.dumps({"t": now, "totals": totals, "state": _state_of(previous, budget)}),
                ex=3600)

@@ -12,13 +12,14 @@ import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet, Sum
 from django.db.models.functions import Trunc
 
+from core.pricing import Rates, cost_nano, from_nano
 from metering.models import UsageAdjustment, UsageRollup
 from metering.rollups import month_start, next_month
 
@@ -209,8 +210,19 @@ def showback_record(row: dict[str, Any], q: ExportQuery) -> list[Any]:
     ]
 
 
-NANO = Decimal("1e-9")
 MILLION = Decimal(1_000_000)
+
+
+def _part_costs(row: dict[str, Any], parts: list[tuple[str, int, Decimal | None]]) -> list[Decimal]:
+    """Each token kind's share of a line, rounded half to even to the nano-unit."""
+    rates = Rates.of(row["price__input_per_mtok"], row["price__cached_input_per_mtok"],
+                     row["price__output_per_mtok"])
+    costs = []
+    for kind, qty, _ in parts:
+        # (prompt, cached, completion) tokens that cost exactly this kind's tokens
+        tokens = {"input": (qty, 0, 0), "cached-input": (qty, qty, 0), "output": (0, 0, qty)}[kind]
+        costs.append(from_nano(cost_nano(rates, *tokens, half_even=True)))
+    return costs
 
 
 def focus_records(row: dict[str, Any], q: ExportQuery) -> list[list[Any]]:
@@ -221,10 +233,7 @@ def focus_records(row: dict[str, Any], q: ExportQuery) -> list[list[Any]]:
         ("output", row["completion_tokens"], row["price__output_per_mtok"]),
     ]
     parts = [p for p in parts if p[1]]
-    costs = [
-        ((qty * (price or 0)) / MILLION).quantize(NANO, rounding=ROUND_HALF_EVEN)
-        for _, qty, price in parts
-    ]
+    costs = _part_costs(row, parts)
     if costs:
         # Events are priced one by one and rounded up; put the rounding difference on the
         # last row so the FOCUS total equals the showback total to the nano-unit.

@@ -21,7 +21,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -29,18 +29,18 @@ import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from config.redis import get_redis
+from core.keyspace import usage_stream
+from core.redis import get_redis
+from core.usage import FIELD, UsageRecord
 from deployments.models import CatalogModel, Deployment
 from metering import rollups
 from metering.choices import Endpoint, UsageStatus
-from metering.events import FIELD, UsageRecord, stream_key
 from metering.models import DeadLetter, Price
 from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)
 
 GROUP = "metering"
-NANO_PLACES = Decimal("1e-9")
 INT_MAX = 2**31 - 1
 _INT_FIELDS = (
     "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens", "latency_ms",
@@ -56,7 +56,7 @@ def ensure_group(client: redis.Redis | None = None) -> None:
     """Create the stream and the consumer group if missing (from the stream's beginning)."""
     client = client or get_redis()
     try:
-        client.xgroup_create(stream_key(), GROUP, id="0", mkstream=True)
+        client.xgroup_create(usage_stream(), GROUP, id="0", mkstream=True)
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
@@ -84,7 +84,7 @@ def read_batch(
 ) -> list[Entry]:
     """The next entries to ingest: our own pending ones first (a failed batch is retried),
     then a dead consumer's entries idle longer than ``claim_idle_ms``, then new ones."""
-    client, stream = get_redis(), stream_key()
+    client, stream = get_redis(), usage_stream()
     own = client.xreadgroup(GROUP, consumer, {stream: "0"}, count=count)
     if own and own[0][1]:
         return own[0][1]
@@ -210,13 +210,12 @@ class References:
 def event_cost(price: Price | None, r: UsageRecord) -> Decimal:
     """Decimal cost in the event's currency, rounded up to nine places (never under-bill).
 
-    Rounding each event up is what the gateway does for its Redis money counter
-    (``metering.quota.to_nano``), so the sums agree to the nano-unit.
+    The gateway priced the request with the same function for its Redis money counter
+    (``core.pricing.cost_nano``), so the sums agree to the nano-unit.
     """
     if price is None:
         return Decimal(0)
-    cost = price.cost(r.prompt_tokens, r.cached_tokens, r.completion_tokens)
-    return cost.quantize(NANO_PLACES, rounding=ROUND_CEILING)
+    return price.cost(r.prompt_tokens, r.cached_tokens, r.completion_tokens)
 
 
 # --- Storing -----------------------------------------------------------------------------
@@ -264,7 +263,7 @@ def _row(
     )
 
 
-def store(entries: list[Entry], pause_before_commit: float = 0.0) -> BatchResult:
+def store(entries: list[Entry]) -> BatchResult:
     """Store a batch in one transaction (events, rollups, dead letters); does not ack."""
     result = BatchResult(read=len(entries), ids=[sid for sid, _ in entries])
     records: list[tuple[bytes, UsageRecord]] = []
@@ -297,9 +296,6 @@ def store(entries: list[Entry], pause_before_commit: float = 0.0) -> BatchResult
         ids = _insert(rows)
         rollups.add_events(ids)
         DeadLetter.objects.bulk_create(dead, ignore_conflicts=True)
-        if pause_before_commit:
-            log.warning("fault injection: pausing %.1fs before commit", pause_before_commit)
-            time.sleep(pause_before_commit)
     result.inserted = len(ids)
     result.duplicates += len(rows) - len(ids)
     result.dead_letters = len(dead)
@@ -326,7 +322,7 @@ def _dead(stream_id: bytes, fields: dict[bytes, bytes] | None, reason: str) -> D
 
 def ack(ids: list[bytes]) -> None:
     if ids:
-        get_redis().xack(stream_key(), GROUP, *ids)
+        get_redis().xack(usage_stream(), GROUP, *ids)
 
 
 # --- Running -------------------------------------------------------------------------------
@@ -336,14 +332,13 @@ RETRYABLE = (OperationalError, InterfaceError)
 
 def ingest_once(
     consumer: str, count: int = 1000, block_ms: int = 1000, claim_idle_ms: int = 30_000,
-    pause_before_commit: float = 0.0,
 ) -> BatchResult:
     """Read, store and then acknowledge one batch. Database errors leave it pending."""
     entries = read_batch(consumer, count, block_ms, claim_idle_ms)
     if not entries:
         return BatchResult()
     try:
-        result = store(entries, pause_before_commit)
+        result = store(entries)
     except RETRYABLE:
         raise
     except DatabaseError:
@@ -387,7 +382,7 @@ def drain(consumer: str, seconds: float, count: int = 1000, claim_idle_ms: int =
 
 def trim_stream() -> int:
     """Drop stream entries every group has acknowledged; returns how many went."""
-    client, stream = get_redis(), stream_key()
+    client, stream = get_redis(), usage_stream()
     try:
         groups = client.xinfo_groups(stream)
     except redis.ResponseError:
@@ -411,15 +406,15 @@ def _sid(stream_id: bytes | str) -> tuple[int, int]:
 
 def run_consumer(
     consumer: str, count: int = 1000, block_ms: int = 1000, claim_idle_ms: int = 30_000,
-    pause_before_commit: float = 0.0, stop: Any = None, trim_every: int = 100,
+    stop: Any = None, trim_every: int = 100,
 ) -> None:
     """The long-running consumer loop (``manage.py consume_usage``)."""
     backoff, batches = 0.5, 0
-    log.info("usage consumer %s started on %s", consumer, stream_key())
+    log.info("usage consumer %s started on %s", consumer, usage_stream())
     while stop is None or not stop():
         try:
             ensure_group()
-            result = ingest_once(consumer, count, block_ms, claim_idle_ms, pause_before_commit)
+            result = ingest_once(consumer, count, block_ms, claim_idle_ms)
             backoff = 0.5
             if result.read:
                 log.info("%s", result)

@@ -8,6 +8,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from core.pricing import Rates, cost_nano, from_nano
 from metering.choices import Endpoint, UsageStatus
 from tenants.models import currency_validator
 
@@ -49,15 +50,13 @@ class Price(models.Model):
     def __str__(self) -> str:
         return f"{self.model} {self.currency} from {self.effective_from:%Y-%m-%d %H:%M}"
 
+    @property
+    def rates(self) -> Rates:
+        return Rates.of(self.input_per_mtok, self.cached_input_per_mtok, self.output_per_mtok)
+
     def cost(self, prompt: int, cached: int, completion: int) -> Decimal:
-        """Exact decimal cost of a request; cached prompt tokens are billed at the cached rate."""
-        uncached = max(prompt - cached, 0)
-        total = (
-            uncached * self.input_per_mtok
-            + cached * self.cached_input_per_mtok
-            + completion * self.output_per_mtok
-        )
-        return total / Decimal(1_000_000)
+        """What a request is billed at this price (``core.pricing.cost_nano``), nine places."""
+        return from_nano(cost_nano(self.rates, prompt, cached, completion))
 
 
 class UsageEvent(models.Model):

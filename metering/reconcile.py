@@ -30,12 +30,13 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 from prometheus_client import Gauge
 
-from config.redis import get_redis
+from core.keyspace import QUOTA_TTL_SECONDS, quota_key, usage_stream
+from core.pricing import from_nano, to_nano
+from core.redis import get_redis
+from core.usage import UsageRecord
 from metering import ingest
-from metering.events import UsageRecord, stream_key
 from metering.models import QuotaReconciliation, UsageAdjustment, UsageEvent, UsageRollup
 from metering.periods import period_end, period_id, period_start
-from metering.quota import NANO, QUOTA_TTL_SECONDS, from_nano, quota_key
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class Snapshot:
 
 def snapshot(key: str) -> Snapshot:
     (tokens, money), last, complete, raw = get_redis().eval(
-        SNAPSHOT_LUA, 2, key, stream_key(), ingest.GROUP, BACKLOG_CAP
+        SNAPSHOT_LUA, 2, key, usage_stream(), ingest.GROUP, BACKLOG_CAP
     )
     ms, _, seq = last.decode().partition("-")
     return Snapshot(
@@ -164,7 +165,7 @@ def _backlog_figures(
 def reconcile_tenant(tenant: Tenant, at: datetime) -> QuotaReconciliation:
     """Reconcile one tenant's counters for the period containing ``at``; record the result."""
     period = tenant.quota_period
-    key = quota_key(tenant.pk, period, at)
+    key = quota_key(tenant.pk, period_id(period, at))
     start, end = period_start(period, at), period_end(period, at)
     snap = snapshot(key)
     result = QuotaReconciliation(
@@ -183,7 +184,7 @@ def reconcile_tenant(tenant: Tenant, at: datetime) -> QuotaReconciliation:
         )
     result.tokens_db, result.money_db = tokens + extra_tokens, money + extra_money
     delta_tokens = result.tokens_db - snap.tokens
-    delta_money = int(result.money_db * NANO) - snap.money_nano
+    delta_money = to_nano(result.money_db) - snap.money_nano
     get_redis().eval(APPLY_LUA, 1, key, delta_tokens, delta_money, QUOTA_TTL_SECONDS)
     drifted = delta_tokens or delta_money
     result.status = (

@@ -9,8 +9,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from core.changes import publish_change
 from deployments.models import CatalogModel
-from gateway.invalidation import publish_change
 from metering import export
 from metering.models import Price, UsageRollup
 from tenants.audit import Actor, record

@@ -7,10 +7,11 @@ from typing import Any
 from django.db.models import QuerySet, Sum
 from django.db.models.functions import TruncDay
 
-from config.redis import get_redis
+from core.keyspace import quota_key
+from core.pricing import from_nano
+from core.redis import get_redis
 from metering.models import UsageRollup
 from metering.periods import period_end, period_id, period_start
-from metering.quota import from_nano, quota_key
 from tenants.models import ApiKey, Tenant
 
 _SUMS = {
@@ -55,7 +56,8 @@ def quota_status(tenant: Tenant, now: datetime) -> dict[str, Any]:
     or the database's figure when the counters do not exist.
     """
     start, end = period_start(tenant.quota_period, now), period_end(tenant.quota_period, now)
-    raw = get_redis().hmget(quota_key(tenant.pk, tenant.quota_period, now), "tokens_used", "money_used")
+    key = quota_key(tenant.pk, period_id(tenant.quota_period, now))
+    raw = get_redis().hmget(key, "tokens_used", "money_used")
     db = summary(rollups_between(tenant, start, end))
     tokens_used = int(raw[0]) if raw[0] is not None else db["total_tokens"]
     money_used = from_nano(int(raw[1])) if raw[1] is not None else Decimal(db["cost"])

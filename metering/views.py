@@ -4,7 +4,7 @@ showback CSV export of the admin API."""
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from drf_spectacular.types import OpenApiTypes
@@ -17,17 +17,11 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from config.permissions import admin_tenant_ids, member_tenant_ids
-from gateway.errors import INVALID_KEY
 from metering import export, usage
 from metering.export import parse_moment
 from metering.periods import period_end, period_start
-from tenants.keys import parse_key, verify_key
-from tenants.models import ApiKey, Tenant
-
-
-def invalid_key() -> HttpResponse:
-    """The gateway's 401, byte for byte: every /v1 endpoint answers a bad key the same way."""
-    return HttpResponse(INVALID_KEY, status=401, content_type="application/json")
+from tenants.auth import authenticate_api_key, invalid_key
+from tenants.models import Tenant
 
 
 def _bad_request(message: str, param: str) -> JsonResponse:
@@ -36,26 +30,10 @@ def _bad_request(message: str, param: str) -> JsonResponse:
     return JsonResponse(body, status=400)
 
 
-def authenticate_key(request: HttpRequest) -> ApiKey | None:
-    """The usable tenant key in ``Authorization: Bearer tg-…`` (or the ``api-key`` header of
-    Azure-style clients, as the gateway accepts), checked in constant time."""
-    header = request.headers.get("Authorization", "")
-    presented = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    presented = (presented or request.headers.get("api-key", "").strip())[:256]
-    prefix = parse_key(presented)
-    key = (
-        ApiKey.objects.usable().select_related("tenant").filter(prefix=prefix).first()
-        if prefix
-        else None
-    )
-    ok = verify_key(presented, key.secret_hash if key else None)
-    return key if ok else None
-
-
 @require_GET
 def v1_usage(request: HttpRequest) -> JsonResponse:
     """A tenant key's own usage and its tenant's usage and remaining quota."""
-    key = authenticate_key(request)
+    key = authenticate_api_key(request)
     if key is None:
         return invalid_key()
     now = timezone.now()

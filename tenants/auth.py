@@ -1,15 +1,38 @@
-"""Admin REST API authentication with ``tga-`` tokens (``Authorization: Bearer tga-…``)."""
+"""Authentication outside the gateway: admin REST API tokens (``Authorization: Bearer tga-…``)
+and tenant API keys on the ``/v1`` endpoints Django serves (``/v1/usage``, ``/v1/files``,
+``/v1/batches``), by the same rule as the gateway (``core.credentials``)."""
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Q
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from core.credentials import INVALID_KEY, presented_key, unexpired_filter
 from tenants.keys import ADMIN_TOKEN, parse_key, verify_key
-from tenants.models import AdminToken
+from tenants.models import AdminToken, ApiKey
 
 INVALID = "Invalid or expired admin API token."
+
+
+def authenticate_api_key(request: HttpRequest) -> ApiKey | None:
+    """The usable tenant key the request presents (with its tenant), checked in constant time."""
+    presented = presented_key(
+        request.headers.get("Authorization", ""), request.headers.get("api-key", "")
+    )
+    prefix = parse_key(presented)
+    key = (
+        ApiKey.objects.usable().select_related("tenant").filter(prefix=prefix).first()
+        if prefix
+        else None
+    )
+    ok = verify_key(presented, key.secret_hash if key else None)
+    return key if ok else None
+
+
+def invalid_key() -> HttpResponse:
+    """The gateway's 401, byte for byte: every /v1 endpoint answers a bad key the same way."""
+    return HttpResponse(INVALID_KEY, status=401, content_type="application/json")
 
 
 class AdminTokenAuthentication(authentication.BaseAuthentication):
@@ -37,10 +60,9 @@ class AdminTokenAuthentication(authentication.BaseAuthentication):
 
     @staticmethod
     def _lookup(prefix: str) -> AdminToken | None:
-        now = timezone.now()
         return (
             AdminToken.objects.select_related("user")
             .filter(prefix=prefix, revoked_at__isnull=True, user__is_active=True)
-            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+            .filter(unexpired_filter(timezone.now()))
             .first()
         )

@@ -8,6 +8,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
+from core.credentials import unexpired, usable_filter
 from tenants.choices import AuditAction, ModelAccess, Priority, QuotaPeriod, Role, TenantStatus
 
 currency_validator = RegexValidator(r"^[A-Z]{3}$", "Use a three-letter ISO 4217 code, e.g. USD.")
@@ -90,11 +91,8 @@ class Membership(models.Model):
 
 class ApiKeyQuerySet(models.QuerySet):
     def usable(self) -> "ApiKeyQuerySet":
-        """Keys that authenticate now: not revoked, not expired, tenant active."""
-        now = timezone.now()
-        return self.filter(revoked_at__isnull=True, tenant__status=TenantStatus.ACTIVE).filter(
-            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
-        )
+        """Keys that authenticate now (the rule: ``core.credentials``)."""
+        return self.filter(usable_filter(timezone.now(), TenantStatus.ACTIVE))
 
 
 class ApiKey(models.Model):
@@ -142,7 +140,7 @@ class ApiKey(models.Model):
     def status(self) -> str:
         if self.revoked_at:
             return "revoked"
-        if self.expires_at and self.expires_at <= timezone.now():
+        if not unexpired(self.expires_at, timezone.now()):
             return "expired"
         return "active"
 

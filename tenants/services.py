@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
-from gateway.invalidation import publish_change
+from core.changes import publish_change
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, Role, TenantStatus
 from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key

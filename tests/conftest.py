@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from rest_framework.test import APIClient
 
-from config.redis import get_redis
+from core.redis import get_redis
 from deployments import services as deployment_services
 from deployments.choices import Visibility
 from deployments.models import CatalogModel, Node

@@ -1,6 +1,5 @@
 """Admission: each model's engine slots, its adaptive ceiling over time, who waits and how long."""
 
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -8,28 +7,18 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from config.redis import get_redis
 from console.access import staff_required
 from deployments.models import CatalogModel
-from gateway.admission import CLASS_INDEX, pool_keys, wait_stats_key
+from gateway.admission import pool_status, wait_stats
 from gateway.models import AdmissionSample
 from gateway.tuning import ready_pools
 from tenants.models import Tenant
 
-CLASS_OF = {index: name for name, index in CLASS_INDEX.items()}
-
 
 def _pool_row(model: CatalogModel, budget: int) -> dict[str, Any]:
-    client = get_redis()
-    running_key, queue_key, _, _, ceiling_key = pool_keys(model.pk)
-    queued = {name: 0 for name in CLASS_INDEX}
-    for _, rank in client.zrange(queue_key, 0, -1, withscores=True):
-        queued[CLASS_OF.get(int(rank // 1e13), "P2")] += 1
-    ceiling = client.get(ceiling_key)
-    return {
-        "model": model, "budget": budget, "ceiling": int(ceiling) if ceiling else budget,
-        "running": client.zcard(running_key), "queued": queued,
-    }
+    status = pool_status(model.pk, budget)
+    return {"model": model, "budget": budget, "ceiling": status.ceiling, "running": status.running,
+            "queued": status.waiting}
 
 
 def _history(model_ids: list[int]) -> dict[str, Any]:
@@ -47,17 +36,11 @@ def _history(model_ids: list[int]) -> dict[str, Any]:
 
 def _waits() -> list[dict[str, Any]]:
     """Queue waits this hour and the last, by class and tenant."""
-    hour = int(time.time() // 3600)
-    totals: dict[tuple[str, int], list[float]] = {}
-    for h in (hour - 1, hour):
-        for field, value in get_redis().hgetall(wait_stats_key(h)).items():
-            priority, tenant_id, kind = field.decode().split("|")
-            entry = totals.setdefault((priority, int(tenant_id)), [0, 0.0])
-            entry[0 if kind == "n" else 1] += float(value)
-    tenants = Tenant.objects.in_bulk([t for _, t in totals])
+    stats = wait_stats(hours=2)
+    tenants = Tenant.objects.in_bulk([w.tenant_id for w in stats])
     rows = [
-        {"priority": p, "tenant": tenants.get(t), "count": int(n), "mean": s / n if n else 0.0}
-        for (p, t), (n, s) in totals.items()
+        {"priority": w.priority, "tenant": tenants.get(w.tenant_id), "count": w.count, "mean": w.mean}
+        for w in stats
     ]
     return sorted(rows, key=lambda r: (r["priority"], -r["count"]))
 

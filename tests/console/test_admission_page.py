@@ -7,10 +7,10 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from config.redis import get_redis
+from core.keyspace import pool_keys, wait_stats_key
+from core.redis import get_redis
 from deployments.choices import ReplicaState
 from deployments.models import Deployment, Node, Replica
-from gateway.admission import pool_keys, wait_stats_key
 from gateway.models import AdmissionSample
 from tenants.models import Tenant
 

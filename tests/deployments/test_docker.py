@@ -11,12 +11,12 @@ import orjson
 import pytest
 from django.db import connection
 
-from config.redis import get_redis
+from core.keyspace import invalidation_channel
+from core.redis import get_redis
 from deployments import fleet, operations, reconcile, runtime, services, tasks
 from deployments.choices import DeploymentState, OperationKind, OperationStatus, ReplicaState
 from deployments.models import Deployment, EngineProfile, Node, Operation, Replica
 from deployments.profiles import ensure_builtin_profiles
-from gateway.invalidation import channel
 from gateway.state import load_snapshot
 from tests.deployments.conftest import SIM_IMAGE, sim_env
 
@@ -50,7 +50,7 @@ def test_deploy_serves_then_stop_drains_and_removes(
     docker_node: Node, sim_model: object, stack: str, eager_tasks: None
 ) -> None:
     pubsub = get_redis().pubsub()
-    pubsub.subscribe(channel())
+    pubsub.subscribe(invalidation_channel())
     deployment = deploy(docker_node, sim_model,
                         env=sim_env(SIM_DECODE_TPS="25", SIM_OUTPUT_TOKENS_MIN="40"))
 

@@ -3,7 +3,7 @@
 import pytest
 from django.core.exceptions import ValidationError
 
-from config.redis import get_redis
+from core.redis import get_redis
 from deployments import services
 from deployments.fleet import log_key
 from deployments.models import Deployment, Node, Replica

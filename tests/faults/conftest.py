@@ -25,7 +25,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from config.redis import get_redis
+from core.redis import get_redis
 from deployments import services as deployment_services
 from deployments.choices import ReplicaState, Task, Visibility
 from deployments.models import CatalogModel, Deployment, Node, Replica

@@ -213,7 +213,7 @@ def test_a_keys_plaintext_appears_only_in_its_creation_response(procs, gateway_e
 def _redis_dump() -> str:
     from django.conf import settings
 
-    from config.redis import get_redis
+    from core.redis import get_redis
 
     r, out = get_redis(), []
     for name in r.scan_iter(f"{settings.TOLLGATE_REDIS_PREFIX}:*"):

@@ -15,13 +15,14 @@ import time_machine
 from django.conf import settings
 from django.db.models import Sum
 
-from config.redis import get_redis
+from core.keyspace import quota_key
+from core.redis import get_redis
 from gateway.admission import Admission
 from gateway.limiter import Limiter
 from gateway.state import KeyInfo, Limits, TenantInfo
 from metering import ingest
 from metering.models import UsageEvent
-from metering.quota import quota_key
+from metering.periods import period_id
 from tests.faults.conftest import Gateway, build_world, chat_body, start_engine
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
@@ -107,7 +108,7 @@ NO_LIMITS = Limits()
 
 def _key_tenant(n: int, key_limits: Limits = NO_LIMITS, tenant_limits: Limits = NO_LIMITS,
                 quota_tokens: int = 0) -> tuple[KeyInfo, TenantInfo]:
-    tenant = TenantInfo(id=n, slug=f"t{n}", active=True, priority="P1", boost_until=0, weight=1,
+    tenant = TenantInfo(id=n, slug=f"t{n}", priority="P1", boost_until=0, weight=1,
                         limits=tenant_limits, quota_period="daily", quota_tokens=quota_tokens,
                         quota_money_nano=0, currency="USD", model_ids=frozenset({1}))
     key = KeyInfo(id=n, prefix=f"k{n}", secret_hash="", tenant_id=n, expires_at=0, limits=key_limits,
@@ -147,7 +148,7 @@ def test_200_concurrent_requests_against_a_budget_for_20_overrun_it_by_at_most_o
     billed = UsageEvent.objects.filter(tenant=world.tenant_a).aggregate(c=Sum("cost"))["c"]
     assert UsageEvent.objects.filter(tenant=world.tenant_a, status="ok").count() == statuses.count(200)
     assert billed <= Decimal("2.1") + reservation, f"billed {billed} on a budget of 2.1"
-    quota = get_redis().hgetall(quota_key(world.tenant_a.pk, "daily", datetime.now(UTC)))
+    quota = get_redis().hgetall(quota_key(world.tenant_a.pk, period_id("daily", datetime.now(UTC))))
     assert int(quota[b"money_reserved"]) == 0 and int(quota[b"tokens_reserved"]) == 0, quota
 
 
@@ -176,7 +177,7 @@ WINDOWS_MS = {  # key kind -> the longest life it may have
 
 
 async def _a_day(prefix: str) -> tuple[dict, dict, list[tuple[str, int, int]]]:
-    from metering.quota import QUOTA_TTL_SECONDS
+    from core.keyspace import QUOTA_TTL_SECONDS
 
     client = aioredis.from_url(settings.REDIS_URL)
     limiter, admission = Limiter(client), Admission(client)

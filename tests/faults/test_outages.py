@@ -15,12 +15,12 @@ import httpx
 import orjson
 import pytest
 
-from config.redis import get_redis
-from gateway.invalidation import publish_change
+from core.changes import publish_change
+from core.keyspace import quota_key, usage_stream
+from core.redis import get_redis
 from metering import ingest
-from metering.events import stream_key
 from metering.models import UsageEvent
-from metering.quota import quota_key
+from metering.periods import period_id
 from tests.faults.conftest import (
     Gateway,
     build_world,
@@ -84,7 +84,7 @@ class Load:
 
 
 def stream_request_ids() -> list[str]:
-    entries = get_redis().xrange(stream_key())
+    entries = get_redis().xrange(usage_stream())
     return [orjson.loads(fields[b"e"])["request_id"] for _, fields in entries]
 
 
@@ -256,5 +256,5 @@ def test_kill_9_of_the_gateway_during_100_streams_bills_each_delivered_request_o
         # the client received.
         assert 0 < rows[rid].completion_tokens <= tokens, (rid, rows[rid].completion_tokens, tokens)
         assert rows[rid].completion_tokens >= tokens - 25, (rid, rows[rid].completion_tokens, tokens)
-    quota = get_redis().hgetall(quota_key(world.tenant_a.pk, "daily", datetime.now(UTC)))
+    quota = get_redis().hgetall(quota_key(world.tenant_a.pk, period_id("daily", datetime.now(UTC))))
     assert int(quota[b"tokens_reserved"]) == 0, quota

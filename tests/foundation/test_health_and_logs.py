@@ -6,7 +6,7 @@ import pytest
 from django.test import Client, override_settings
 
 from config.logging import RedactSecretsFilter, redact
-from config.redis import get_redis
+from core.redis import get_redis
 from tenants.keys import generate_key
 
 

@@ -9,11 +9,11 @@ import time_machine
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from config.redis import get_redis
+from core.keyspace import invalidation_channel
+from core.redis import get_redis
 from deployments import services as deployment_services
 from deployments.choices import DesiredState
 from deployments.models import CatalogModel, Node
-from gateway.invalidation import channel
 from metering import services as metering_services
 from tenants import services
 from tenants.choices import ModelAccess, Role, TenantStatus
@@ -153,7 +153,7 @@ def test_changes_are_announced_to_gateways_after_commit(
     tenant_a: Tenant, django_capture_on_commit_callbacks: object
 ) -> None:
     pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(channel())
+    pubsub.subscribe(invalidation_channel())
     try:
         with django_capture_on_commit_callbacks(execute=True):
             services.set_tenant_status(None, tenant_a, TenantStatus.SUSPENDED)

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from django.db import connection
 
+from core.changes import publish_change
 from deployments import services as deployment_services
 from deployments.choices import ReplicaState, Task, Visibility
 from deployments.models import CatalogModel, Deployment, Node, Replica
-from gateway.invalidation import publish_change
 from metering import services as metering_services
 from tenants import services as tenant_services
 from tenants.models import Tenant

@@ -2,13 +2,17 @@
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from gateway.admission import Admission, lowered, pool_keys
+from core.keyspace import pool_keys
+from gateway.admission import Admission, lowered, pool_status, wait_stats
 from gateway.controller import ControllerState, Sample, next_ceiling
+from gateway.exchange import Disconnect, Exchange
+from gateway.state import KeyInfo, Limits, ModelInfo, TenantInfo
 
 
 def run(coro: object) -> object:
@@ -80,6 +84,36 @@ def test_slots_go_by_class_then_fair_share() -> None:
     assert p1 == ["p1-t3-a", "p1-t1-a", "p1-t1-b", "p1-t1-c"]
 
 
+def test_the_pool_and_the_waits_as_the_console_reads_them() -> None:
+    """pool_status counts waiters by class from the queue the Lua scripts keep (whose rank
+    encoding only gateway/admission.py knows); wait_stats sums the waits by class and tenant."""
+
+    async def scenario() -> None:
+        adm, client = await admission()
+        model, gone = 900011, asyncio.Event()
+        try:
+            assert (await acquire(adm, model, 1, "holder", "P1", 1, 10)).admitted
+            waiters = [asyncio.create_task(acquire(adm, model, 1, rid, prio, tenant, 100, gone))
+                       for rid, prio, tenant in (("a", "P2", 97), ("b", "P0", 98), ("c", "P2", 97), ("d", "P1", 97))]
+            deadline = time.monotonic() + 10
+            while await client.zcard(pool_keys(model)[1]) < 4:
+                assert time.monotonic() < deadline, "the waiters never queued"
+                await asyncio.sleep(0.01)
+            status = await asyncio.to_thread(pool_status, model, 1)
+            assert (status.ceiling, status.running) == (1, 1)
+            assert status.waiting == {"P0": 1, "P1": 1, "P2": 2}
+            gone.set()  # every waiter's client goes away
+            assert not any(t.admitted for t in await asyncio.gather(*waiters))
+            stats = {(w.priority, w.tenant_id): w.count for w in await asyncio.to_thread(wait_stats)
+                     if w.tenant_id in (97, 98)}  # the module's tests share one Redis prefix
+            assert stats == {("P2", 97): 2, ("P0", 98): 1, ("P1", 97): 1}
+        finally:
+            await client.delete(*pool_keys(model))
+            await client.aclose()
+
+    run(scenario())
+
+
 def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_after(settings: object) -> None:
     settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS = {"P0": 1, "P1": 1, "P2": 1}
 
@@ -102,6 +136,47 @@ def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_
     assert not batch.admitted and batch.retry_after >= 1 and 0.9 < waited < 3
     assert standard.admitted  # the free slots were there all along: only P2 was held back
     assert leftovers == 0  # a timed-out request leaves the queue
+
+
+def test_a_queued_p0_request_retries_with_its_extra_slots(settings: object) -> None:
+    """Engines that preempt by priority let P0 past the ceiling (by the budget): a P0 request
+    that admission queued takes an extra slot on its next try, not after a P2 request ends."""
+    settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS = {"P0": 3, "P1": 3, "P2": 3}
+    key = KeyInfo(id=1, prefix="abcdefgh", secret_hash="x", tenant_id=2, expires_at=0, limits=Limits(),
+                  model_ids=frozenset())
+    tenant = TenantInfo(id=2, slug="t", priority="P0", boost_until=0, weight=1, limits=Limits(),
+                        quota_period="monthly", quota_tokens=0, quota_money_nano=0, currency="USD",
+                        model_ids=frozenset({900012}))
+    model = ModelInfo(id=900012, served_name="m", task="generate", context_length=4096, created=0)
+
+    async def scenario() -> tuple[list[dict], float, bool]:
+        adm, client = await admission()
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        async def never() -> dict:
+            await asyncio.Event().wait()
+            return {}
+
+        try:
+            assert (await acquire(adm, model.id, 1, "batch", "P2", 1, 10)).admitted  # the one slot
+            ex = Exchange(SimpleNamespace(admission=adm), send, "chat", {"model": "m"}, b"{}", key, tenant,
+                          model, [], time.perf_counter())  # no replica: forwarding answers 503
+            ex.request_id, ex.priority, ex.budget, ex.p0_extra, ex.tokens = "urgent", "P0", 1, 1, 10
+            ex.headers, ex.disconnect = [], Disconnect(never)
+            started = time.monotonic()
+            await ex.queue_then_forward()
+            ex.disconnect.close()
+            return sent, time.monotonic() - started, "urgent" in adm.running
+        finally:
+            await client.delete(*pool_keys(model.id))
+            await client.aclose()
+
+    sent, waited, holding = run(scenario())
+    assert holding and waited < 2  # not the 3 s queue timeout
+    assert sent[0]["status"] == 503 and b"No engine" in sent[1]["body"]
 
 
 def test_a_dead_gateways_slot_lease_lapses() -> None:

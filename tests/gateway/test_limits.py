@@ -6,8 +6,9 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from config.redis import get_redis
-from metering.quota import quota_key
+from core.keyspace import quota_key
+from core.redis import get_redis
+from metering.periods import period_id
 from tenants import services as tenant_services
 from tests.gateway.conftest import World, wait_until_served
 
@@ -91,7 +92,7 @@ def test_money_budget_cannot_be_overrun_by_more_than_one_reservation(world: Worl
     assert billed_nano <= int(budget * Decimal(1e9)) + one_reservation_nano
     # Nothing stays reserved once the burst is over.
     from django.utils import timezone
-    quota = get_redis().hgetall(quota_key(world.tenant_b.pk, world.tenant_b.quota_period, timezone.now()))
+    quota = get_redis().hgetall(quota_key(world.tenant_b.pk, period_id(world.tenant_b.quota_period, timezone.now())))
     assert int(quota[b"tokens_reserved"]) == 0 and int(quota[b"money_reserved"]) == 0
     assert int(quota[b"money_used"]) == billed_nano
 

@@ -8,8 +8,9 @@ import openai
 import orjson
 import pytest
 
-from config.redis import get_redis
-from metering.events import UsageRecord, stream_key
+from core.keyspace import usage_stream
+from core.redis import get_redis
+from core.usage import UsageRecord
 from tenants import services as tenant_services
 from tenants.choices import TenantStatus
 from tests.gateway.conftest import World
@@ -25,7 +26,7 @@ def client(world: World, key: str | None = None) -> openai.OpenAI:
 def usage_event(request_id: str, timeout: float = 3.0) -> UsageRecord:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for _, fields in get_redis().xrange(stream_key()):
+        for _, fields in get_redis().xrange(usage_stream()):
             record = UsageRecord.decode(fields[b"e"])
             if record.request_id == request_id:
                 return record
@@ -202,9 +203,9 @@ def test_client_disconnect_mid_stream_bills_exactly_the_tokens_delivered(world: 
 
 
 def test_failover_when_a_replica_refuses_connections(world: World) -> None:
+    from core.changes import publish_change
     from deployments.choices import ReplicaState
     from deployments.models import Replica
-    from gateway.invalidation import publish_change
     from tests.gateway.conftest import free_port
 
     Replica.objects.create(deployment=world.deployment, index=1, host="127.0.0.1", port=free_port(),

@@ -8,17 +8,17 @@ import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from config.redis import get_redis
-from gateway.admission import pool_keys
+from core.keyspace import open_keys, pool_keys, quota_key, usage_stream
+from core.redis import get_redis
+from core.usage import UsageRecord
 from gateway.limiter import Limiter, SlotRequest
-from gateway.orphans import checkpoint_value, open_keys, reap
+from gateway.orphans import checkpoint_value, reap
 from gateway.state import KeyInfo, Limits, TenantInfo
-from metering.events import UsageRecord, stream_key
-from metering.quota import quota_key
+from metering.periods import period_id
 
 KEY = KeyInfo(id=7001, prefix="abcdefgh", secret_hash="x", tenant_id=7002, expires_at=0,
               limits=Limits(rpm=100, tpm=100_000), model_ids=frozenset())
-TENANT = TenantInfo(id=7002, slug="t", active=True, priority="P1", boost_until=0, weight=1,
+TENANT = TenantInfo(id=7002, slug="t", priority="P1", boost_until=0, weight=1,
                     limits=Limits(rpm=1000, tpm=1_000_000, concurrent=10), quota_period="monthly",
                     quota_tokens=0, quota_money_nano=10**12, currency="USD", model_ids=frozenset())
 MODEL = 7003
@@ -41,7 +41,7 @@ def admit(request_id: str, now: float) -> object:
 
 
 def events(request_id: str) -> list[UsageRecord]:
-    every = [UsageRecord.decode(f[b"e"]) for _, f in get_redis().xrange(stream_key())]
+    every = [UsageRecord.decode(f[b"e"]) for _, f in get_redis().xrange(usage_stream())]
     return [e for e in every if e.request_id == request_id]
 
 
@@ -56,7 +56,7 @@ def test_a_dead_gateways_stream_is_billed_its_checkpoint_once_and_released() -> 
     (event,) = events("req_orphan_1")
     assert (event.prompt_tokens, event.completion_tokens) == (40, 25)
     assert event.status == "error"
-    quota = client.hgetall(quota_key(TENANT.id, "monthly", datetime.fromtimestamp(now, UTC)))
+    quota = client.hgetall(quota_key(TENANT.id, period_id("monthly", datetime.fromtimestamp(now, UTC))))
     assert int(quota[b"tokens_reserved"]) == 0 and int(quota[b"tokens_used"]) == 65
     assert int(quota[b"money_used"]) == (40 * 1000 + 25 * 2000)
     assert client.zcard(pool_keys(MODEL)[0]) == 0  # the engine slot is free again
@@ -75,6 +75,6 @@ def test_an_orphan_that_delivered_nothing_is_not_billed() -> None:
 @pytest.fixture(autouse=True)
 def _clean() -> None:
     client = get_redis()
-    client.delete(quota_key(TENANT.id, "monthly", datetime.now(UTC)))
+    client.delete(quota_key(TENANT.id, period_id("monthly", datetime.now(UTC))))
     yield
-    client.delete(*pool_keys(MODEL), *open_keys(), quota_key(TENANT.id, "monthly", datetime.now(UTC)))
+    client.delete(*pool_keys(MODEL), *open_keys(), quota_key(TENANT.id, period_id("monthly", datetime.now(UTC))))

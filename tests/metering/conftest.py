@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from config.redis import get_redis
+from core.keyspace import usage_stream
+from core.redis import get_redis
+from core.usage import FIELD, UsageRecord
 from deployments.models import CatalogModel
 from metering import ingest, services
-from metering.events import FIELD, UsageRecord, stream_key
 from metering.models import Price
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Tenant
@@ -56,7 +57,7 @@ def emit(*records: UsageRecord) -> list[bytes]:
     client = get_redis()
     pipe = client.pipeline(transaction=False)
     for r in records:
-        pipe.xadd(stream_key(), {FIELD: r.encode()})
+        pipe.xadd(usage_stream(), {FIELD: r.encode()})
     return pipe.execute()
 
 

@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Sum
 
-from config.redis import get_redis
+from core.keyspace import usage_stream
+from core.redis import get_redis
 from metering import ingest
-from metering.events import stream_key
 from metering.models import UsageEvent, UsageRollup
 from tests.metering.conftest import emit, record
 
@@ -44,7 +44,7 @@ def stored() -> int:
 def not_acked() -> int:
     """Entries of the stream the metering group has not acknowledged (pending + new)."""
     client = get_redis()
-    (group,) = client.xinfo_groups(stream_key())
+    (group,) = client.xinfo_groups(usage_stream())
     return group["pending"] + (group["lag"] or 0)
 
 
@@ -111,7 +111,7 @@ def database_url(host: str, port: int) -> str:
 def consumer(redis_namespace: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
     started: list[subprocess.Popen] = []
 
-    def start(*args: str, db_url: str | None = None) -> subprocess.Popen:
+    def start(*args: str, db_url: str | None = None, pause_before_commit: float = 0) -> subprocess.Popen:
         db = connection.settings_dict
         env = {
             **os.environ,
@@ -120,9 +120,11 @@ def consumer(redis_namespace: str, tmp_path: Path) -> Iterator[Callable[..., sub
             "REDIS_URL": settings.REDIS_URL,
         }
         log = open(tmp_path / f"consumer-{len(started)}.log", "wb")  # noqa: SIM115
+        command = [sys.executable, "manage.py", "consume_usage"]
+        if pause_before_commit:  # the pause is patched in by tests/faults/paused_consumer.py
+            command = [sys.executable, "-m", "tests.faults.paused_consumer", str(pause_before_commit)]
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "consume_usage", "--block-ms", "200",
-             "--claim-idle-ms", "500", *args],
+            [*command, "--block-ms", "200", "--claim-idle-ms", "500", *args],
             cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         proc.log_path = log.name
@@ -142,8 +144,8 @@ def test_kill_9_mid_batch_then_restart_loses_nothing_and_doubles_nothing(
 ) -> None:
     records = [record(tenant_a, public_model, key_a) for _ in range(2500)]
     emit(*records)
-    first = consumer("--batch", "1000", "--pause-before-commit", "30")
-    wait_for(lambda: b"pausing" in Path(first.log_path).read_bytes())
+    first = consumer("--batch", "1000", pause_before_commit=30)
+    wait_for(lambda: b"pausing before commit" in Path(first.log_path).read_bytes())
 
     os.kill(first.pid, signal.SIGKILL)  # inside the transaction, rows inserted, no commit
     first.wait()
@@ -156,7 +158,7 @@ def test_kill_9_mid_batch_then_restart_loses_nothing_and_doubles_nothing(
         r.request_id for r in records
     }
     assert UsageRollup.objects.aggregate(n=Sum("requests"))["n"] == 2500
-    assert get_redis().xpending(stream_key(), ingest.GROUP)["pending"] == 0
+    assert get_redis().xpending(usage_stream(), ingest.GROUP)["pending"] == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -174,7 +176,7 @@ def test_events_wait_in_redis_while_postgresql_is_unreachable_and_land_afterward
     emit(*[record(tenant_a, public_model, key_a) for _ in range(700)])
     time.sleep(3)  # the consumer keeps trying meanwhile
     assert stored() == 300 and not_acked() == 700
-    assert get_redis().xlen(stream_key()) == 1000
+    assert get_redis().xlen(usage_stream()) == 1000
     assert proc.poll() is None  # still running, backing off
 
     proxy.start()  # same port

@@ -6,15 +6,16 @@ from decimal import Decimal
 import time_machine
 from django.db.models import Sum
 
-from config.redis import get_redis
+from core.keyspace import usage_stream
+from core.redis import get_redis
+from core.usage import FIELD
 from metering import ingest
-from metering.events import FIELD, stream_key
 from metering.models import DeadLetter, UsageEvent, UsageRollup
 from tests.metering.conftest import drain, emit, record
 
 
 def pending() -> int:
-    return get_redis().xpending(stream_key(), ingest.GROUP)["pending"]
+    return get_redis().xpending(usage_stream(), ingest.GROUP)["pending"]
 
 
 def test_the_same_event_delivered_three_times_is_stored_once(
@@ -118,8 +119,8 @@ def test_malformed_entries_go_to_dead_letters_and_do_not_block_the_stream(
     tenant_a, key_a, key_b, public_model, price
 ) -> None:
     client = get_redis()
-    client.xadd(stream_key(), {FIELD: b"{not json"})
-    client.xadd(stream_key(), {b"other": b"x"})
+    client.xadd(usage_stream(), {FIELD: b"{not json"})
+    client.xadd(usage_stream(), {b"other": b"x"})
     emit(record(tenant_a, public_model, key_a, prompt_tokens=-5))
     emit(record(tenant_a, public_model, key_b))  # another tenant's key
     emit(record(tenant_a, public_model, key_a, tenant_id=999999))
@@ -142,7 +143,7 @@ def test_entries_of_a_dead_consumer_are_claimed_by_another(
     ingest.ensure_group()
     emit(*[record(tenant_a, public_model, key_a) for _ in range(3)])
     # A consumer reads them and dies before storing or acknowledging.
-    get_redis().xreadgroup(ingest.GROUP, "dead-one", {stream_key(): ">"}, count=10)
+    get_redis().xreadgroup(ingest.GROUP, "dead-one", {usage_stream(): ">"}, count=10)
     assert pending() == 3
 
     ingest.ingest_once("survivor", claim_idle_ms=0, block_ms=0)
@@ -155,17 +156,17 @@ def test_the_stream_is_trimmed_only_below_what_every_group_acknowledged(
 ) -> None:
     client = get_redis()
     ingest.ensure_group()
-    client.xgroup_create(stream_key(), "audit", id="0")
+    client.xgroup_create(usage_stream(), "audit", id="0")
     ids = emit(*[record(tenant_a, public_model, key_a) for _ in range(4)])
-    client.xreadgroup("audit", "a1", {stream_key(): ">"}, count=2)  # audit: 2 pending
+    client.xreadgroup("audit", "a1", {usage_stream(): ">"}, count=2)  # audit: 2 pending
     drain()  # metering: all 4 acked
 
     ingest.trim_stream()
-    assert [e[0] for e in client.xrange(stream_key())] == ids  # audit acked nothing
+    assert [e[0] for e in client.xrange(usage_stream())] == ids  # audit acked nothing
 
-    client.xack(stream_key(), "audit", ids[0])
+    client.xack(usage_stream(), "audit", ids[0])
     ingest.trim_stream()
-    assert [e[0] for e in client.xrange(stream_key())] == ids[1:]
+    assert [e[0] for e in client.xrange(usage_stream())] == ids[1:]
 
 
 def test_a_batch_committed_but_never_acked_is_redelivered_without_doubling(

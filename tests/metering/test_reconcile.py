@@ -6,11 +6,13 @@ from decimal import Decimal
 import pytest
 import time_machine
 
-from config.redis import get_redis
+from core.keyspace import quota_key, usage_stream
+from core.pricing import to_nano
+from core.redis import get_redis
+from core.usage import FIELD
 from metering import ingest, reconcile
-from metering.events import FIELD, stream_key
 from metering.models import QuotaReconciliation, UsageEvent
-from metering.quota import quota_key, to_nano
+from metering.periods import period_id
 from tenants import services as tenant_services
 from tests.metering.conftest import drain, record
 
@@ -38,16 +40,16 @@ def quota_tenant(tenant_a):
 def settle(tenant, r, cost: Decimal) -> None:
     """What gateway/settle.lua does at the end of a request: add to the counters and
     append the event, atomically."""
-    key = quota_key(tenant.pk, tenant.quota_period, datetime.fromtimestamp(r.occurred_at, UTC))
+    key = quota_key(tenant.pk, period_id(tenant.quota_period, datetime.fromtimestamp(r.occurred_at, UTC)))
     pipe = get_redis().pipeline(transaction=True)
     pipe.hincrby(key, "tokens_used", r.prompt_tokens + r.completion_tokens)
     pipe.hincrby(key, "money_used", to_nano(cost))
-    pipe.xadd(stream_key(), {FIELD: r.encode()})
+    pipe.xadd(usage_stream(), {FIELD: r.encode()})
     pipe.execute()
 
 
 def counters(tenant, at=NOW) -> dict[str, int]:
-    raw = get_redis().hgetall(quota_key(tenant.pk, tenant.quota_period, at))
+    raw = get_redis().hgetall(quota_key(tenant.pk, period_id(tenant.quota_period, at)))
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
@@ -62,7 +64,7 @@ def test_counters_that_drifted_are_corrected_and_the_drift_recorded(
     for _ in range(3):
         settle(quota_tenant, record(quota_tenant, public_model, key_a, at=NOW), COST)
     drain()
-    get_redis().hincrby(quota_key(quota_tenant.pk, "monthly", NOW), "tokens_used", 5000)
+    get_redis().hincrby(quota_key(quota_tenant.pk, period_id("monthly", NOW)), "tokens_used", 5000)
 
     (result,) = reconcile.reconcile_all()
 
@@ -83,7 +85,7 @@ def test_a_backlog_in_the_stream_is_accounted_precisely(
     drain()  # 4 stored
     for _ in range(2):  # 2 read by a consumer that has not acked them yet
         settle(quota_tenant, record(quota_tenant, public_model, key_a, at=NOW), COST)
-    get_redis().xreadgroup(ingest.GROUP, "busy", {stream_key(): ">"}, count=10)
+    get_redis().xreadgroup(ingest.GROUP, "busy", {usage_stream(): ">"}, count=10)
     for _ in range(3):  # 3 not delivered yet
         settle(quota_tenant, record(quota_tenant, public_model, key_a, at=NOW), COST)
     before = counters(quota_tenant)
@@ -117,7 +119,7 @@ def test_a_backlog_over_the_cap_is_reported_as_skipped(
     monkeypatch.setattr(reconcile, "BACKLOG_CAP", 2)
     for _ in range(3):
         settle(quota_tenant, record(quota_tenant, public_model, key_a, at=NOW), COST)
-    get_redis().hincrby(quota_key(quota_tenant.pk, "monthly", NOW), "tokens_used", 7)
+    get_redis().hincrby(quota_key(quota_tenant.pk, period_id("monthly", NOW)), "tokens_used", 7)
 
     (result,) = reconcile.reconcile_all()
 
@@ -127,7 +129,7 @@ def test_a_backlog_over_the_cap_is_reported_as_skipped(
 
 @time_machine.travel(NOW, tick=False)
 def test_negative_reservations_are_reset_to_zero(quota_tenant) -> None:
-    key = quota_key(quota_tenant.pk, "monthly", NOW)
+    key = quota_key(quota_tenant.pk, period_id("monthly", NOW))
     get_redis().hset(key, mapping={"tokens_reserved": -40, "money_reserved": -1, "tokens_used": 0})
     reconcile.reconcile_all()
     assert counters(quota_tenant)["tokens_reserved"] == 0
@@ -144,8 +146,8 @@ def test_at_roll_over_both_periods_end_with_the_database_numbers(
         settle(quota_tenant, record(quota_tenant, public_model, key_a, at=early_dec), COST)
         drain()
         # Redis lost the new month's counters (e.g. a restore from an older AOF).
-        get_redis().delete(quota_key(quota_tenant.pk, "monthly", early_dec))
-        get_redis().hincrby(quota_key(quota_tenant.pk, "monthly", late_nov), "tokens_used", 1)
+        get_redis().delete(quota_key(quota_tenant.pk, period_id("monthly", early_dec)))
+        get_redis().hincrby(quota_key(quota_tenant.pk, period_id("monthly", late_nov)), "tokens_used", 1)
 
     with time_machine.travel(early_dec + timedelta(minutes=5), tick=False):
         results = reconcile.reconcile_all()
@@ -153,5 +155,5 @@ def test_at_roll_over_both_periods_end_with_the_database_numbers(
     assert [r.period_id for r in results] == ["2026-11", "2026-12"]
     assert counters(quota_tenant, late_nov)["tokens_used"] == 1300
     assert counters(quota_tenant, early_dec)["tokens_used"] == 1300
-    assert get_redis().ttl(quota_key(quota_tenant.pk, "monthly", early_dec)) > 0
+    assert get_redis().ttl(quota_key(quota_tenant.pk, period_id("monthly", early_dec))) > 0
     assert UsageEvent.objects.count() == 2

@@ -8,7 +8,7 @@ import pytest
 import time_machine
 from django.test import Client
 
-from gateway.errors import INVALID_KEY
+from core.credentials import INVALID_KEY
 from metering import services
 from tenants import services as tenant_services
 from tests.metering.conftest import drain, emit, record

@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from config.redis import get_redis
+from core.redis import get_redis
 from deployments import services
 from deployments.models import CatalogModel, Node
 from tests.deployments.conftest import stack  # noqa: F401 - the per-test stack fixture

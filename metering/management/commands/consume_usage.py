@@ -21,12 +21,6 @@ class Command(BaseCommand):
             default=30_000,
             help="Take over another consumer's entries pending longer than this.",
         )
-        parser.add_argument(
-            "--pause-before-commit",
-            type=float,
-            default=0.0,
-            help="Fault injection for tests: sleep inside each batch's transaction.",
-        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         stopping = False
@@ -42,6 +36,5 @@ class Command(BaseCommand):
             count=options["batch"],
             block_ms=options["block_ms"],
             claim_idle_ms=options["claim_idle_ms"],
-            pause_before_commit=options["pause_before_commit"],
             stop=lambda: stopping,
         )

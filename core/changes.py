@@ -1,7 +1,8 @@
 """Tells every gateway process that cached state changed (Redis pub/sub).
 
 Services call ``publish_change`` after their transaction commits; gateway processes
-subscribe to ``CHANNEL`` and drop or reload what changed within a second.
+subscribe to ``core.keyspace.invalidation_channel()`` (gateway/runtime.py) and reload what
+they cache within a second.
 """
 
 import logging
@@ -9,13 +10,10 @@ import logging
 import orjson
 from django.db import transaction
 
-from config.redis import get_redis, rkey
+from core.keyspace import invalidation_channel
+from core.redis import get_redis
 
 log = logging.getLogger(__name__)
-
-
-def channel() -> str:
-    return rkey("gateway", "invalidate")
 
 
 def publish_change(kind: str, ident: object) -> None:
@@ -24,7 +22,7 @@ def publish_change(kind: str, ident: object) -> None:
 
     def send() -> None:
         try:
-            get_redis().publish(channel(), message)
+            get_redis().publish(invalidation_channel(), message)
         except Exception:  # noqa: BLE001 - caches also expire on their own schedule
             log.warning("could not publish a %s change to the gateways", kind, exc_info=True)
 

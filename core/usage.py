@@ -1,22 +1,16 @@
-"""The usage event: what the gateway writes to the Redis stream for each request.
+"""The usage record: what the gateway writes to the usage stream for each request.
 
-One event per request (finished, failed or cut off), keyed by a unique request id. The
-gateway appends it with ``XADD <stream> * e <json>``; the metering consumer reads it with
-a consumer group and stores it in PostgreSQL idempotently on ``request_id``.
+One record per request (finished, failed or cut off), keyed by a unique request id. The
+gateway appends it with ``XADD <core.keyspace.usage_stream()> * e <json>``; metering's
+consumer reads it with a consumer group and stores it in PostgreSQL idempotently on
+``request_id``.
 """
 
 from dataclasses import dataclass
 
 import orjson
 
-from config.redis import rkey
-
-FIELD = b"e"
-
-
-def stream_key() -> str:
-    """The Redis stream of usage events."""
-    return rkey("usage", "events")
+FIELD = b"e"  # the stream entry's one field
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,134 @@
+"""Every Redis key and pub/sub channel the planes share, named in one place.
+
+All names live under ``TOLLGATE_REDIS_PREFIX`` (``<prefix>:<part>:…``), so installations
+and test runs can share one Redis. Money is in integer nano-units (``core.pricing``).
+
+Rate limits and quotas: written by the gateway's admit and settle scripts
+(gateway/limiter.lua, gateway/settle.lua); the quota hash is reconciled by metering.
+
+- ``rl:k:<key id>`` / ``rl:t:<tenant id>``: a key's / tenant's request window, a zset
+  (request id -> admission time, ms); ``…:t`` beside each is its token window, a hash
+  (request id -> tokens, ``_sum`` -> their total).
+- ``cc:k:<key id>`` / ``cc:t:<tenant id>``: requests in flight, a zset (request id ->
+  deadline, ms).
+- ``quota:<tenant id>:<period id>``: a hash of ``tokens_used``, ``money_used`` (settled)
+  and ``tokens_reserved``, ``money_reserved`` (in flight); kept ``QUOTA_TTL_SECONDS``.
+
+Requests in flight: written at admission, settled by the gateway or, when its process
+died, by the orphan reaper (gateway/orphans.py).
+
+- ``gw:open``: a zset (request id -> lease deadline, ms); ``gw:open:rec``: a hash (request
+  id -> what settling needs, JSON); ``gw:open:cp``: a hash (request id -> tokens delivered
+  so far, ``prompt,completion,cached,reasoning``).
+- ``settled:<request id>``: settle.lua's mark that a request is settled, so a retried
+  settle is a no-op.
+
+Usage: ``usage:events``, the stream the gateway appends one ``core.usage.UsageRecord`` per
+request to and metering's consumer group reads.
+
+Admission (gateway/admission.py and its Lua; the console reads it through
+``gateway.admission.pool_status`` and ``wait_stats``):
+
+- ``adm:<model id>:run``: requests holding an engine slot (request id -> lease deadline,
+  ms); ``…:q``: the queue (request id -> rank, an encoding private to the admission
+  scripts); ``…:qexp``: when each waiter gives up (ms); ``…:vft``: fair-share virtual
+  times; ``…:ceiling``: the adaptive concurrency ceiling; ``…:ctl``: the controller's
+  last reading (gateway/tuning.py).
+- ``adm:waits:<hour>``: queue waits of one UTC hour (hours since the epoch), a hash.
+- ``adm:wake``: channel; the payload is a model id whose engine slot was freed.
+
+Engines: ``engine:<replica id>:metrics``, the telemetry the worker scrapes (JSON, short
+TTL), read by the gateway's admission and its controller.
+
+Changes: ``gateway:invalidate``, channel; ``core.changes.publish_change`` announces that a
+tenant, key, model, price, deployment or replica changed, and gateway processes reload.
+
+Keys private to one app (deployments' operation leases, reconcile locks and engine log
+tails) are built with ``rkey`` where they are used.
+"""
+
+from functools import lru_cache
+
+from core.hot import setting
+
+PREFIX_SETTING = "TOLLGATE_REDIS_PREFIX"
+
+# A quota hash outlives the longest (monthly) period.
+QUOTA_TTL_SECONDS = 40 * 24 * 3600
+
+
+def rkey(*parts: object) -> str:
+    """A Redis key in Tollgate's namespace: ``<prefix>:<part>:<part>…``."""
+    return ":".join([setting(PREFIX_SETTING), *map(str, parts)])
+
+
+def rate_keys(key_id: int, tenant_id: int) -> tuple[str, str, str, str, str, str]:
+    """(key requests, key tokens, tenant requests, tenant tokens, key in flight, tenant in
+    flight): the order of limiter.lua's KEYS 1-6."""
+    return (
+        rkey("rl", "k", key_id), rkey("rl", "k", key_id, "t"),
+        rkey("rl", "t", tenant_id), rkey("rl", "t", tenant_id, "t"),
+        rkey("cc", "k", key_id), rkey("cc", "t", tenant_id),
+    )
+
+
+def quota_key(tenant_id: int, period_id: str) -> str:
+    """A tenant's quota hash for one period (``metering.periods.period_id``)."""
+    return rkey("quota", tenant_id, period_id)
+
+
+def open_keys() -> tuple[str, str, str]:
+    """(open requests zset, their records hash, delivered-token checkpoints hash)."""
+    return _open_keys(setting(PREFIX_SETTING))
+
+
+@lru_cache(maxsize=16)
+def _open_keys(prefix: str) -> tuple[str, str, str]:  # cached per prefix (tests change it)
+    return rkey("gw", "open"), rkey("gw", "open", "rec"), rkey("gw", "open", "cp")
+
+
+def settled_stem() -> str:
+    """``<stem><request id>`` marks a settled request."""
+    return rkey("settled", "")
+
+
+def usage_stream() -> str:
+    """The Redis stream of usage events."""
+    return rkey("usage", "events")
+
+
+def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
+    """(running, queue, queue expiry, fair share, ceiling) of a model's engine pool."""
+    return _pool_keys(setting(PREFIX_SETTING), model_id)
+
+
+@lru_cache(maxsize=4096)
+def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
+    base = ("adm", model_id)
+    return (rkey(*base, "run"), rkey(*base, "q"), rkey(*base, "qexp"), rkey(*base, "vft"),
+            rkey(*base, "ceiling"))
+
+
+def controller_key(model_id: int) -> str:
+    """The admission controller's last reading of a model's engines."""
+    return rkey("adm", model_id, "ctl")
+
+
+def wait_stats_key(hour: int) -> str:
+    """Queue-wait statistics of one UTC hour (hours since the epoch)."""
+    return rkey("adm", "waits", hour)
+
+
+def wake_channel() -> str:
+    """Channel: an engine slot of the model (the payload, its id) was freed."""
+    return rkey("adm", "wake")
+
+
+def engine_metrics_key(replica_id: int) -> str:
+    """An engine replica's scraped telemetry (JSON)."""
+    return rkey("engine", replica_id, "metrics")
+
+
+def invalidation_channel() -> str:
+    """Channel: cached state changed (``core.changes.publish_change``)."""
+    return rkey("gateway", "invalidate")

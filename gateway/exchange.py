@@ -1,0 +1,379 @@
+"""One request's exchange with an engine: admit, wait for a slot, forward, relay, settle.
+
+gateway/app.py routes, authenticates and validates a request; here it is admitted (one Lua
+call: rate limits, concurrency, quota and an engine slot), waits in the priority queue when
+the model's engines are busy, goes to the least busy replica (the relay passes the answer
+through, gateway/relay.py), and is settled (one Lua call: real usage, release, the usage
+record). What a request carries through these steps is one ``Exchange``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any
+
+import orjson
+import redis.exceptions
+
+from core.keyspace import open_keys
+from core.pricing import cost_nano
+from core.usage import UsageRecord
+from gateway import metrics
+from gateway.admission import CLASS_INDEX, lowered
+from gateway.errors import error_body
+from gateway.limiter import Decision, Reservation
+from gateway.orphans import checkpoint_value
+from gateway.relay import (
+    Outcome,
+    StreamState,
+    UpstreamRefused,
+    forward_stream,
+    forward_whole,
+    respond,
+)
+from gateway.runtime import Runtime
+from gateway.state import KeyInfo, ModelInfo, TenantInfo, Upstream
+
+log = logging.getLogger("tollgate.gateway")
+
+# Body fields some SDKs and proxies use to redirect or re-authenticate traffic: never honoured.
+REDIRECT_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider",
+                   "extra_headers", "headers", "user_api_key")
+
+
+def _duration(ms: int) -> bytes:
+    """OpenAI's reset format: 1s, 6m0s, 20ms."""
+    if ms < 1000:
+        return f"{max(ms, 0)}ms".encode()
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.3g}s".encode()
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest}s".encode()
+
+
+def ratelimit_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    headers = []
+    if decision.limit_requests > 0:
+        headers += [
+            (b"x-ratelimit-limit-requests", str(decision.limit_requests).encode()),
+            (b"x-ratelimit-remaining-requests", str(max(decision.remaining_requests, 0)).encode()),
+            (b"x-ratelimit-reset-requests", _duration(decision.reset_requests_ms)),
+        ]
+    if decision.limit_tokens > 0:
+        headers += [
+            (b"x-ratelimit-limit-tokens", str(decision.limit_tokens).encode()),
+            (b"x-ratelimit-remaining-tokens", str(max(decision.remaining_tokens, 0)).encode()),
+            (b"x-ratelimit-reset-tokens", _duration(decision.reset_tokens_ms)),
+        ]
+    return headers
+
+
+def refusal(decision: Decision) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """The 429 for a refused admission, with Retry-After where waiting helps."""
+    headers = ratelimit_headers(decision)
+    reason, scope = decision.reason, decision.scope
+    if reason in ("quota_tokens", "quota_money"):
+        what = "token" if reason == "quota_tokens" else "spending"
+        body = error_body(
+            f"You exceeded your tenant's {what} quota for this period. Ask your tenant admin to "
+            "raise it, or wait for the next period.", "insufficient_quota", code="insufficient_quota")
+        return 429, body, headers
+    if reason == "too_large":
+        body = error_body(
+            f"Request too large: it may use more tokens than the {scope}'s tokens-per-minute limit "
+            f"of {decision.limit_tokens}. Lower max_tokens or shorten the prompt.",
+            "tokens", code="rate_limit_exceeded")
+        return 429, body, headers
+    wait_s = max(decision.retry_ms, 1) / 1000
+    label = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)",
+             "concurrency": "concurrent requests"}[reason]
+    body = error_body(
+        f"Rate limit reached for {label} on this {scope}. Please try again in {wait_s:.3g}s.",
+        "tokens" if reason == "tokens" else "requests", code="rate_limit_exceeded")
+    headers += [(b"retry-after", str(max(1, -(-decision.retry_ms // 1000))).encode()),
+                (b"retry-after-ms", str(max(decision.retry_ms, 1)).encode())]
+    return 429, body, headers
+
+
+def estimate(body: bytes, payload: dict, model: ModelInfo, endpoint: str) -> tuple[int, int]:
+    """(prompt, output) token reservation. ~4 bytes a token overestimates real prompts."""
+    prompt = len(body) // 4 + 8
+    if endpoint == "embeddings":
+        return prompt, 0
+    asked = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    output = asked if asked else max(model.context_length - prompt, 16)
+    return prompt, output * (payload.get("n") or 1)
+
+
+def upstream_body(payload: dict, body: bytes, stream: bool, changed: bool = False) -> bytes:
+    """The body for the engine: redirect fields removed; streams report usage continuously.
+    (A copy: ``payload`` keeps what the client asked for.)"""
+    out = dict(payload)
+    dirty = changed
+    for field in REDIRECT_FIELDS:
+        if field in out:
+            del out[field]
+            dirty = True
+    if stream:
+        out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        dirty = True
+    return orjson.dumps(out) if dirty else body
+
+
+class Disconnect:
+    """Watches the client connection: sets ``event`` when it goes, and cancels the forwarding
+    task (so the engine request is aborted) once forwarding has begun."""
+
+    def __init__(self, receive: Any) -> None:
+        self.event = asyncio.Event()
+        self.cancel_on: asyncio.Task | None = None
+        self._task = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.event.set()
+        if self.cancel_on is not None:
+            self.cancel_on.cancel()
+
+    def close(self) -> None:
+        self._task.cancel()
+
+
+class Exchange:
+    """One authenticated, valid request on its way through an engine: everything admitting,
+    queueing, forwarding and settling it need (slots: no per-request ``__dict__``). The
+    fields after ``started`` are set by admission."""
+
+    __slots__ = (
+        "rt", "send", "endpoint", "payload", "body", "key", "tenant", "model", "upstreams",
+        "started", "occurred", "request_id", "priority", "budget", "p0_extra", "tokens", "price",
+        "headers", "disconnect",
+    )
+
+    def __init__(self, rt: Runtime, send: Any, endpoint: str, payload: dict, body: bytes,
+                 key: KeyInfo, tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream],
+                 started: float) -> None:
+        self.rt = rt
+        self.send = send
+        self.endpoint = endpoint
+        self.payload = payload  # what the client asked for
+        self.body = body  # the client's body; the engine's once admission rewrote it
+        self.key = key
+        self.tenant = tenant
+        self.model = model
+        self.upstreams = upstreams
+        self.started = started  # perf_counter() when the request arrived
+
+    async def admit_and_forward(self, scope: dict, receive: Any) -> None:
+        """Admit the request (or answer why not), then serve it and clean up after it."""
+        rt, payload, tenant, model, upstreams = self.rt, self.payload, self.tenant, self.model, self.upstreams
+        send = self.send
+        occurred = self.occurred = time.time()
+        prompt_est, output_est = estimate(self.body, payload, model, self.endpoint)
+        price = self.price = rt.snapshot.price_at(model.id, tenant.currency, occurred)
+        money_est = cost_nano(price, prompt_est, 0, output_est) if price else 0
+        request_id = self.request_id = "req_" + secrets.token_hex(12)
+        # The body's "priority" is Tollgate's (a class to lower to); it never reaches an engine
+        # as such: engines that schedule by priority get the class as vLLM's integer instead.
+        client_priority = payload.pop("priority", None)
+        asked = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
+                     client_priority)
+        priority = self.priority = lowered(tenant.priority_at(occurred), asked)
+        budget = self.budget = sum(u.max_num_seqs for u in upstreams)
+        # Engines that schedule by priority preempt lower classes themselves: P0 may go past
+        # the ceiling (up to twice the budget) instead of waiting for a P2 request to finish.
+        preempts = all(u.priority_scheduling for u in upstreams)
+        p0_extra = self.p0_extra = budget if preempts else 0
+        if preempts:
+            payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
+        changed = preempts or client_priority is not None
+        self.body = upstream_body(payload, self.body, payload.get("stream") is True, changed)
+        admission = rt.admission
+        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra)
+        key = self.key
+        record = {
+            "event": {"request_id": request_id, "occurred_at": occurred, "tenant_id": tenant.id,
+                      "api_key_id": key.id, "model_id": model.id, "deployment_id": None,
+                      "endpoint": self.endpoint, "priority": priority, "price_id": price.id if price else None},
+            "price": [price.input_nano_per_mtok, price.cached_nano_per_mtok, price.output_nano_per_mtok]
+            if price else None,
+        }
+        tokens = self.tokens = prompt_est + output_est
+        try:
+            decision = await rt.limiter.admit(request_id, key, tenant, tokens, money_est, slot, record, occurred)
+        except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
+            log.error("rate-limit store unreachable (%s): refusing request %s", exc.__class__.__name__, request_id)
+            metrics.REJECTIONS.labels(tenant.slug, "redis_down").inc()
+            return await respond(send, 503, error_body(
+                "Tollgate cannot reach its rate-limit store, so it cannot admit requests right "
+                "now. Please retry shortly.", "server_error", code="service_unavailable"),
+                [(b"retry-after", b"5")])
+        if not decision.admitted:
+            metrics.REJECTIONS.labels(tenant.slug, decision.reason).inc()
+            status, err, headers = refusal(decision)
+            return await respond(send, status, err, headers + [(b"x-request-id", request_id.encode())])
+        rt.used_keys.add(key.id)
+        rt.open_requests.add(request_id)
+        self.headers = ratelimit_headers(decision) + [
+            (b"x-request-id", request_id.encode()), (b"x-tollgate-priority", priority.encode())]
+        disconnect = self.disconnect = Disconnect(receive)
+        try:
+            await self.serve(decision)
+        finally:
+            disconnect.close()
+            # Settled, or else left on record for the reaper (its lease lapses once we stop
+            # renewing it).
+            rt.open_requests.discard(request_id)
+            rt.admission.running.pop(request_id, None)
+
+    async def serve(self, decision: Decision) -> None:
+        """Forward now (admission gave it a slot) or after queueing for one; then settle."""
+        admission, request_id, model_id = self.rt.admission, self.request_id, self.model.id
+        if decision.slot:
+            admission.holding(request_id, model_id)
+            outcome, upstream = await self.forward()
+        else:
+            outcome, upstream = await self.queue_then_forward()
+        admission.finished(request_id, model_id, time.perf_counter() - self.started)
+        await self.settle(decision.reservation, outcome, upstream)
+
+    async def queue_then_forward(self) -> tuple[Outcome, Upstream | None]:
+        """All the model's engine slots are taken: wait for one by priority, then forward."""
+        send, tenant, model, priority, disconnect = self.send, self.tenant, self.model, self.priority, self.disconnect
+        try:
+            ticket = await self.rt.admission.wait(
+                model.id, self.budget, self.request_id, priority, tenant.id, tenant.weight, self.tokens,
+                disconnect.event, self.p0_extra)
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            await respond(send, 503, error_body(
+                "Tollgate cannot reach its admission queue right now. Please retry shortly.",
+                "server_error", code="service_unavailable"), self.headers + [(b"retry-after", b"5")])
+            return Outcome(http_status=503), None
+        if not ticket.admitted:
+            outcome = Outcome(http_status=429)
+            if disconnect.event.is_set():
+                outcome.status = "client_closed"
+                return outcome, None
+            metrics.REJECTIONS.labels(tenant.slug, "queue_timeout").inc()
+            await respond(send, 429, error_body(
+                f"The model `{model.served_name}` is busy: this {priority} request waited "
+                f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
+                "requests", code="rate_limit_exceeded"),
+                self.headers + [(b"retry-after", str(ticket.retry_after).encode())])
+            return outcome, None
+        return await self.forward()
+
+    async def forward(self) -> tuple[Outcome, Upstream | None]:
+        """Send the request to the least busy replica (the next one if it refuses the
+        connection) and pass its answer to the client."""
+        rt, payload, send, headers, disconnect = self.rt, self.payload, self.send, self.headers, self.disconnect
+        stream = payload.get("stream") is True
+        outcome = Outcome()
+        st = None
+        if stream:
+            options = payload.get("stream_options") or {}
+            wants_usage = bool(options.get("include_usage"))
+            st = StreamState(
+                wants_usage=wants_usage,
+                wants_continuous=wants_usage and bool(options.get("continuous_usage_stats")),
+                started_at=self.started, outcome=outcome, checkpoint=self.checkpoint,
+                # The first checkpoint after a second: not in the way of the first token.
+                last_checkpoint=time.monotonic(),
+            )
+        endpoint = self.endpoint
+        path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
+        up_headers = {"content-type": "application/json", "x-request-id": self.request_id}
+        task = asyncio.current_task()
+        disconnect.cancel_on = task
+        if disconnect.event.is_set():
+            outcome.status = "client_closed"
+            return outcome, None
+        chosen = None
+        model_name = payload["model"]
+        try:
+            for upstream in sorted(self.upstreams, key=lambda u: u.outstanding):
+                chosen = upstream
+                upstream.outstanding += 1
+                metrics.in_flight[model_name] += 1
+                try:
+                    url = upstream.base_url + path
+                    sent_headers = up_headers
+                    if upstream.auth_header:
+                        sent_headers = {**up_headers, "authorization": upstream.auth_header}
+                    if stream:
+                        await forward_stream(rt.session, url, self.body, sent_headers, send, headers, st, rt.max_frame)
+                    else:
+                        await forward_whole(rt.session, url, self.body, sent_headers, send, headers, outcome)
+                    break
+                except UpstreamRefused:
+                    metrics.UPSTREAM_ERRORS.labels(model_name, "refused").inc()
+                    continue  # nothing was sent yet: try the next replica
+                finally:
+                    upstream.outstanding -= 1
+                    metrics.in_flight[model_name] -= 1
+            else:
+                await respond(send, 503, error_body(
+                    "No engine for this model accepted the connection. Please retry shortly.",
+                    "server_error", code="model_not_ready"), headers + [(b"retry-after", b"5")])
+                outcome.http_status = 503
+        except asyncio.CancelledError:
+            if not disconnect.event.is_set():
+                raise
+            task.uncancel()
+            outcome.status = "client_closed"
+            if not stream:
+                outcome.completion_tokens = 0  # the answer never reached the client
+        except Exception as exc:  # noqa: BLE001 - the engine failed mid-request
+            metrics.UPSTREAM_ERRORS.labels(model_name, exc.__class__.__name__).inc()
+            outcome.status = "error"
+            if not outcome.started:
+                outcome.http_status = 502
+                await respond(send, 502, error_body(
+                    "The engine failed while answering. Please retry.", "server_error"), headers)
+            else:
+                failed = error_body("The engine failed while answering.", "server_error")
+                await send({"type": "http.response.body",
+                            "body": b"data: " + failed + b"\n\ndata: [DONE]\n\n"})
+        finally:
+            disconnect.cancel_on = None
+        return outcome, chosen
+
+    async def checkpoint(self, o: Outcome) -> None:
+        """Record a stream's delivered tokens (about once a second) for the orphan reaper."""
+        value = checkpoint_value(o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens)
+        try:
+            async with asyncio.timeout(1.0):
+                await self.rt.pipe.call(b"HSET", open_keys()[2], self.request_id, value)
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            pass  # the final settle carries the exact figures; this only covers a crash
+
+    async def settle(self, reservation: Reservation, outcome: Outcome, upstream: Upstream | None) -> None:
+        """Bill what was delivered, release the reservation and the slot, record the usage."""
+        # Delivered tokens are billed however the request ended; nothing else is.
+        billable = outcome.status == "ok" or outcome.completion_tokens > 0
+        if not billable:
+            outcome.prompt_tokens = outcome.cached_tokens = outcome.completion_tokens = outcome.reasoning_tokens = 0
+        tokens = outcome.prompt_tokens + outcome.completion_tokens
+        price, tenant, model = self.price, self.tenant, self.model
+        money = 0
+        if price and tokens:
+            money = cost_nano(price, outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+        latency = time.perf_counter() - self.started
+        record = UsageRecord(
+            request_id=self.request_id, occurred_at=self.occurred, tenant_id=tenant.id, api_key_id=self.key.id,
+            model_id=model.id, deployment_id=upstream.deployment_id if upstream else None,
+            endpoint=self.endpoint, priority=self.priority, prompt_tokens=outcome.prompt_tokens,
+            cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
+            reasoning_tokens=outcome.reasoning_tokens, status=outcome.status,
+            http_status=outcome.http_status or 499, latency_ms=int(latency * 1000),
+            ttft_ms=outcome.ttft_ms, price_id=price.id if price else None,
+        )
+        await self.rt.settle(reservation, tokens, money, record.encode(), model.id)
+        metrics.request_done(tenant.slug, model.served_name, self.endpoint, outcome.status, latency,
+                             None if outcome.ttft_ms is None else outcome.ttft_ms / 1000,
+                             outcome.prompt_tokens, outcome.completion_tokens)
