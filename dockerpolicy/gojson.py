@@ -73,8 +73,9 @@ def parse(body: bytes) -> Any:
 
 
 def encode(value: Any) -> bytes:
-    """The canonical JSON of a decoded value: ASCII only, no whitespace, keys as decoded."""
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
+    """The canonical JSON of a decoded value: ASCII only, no whitespace, keys sorted."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False,
+                      sort_keys=True).encode()
 
 
 def go_fold(key: str) -> str:
@@ -247,7 +248,7 @@ class Slice(GoType):
     def decode(self, value: Any, path: str) -> Any:
         if value is None:
             return ABSENT
-        if not isinstance(value, list):
+        if not isinstance(value, list) or isinstance(value, Pairs):
             raise self.mismatch(value, path)
         return [self.elem.element(item, f"{path}[{i}]") for i, item in enumerate(value)]
 

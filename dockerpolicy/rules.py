@@ -46,8 +46,9 @@ class Forward:
     query: str = ""
     body: bytes | None = None
     registry_auth: str = ""  # X-Registry-Auth of a pull, passed through, never logged
-    owner: str = ""  # the container whose tollgate labels must be checked first
-    inspect_is_answer: bool = False  # GET /containers/{id}/json: the owner check's answer
+    owner: str = ""  # the container (or network) that must be Tollgate's: checked first
+    owner_kind: str = "container"  # or "network"
+    inspect_is_answer: bool = False  # an inspect call: the owner check's answer is the answer
 
     def target(self, container_id: str = "") -> str:
         path = self.path.replace("{id}", container_id) if self.owner else self.path
@@ -250,9 +251,8 @@ def network_list(call: Call, target: Target, match: re.Match, settings: Settings
 def network_inspect(call: Call, target: Target, match: re.Match, settings: Settings) -> Decision:
     params(target, set())
     no_body(call)
-    if match.group("id") not in settings.networks:
-        raise Refused("only the engine network may be inspected")
-    return Forward("GET", f"{target.prefix()}/networks/{match.group('id')}")
+    return Forward("GET", f"{target.prefix()}/networks/{{id}}", owner=match.group("id"),
+                   owner_kind="network", inspect_is_answer=True)
 
 
 def network_create(call: Call, target: Target, match: re.Match, settings: Settings) -> Decision:

@@ -75,7 +75,7 @@ class Proxy:
         if decision.owner:
             status, data, headers = await self.inspect(decision)
             if status == 200:
-                refusal, container_id = self.ownership(decision.owner, data)
+                refusal, container_id = self.ownership(decision, data)
                 if refusal:
                     return self.refuse(request, refusal)
             if status != 200 or decision.inspect_is_answer:
@@ -85,26 +85,33 @@ class Proxy:
 
     async def inspect(self, decision: Forward) -> tuple[int, bytes, dict[str, str]]:
         """The owner's inspect answer (status, body, headers to pass on)."""
-        prefix = decision.path.split("/containers/", 1)[0]
-        url = URL(f"http://docker{prefix}/containers/{decision.owner}/json", encoded=True)
+        prefix = decision.path.split(f"/{decision.owner_kind}s/", 1)[0]
+        suffix = "/json" if decision.owner_kind == "container" else ""
+        url = URL(f"http://docker{prefix}/{decision.owner_kind}s/{decision.owner}{suffix}", encoded=True)
         async with self.session.get(url) as upstream:
             data = await upstream.read()
             return upstream.status, data, passable(upstream.headers)
 
-    def ownership(self, reference: str, data: bytes) -> tuple[str, str]:
-        """("", full id) when the container is this stack's, else (reason, "")."""
+    def ownership(self, decision: Forward, data: bytes) -> tuple[str, str]:
+        """("", full id) when the container (network) is this stack's, else (reason, "")."""
         try:
             info = json.loads(data)
-            labels = (info.get("Config") or {}).get("Labels") or {}
-            container_id = info["Id"]
+            owned = (self.owned_container(info) if decision.owner_kind == "container"
+                     else info["Name"] in self.settings.networks)
+            full_id = info["Id"]
         except (ValueError, AttributeError, KeyError, TypeError):
             return "Docker's inspect answer could not be read", ""
-        if labels.get(LABEL_MANAGED) != "true" or labels.get(LABEL_STACK) != self.settings.stack:
-            return (f"the container {reference!r} is not Tollgate's (it lacks the labels "
-                    f"{LABEL_MANAGED}=true and {LABEL_STACK}={self.settings.stack})"), ""
-        if not isinstance(container_id, str) or not _FULL_ID.fullmatch(container_id):
-            return "Docker's inspect answer has no container id", ""
-        return "", container_id
+        if not owned:
+            return (f"the {decision.owner_kind} {decision.owner!r} is not Tollgate's (not "
+                    + (f"labelled {LABEL_MANAGED}=true and {LABEL_STACK}={self.settings.stack})"
+                       if decision.owner_kind == "container" else "the engine network)")), ""
+        if not isinstance(full_id, str) or not _FULL_ID.fullmatch(full_id):
+            return "Docker's inspect answer has no id", ""
+        return "", full_id
+
+    def owned_container(self, info: dict[str, Any]) -> bool:
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        return labels.get(LABEL_MANAGED) == "true" and labels.get(LABEL_STACK) == self.settings.stack
 
     async def forward(self, request: web.BaseRequest, decision: Forward, container_id: str,
                       started: float) -> web.StreamResponse:
@@ -164,7 +171,7 @@ async def start(settings: Settings, host: str, port: int, socket_path: str) -> t
     """Serve on ``host:port`` until the runner is cleaned up (and the proxy closed)."""
     proxy = Proxy(settings, socket_path)
     await proxy.open()
-    runner = web.ServerRunner(web.Server(proxy.handle, handler_cancellation=True))
+    runner = web.ServerRunner(web.Server(proxy.handle, handler_cancellation=True, access_log=None))
     await runner.setup()
     await web.TCPSite(runner, host, port, backlog=256).start()
     return runner, proxy
