@@ -128,8 +128,15 @@ class Proxy:
             await response.prepare(request)
             self.allowed(request, upstream.status, started)
             if request.method != "HEAD":
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        await response.write(chunk)
+                except ClientError as exc:
+                    # The status is sent already: cut the client off rather than end the
+                    # stream cleanly, so it cannot mistake a broken pull for a finished one.
+                    log.error("Docker's answer to %s %s broke off: %s", request.method,
+                              printable(request.raw_path), exc)
+                    raise ConnectionResetError("Docker's answer broke off") from exc
             await response.write_eof()
             return response
 

@@ -89,6 +89,10 @@ class FakeDocker:
         """A pull: progress lines, each sent only when the test releases it ("pull-<n>")."""
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
+        if request.query.get("tag") == "broken":  # one line, then the Engine goes away
+            await response.write(b'{"status": "Pulling fs layer"}\r\n')
+            request.transport.close()
+            return response
         for n in range(3):
             await self.gate(f"pull-{n}").wait()
             line = {"status": "Downloading", "id": "layer", "progressDetail": {"current": n, "total": 3}}

@@ -201,6 +201,19 @@ def test_pull_progress_streams_line_by_line(harness: Harness) -> None:
     assert received.headers["x-registry-auth"] == "eyJ1IjoieCJ9"
 
 
+def test_a_stream_docker_breaks_off_is_broken_off_for_the_client_too(
+    harness: Harness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not ended cleanly: a client must not take a pull cut short for a finished one."""
+    url = f"http://127.0.0.1:{harness.port}/v1.41/images/create?fromImage=tollgate/engine-sim&tag=broken"
+    with httpx.stream("POST", url, timeout=10) as answer:
+        lines = answer.iter_lines()
+        assert json.loads(next(lines)) == {"status": "Pulling fs layer"}
+        with pytest.raises(httpx.RemoteProtocolError):
+            list(lines)
+    assert "broke off" in caplog.text
+
+
 def test_wait_answers_its_headers_at_once_and_its_body_when_the_container_exits(harness: Harness) -> None:
     harness.docker.add_container(f"{STACK}-w", {"tollgate.managed": "true", "tollgate.stack": STACK})
     url = f"http://127.0.0.1:{harness.port}/v1.41/containers/{STACK}-w/wait?condition=not-running"
