@@ -8,6 +8,7 @@
 #   beat      Celery beat (periodic reconcile, telemetry, usage safety net, rollups)
 #   usage     usage consumer: Redis stream -> PostgreSQL
 #   janitor   idle; on SIGTERM (compose down/stop) remove this stack's engine containers
+#   docker-policy  the Docker API policy on :2375 (the docker-proxy service; needs no secret)
 #   stop-engines  remove this stack's engine containers now
 #   worker-ping   health check of the worker (answers Celery's ping within 10 s)
 #   manage …  any manage.py command;  anything else is executed as given
@@ -140,6 +141,7 @@ case "$role" in
   batches) role_batches ;;
   janitor) role_janitor ;;
   stop-engines) role_janitor --now ;;
+  docker-policy) exec python3 -m dockerpolicy "$@" ;;
   worker-ping) load_secrets; exec celery -A config inspect ping -d "worker@$HOSTNAME" --timeout 10 >/dev/null ;;
   manage) load_secrets; exec python3 manage.py "$@" ;;
   *) exec "$role" "$@" ;;

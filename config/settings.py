@@ -279,6 +279,8 @@ TOLLGATE_RAY_JOIN_TIMEOUT = env_float("TOLLGATE_RAY_JOIN_TIMEOUT", 300.0)
 TOLLGATE_JOIN_TOKEN_HOURS = env_float("TOLLGATE_JOIN_TOKEN_HOURS", 24.0)
 TOLLGATE_TELEMETRY_TTL_SECONDS = env_int("TOLLGATE_TELEMETRY_TTL_SECONDS", 30)
 TOLLGATE_LOG_TAIL_LINES = env_int("TOLLGATE_LOG_TAIL_LINES", 40)
+# Size of each engine's private /dev/shm (Docker's --shm-size; used only as filled).
+TOLLGATE_ENGINE_SHM_SIZE = env_str("TOLLGATE_ENGINE_SHM_SIZE", "16g")
 # Environment names an engine may be given (fnmatch); deployments.engine_env.DENIED lists
 # the names refused whatever this says.
 TOLLGATE_ENGINE_ENV_ALLOWED = env_list(

@@ -134,7 +134,9 @@ def create_engine(dc: docker.DockerClient, spec: EngineSpec) -> Container:
         "command": spec.command,
         "environment": spec.env,
         "labels": spec.labels,
-        "ipc_mode": "host",
+        # PyTorch's workers share tensors through /dev/shm: a large private one, as vLLM's
+        # own multi-node recipe uses, rather than the host's IPC namespace (ipc=host).
+        "shm_size": settings.TOLLGATE_ENGINE_SHM_SIZE,
         "volumes": cache_mounts(),
         "log_config": {"type": "json-file", "config": {"max-size": "50m", "max-file": "3"}},
         "security_opt": ["no-new-privileges"],

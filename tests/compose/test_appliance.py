@@ -34,7 +34,6 @@ LOCAL_IMAGES = {
     "TOLLGATE_PYTHON_IMAGE": "tollgate/python:3.11-bookworm",
     "TOLLGATE_POSTGRES_IMAGE": "tollgate/postgres:bookworm",
     "TOLLGATE_REDIS_IMAGE": "tollgate/redis:bookworm",
-    "TOLLGATE_DOCKER_PROXY_IMAGE": "tollgate/haproxy:bookworm",
 }
 SIM_IMAGE = "tollgate/engine-sim:latest"
 
@@ -108,8 +107,20 @@ def compose_env(project: str, port: int) -> dict[str, str]:
         "TOLLGATE_PULL_POLICY": "never",
         "TOLLGATE_WEB_WORKERS": "2",
         "TOLLGATE_WORKER_CONCURRENCY": "2",
+        "TOLLGATE_DOCKER_POLICY_LOG": "all",  # every call the docker-proxy allowed, for the record
     })
     return env
+
+
+def keep_policy_log(stack: "Stack") -> list[str]:
+    """The docker-proxy's log so far (while the stack is up), kept under .pytest-dockerpolicy/;
+    the lines refusing a call of the Docker SDK (the worker's and the janitor's), which must
+    be none. Tests' own probes use another client and are refused on purpose."""
+    text = stack.compose("logs", "--no-color", "--no-log-prefix", "docker-proxy", check=False)
+    if text.strip():
+        (ROOT / ".pytest-dockerpolicy").mkdir(exist_ok=True)
+        (ROOT / ".pytest-dockerpolicy" / f"compose-{stack.project}.log").write_text(text)
+    return [line for line in text.splitlines() if " refused " in line and "(docker-sdk-python/" in line]
 
 
 def issue_admin_token(stack: Stack) -> str:
@@ -139,6 +150,7 @@ def stack() -> Iterator[Stack]:
         stack.token = issue_admin_token(stack)
         yield stack
     finally:
+        refused = keep_policy_log(stack)
         stack.compose("down", "-v", "--timeout", "30", check=False)
         # Whatever a failed test left: this run's engines and cache volumes.
         leftovers = stack.managed_containers()
@@ -147,6 +159,7 @@ def stack() -> Iterator[Stack]:
         subprocess.run(["docker", "volume", "rm", "-f", f"{project}-model-cache",
                         f"{project}-compile-cache"], capture_output=True)
         subprocess.run(["docker", "network", "rm", f"{project}-engines"], capture_output=True)
+    assert not refused, f"the Docker API policy refused the worker's own calls: {refused}"
 
 
 def post(api: httpx.Client, path: str, body: dict) -> dict:
@@ -201,35 +214,44 @@ class Traffic:
 
 
 def test_docker_proxy_allows_only_what_the_worker_needs(stack: Stack) -> None:
-    """The socket proxy answers the worker's calls and refuses exec and privileged containers."""
+    """The docker-proxy service is the Docker API policy: it answers the worker's calls and
+    refuses exec and privileged containers however they are spelt; web cannot reach it."""
     probe = """
-import json, sys, urllib.request, urllib.error
+import json, sys, urllib.parse, urllib.request, urllib.error
 def call(method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
+    data = (body if isinstance(body, bytes) else json.dumps(body).encode()) if body is not None else None
     req = urllib.request.Request("http://docker-proxy:2375" + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
         return urllib.request.urlopen(req, timeout=10).status
     except urllib.error.HTTPError as exc:
         return exc.code
+mine = urllib.parse.quote(json.dumps({"label": ["tollgate.managed=true", "tollgate.stack=STACK"]}))
+img = b'"tollgate/engine-sim:latest"'
+create = "/v1.41/containers/create?name=STACK-probe"
 print(json.dumps({
     "ping": call("GET", "/_ping"),
-    "list": call("GET", "/v1.41/containers/json"),
+    "list": call("GET", "/v1.41/containers/json?all=1&filters=" + mine),
+    "list_everything": call("GET", "/v1.41/containers/json?all=1"),
     "exec": call("POST", "/v1.41/containers/anything/exec", {"Cmd": ["sh"]}),
-    "privileged": call("POST", "/v1.41/containers/create",
-                       {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Privileged": True}}),
-    "host_bind": call("POST", "/v1.41/containers/create",
-                      {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Binds": ["/:/host"]}}),
-    "host_network": call("POST", "/v1.41/containers/create",
-                         {"Image": "tollgate/engine-sim:latest", "HostConfig": {"NetworkMode": "host"}}),
+    "privileged": call("POST", create, {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Privileged": True}}),
+    "privileged_escaped": call("POST", create, b'{"Image": ' + img + b', "HostConfig": {"\\u0050rivileged": true}}'),
+    "privileged_lower": call("POST", create, b'{"image": ' + img + b', "hostconfig": {"privileged": true}}'),
+    "host_bind": call("POST", create, {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Binds": ["/:/host"]}}),
+    "host_bind_escaped": call("POST", create, b'{"Image": ' + img + b', "HostConfig": {"Binds": ["\\u002f:/host"]}}'),
+    "host_network": call("POST", create, {"Image": "tollgate/engine-sim:latest", "HostConfig": {"NetworkMode": "host"}}),
     "build": call("POST", "/v1.41/build"),
     "swarm": call("GET", "/v1.41/swarm"),
 }))
-"""
+""".replace("STACK", stack.project)
     out = stack.compose("exec", "-T", "worker", "python3", "-c", probe)
     answers = json.loads(out.strip().splitlines()[-1])
-    assert answers == {"ping": 200, "list": 200, "exec": 403, "privileged": 403,
-                       "host_bind": 403, "host_network": 403, "build": 403, "swarm": 403}
+    assert answers == {"ping": 200, "list": 200, "list_everything": 403, "exec": 403, "privileged": 403,
+                       "privileged_escaped": 403, "privileged_lower": 403, "host_bind": 403,
+                       "host_bind_escaped": 403, "host_network": 403, "build": 403, "swarm": 403}
+    # Each refusal is one line of the docker-proxy's log, with its reason.
+    log = stack.compose("logs", "--no-color", "docker-proxy")
+    assert "HostConfig.Privileged is not allowed" in log and "HostConfig.Binds[0] mounts '/'" in log
     # The internet-facing web process cannot reach the Docker API at all.
     unreachable = stack.compose(
         "exec", "-T", "web", "python3", "-c",
@@ -330,6 +352,11 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert sum(int(r["completion_tokens"]) for r in rows) > 0
     assert {r["tenant"] for r in rows} == {"acme"}
 
-    # `docker compose down` leaves no engine behind.
-    stack.compose("down", "-v", "--timeout", "30")
+    # `docker compose stop` leaves no engine behind: the janitor removes them, through the
+    # Docker API policy, whose log (readable until `down` removes the containers) shows
+    # that nothing the worker or the janitor did was refused.
+    stack.compose("stop", "--timeout", "30")
     assert stack.managed_containers() == []
+    refused = keep_policy_log(stack)
+    stack.compose("down", "-v", "--timeout", "30")
+    assert refused == []

@@ -1,5 +1,6 @@
-"""Fixtures for deployment tests: a node on the local Docker Engine, fast timings, and
-clean-up by label so a failing test leaves no container or volume behind."""
+"""Fixtures for deployment tests: a node on the local Docker Engine, reached through the
+Docker API policy (``dockerpolicy``, as the appliance's ``docker-proxy``), fast timings, and
+clean-up by label so a failing test leaves no container, volume or network behind."""
 
 import uuid
 from collections.abc import Iterator
@@ -13,17 +14,24 @@ from config.celery import app as celery_app
 from deployments import runtime
 from deployments import services as deployment_services
 from deployments.models import CatalogModel, Node
+from tests.dockerpolicy.process import policy_env, start_policy
 
 SIM_IMAGE = "tollgate/engine-sim:latest"
 
 
 @pytest.fixture
-def stack(settings: object) -> Iterator[str]:
-    """A stack id, cache volumes and fast timings of this test's own; cleaned up after."""
+def stack(settings: object, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A stack id, cache volumes, engine network and fast timings of this test's own, and
+    the Docker API policy for them in front of the Docker socket: every Docker call of the
+    test's nodes goes through it, and none may be refused. Cleaned up after."""
     stack_id = f"tgtest-{uuid.uuid4().hex[:10]}"
     settings.TOLLGATE_STACK_ID = stack_id
     settings.TOLLGATE_MODEL_CACHE_VOLUME = f"{stack_id}-models"
     settings.TOLLGATE_COMPILE_CACHE_VOLUME = f"{stack_id}-compile"
+    settings.TOLLGATE_ENGINE_NETWORK = f"{stack_id}-net"
+    policy = start_policy(policy_env(stack_id, list(settings.TOLLGATE_ENGINE_IMAGES)),
+                          f"{request.node.name}-{stack_id}")
+    settings.TOLLGATE_DOCKER_URL = policy.url
     settings.TOLLGATE_PULL_POLICY = "never"
     settings.TOLLGATE_ENGINE_POLL_SECONDS = 0.1
     settings.TOLLGATE_ENGINE_READY_TIMEOUT = 60.0
@@ -33,17 +41,24 @@ def stack(settings: object) -> Iterator[str]:
     settings.TOLLGATE_ORPHAN_GRACE_SECONDS = 0.0
     settings.TOLLGATE_DRAIN_TIMEOUT = 10.0
     settings.TOLLGATE_STOP_GRACE_SECONDS = 3
-    yield stack_id
-    client = docker.from_env()
-    for container in client.containers.list(
-        all=True, filters={"label": f"{runtime.LABEL_STACK}={stack_id}"}
-    ):
-        container.remove(force=True)
-    for name in (f"{stack_id}-models", f"{stack_id}-compile"):
-        try:
-            client.volumes.get(name).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+    try:
+        yield stack_id
+    finally:
+        policy.stop()
+        client = docker.from_env()
+        for container in client.containers.list(
+            all=True, filters={"label": f"{runtime.LABEL_STACK}={stack_id}"}
+        ):
+            container.remove(force=True)
+        for name in (f"{stack_id}-models", f"{stack_id}-compile"):
+            try:
+                client.volumes.get(name).remove(force=True)
+            except docker.errors.NotFound:
+                pass
+        for network in client.networks.list(names=[f"{stack_id}-net"]):
+            network.remove()
+    refused = policy.refusals()
+    assert not refused, f"the Docker API policy refused calls of Tollgate's own: {refused}"
 
 
 @pytest.fixture

@@ -67,7 +67,9 @@ def test_deploy_serves_then_stop_drains_and_removes(
                              "0.0.0.0", "--port", "8000", "--max-num-seqs", "4",
                              "--max-model-len", "4096"]
     host_config = attrs["HostConfig"]
-    assert host_config["IpcMode"] == "host"
+    # A private IPC namespace with a large /dev/shm: never the host's (ipc=host).
+    assert host_config["IpcMode"] in ("private", "shareable")
+    assert host_config["ShmSize"] == 16 * 2**30
     assert {m["Destination"]: m["Name"] for m in attrs["Mounts"]} == {
         "/root/.cache/huggingface": f"{stack}-models", "/root/.cache/vllm": f"{stack}-compile"}
     assert "no-new-privileges" in host_config["SecurityOpt"]

@@ -26,6 +26,7 @@ from tests.compose.test_appliance import (
     compose_env,
     free_port,
     issue_admin_token,
+    keep_policy_log,
     post,
 )
 from tests.deployments.conftest import docker_node, eager_tasks, sim_model, stack  # noqa: F401 - fixtures
@@ -44,6 +45,7 @@ def appliance() -> Iterator[Stack]:
         s.token = issue_admin_token(s)
         yield s
     finally:
+        refused = keep_policy_log(s)
         s.compose("down", "-v", "--timeout", "20", check=False)
         leftovers = s.managed_containers()
         if leftovers:
@@ -51,6 +53,7 @@ def appliance() -> Iterator[Stack]:
         subprocess.run(["docker", "volume", "rm", "-f", f"{project}-model-cache", f"{project}-compile-cache"],
                        capture_output=True)
         subprocess.run(["docker", "network", "rm", f"{project}-engines"], capture_output=True)
+    assert not refused, f"the Docker API policy refused the worker's own calls: {refused}"
 
 
 def containers_of(project: str) -> list[dict]:
@@ -100,10 +103,11 @@ def test_worker_killed_during_a_deploy_converges_without_duplicates_or_orphans(a
     assert names == {c["Name"].lstrip("/") for c in engines}  # no orphan, none unaccounted for
 
 
-PROBE = """
-import json, urllib.request, urllib.error
+PROBE = r"""
+import json, urllib.parse, urllib.request, urllib.error
+STACK = "{stack}"
 def call(method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
+    data = body.encode() if isinstance(body, str) else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request("http://docker-proxy:2375" + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
@@ -112,9 +116,17 @@ def call(method, path, body=None):
         return exc.code
     except OSError:
         return 0
-img = "tollgate/engine-sim:latest"
+# Everything but the HostConfig is what the policy accepts: an allowed image, this stack's
+# labels and name, so a refusal can only come from the setting under test.
+BASE = '"Image": "tollgate/engine-sim:latest", "Labels": {"tollgate.managed": "true", "tollgate.stack": "%s"}' % STACK
+CREATE = "/v1.41/containers/create?name=%s-probe" % STACK
+def create(host, image=None):
+    base = BASE if image is None else BASE.replace("tollgate/engine-sim:latest", image)
+    return call("POST", CREATE, "{%s, \"HostConfig\": {%s}}" % (base, host))
+mine = urllib.parse.quote(json.dumps({"label": ["tollgate.managed=true", "tollgate.stack=" + STACK]}))
 print(json.dumps({
-    "list": call("GET", "/v1.41/containers/json"),
+    "list": call("GET", "/v1.41/containers/json?filters=" + mine),
+    "list_everything": call("GET", "/v1.41/containers/json"),
     "exec": call("POST", "/v1.41/containers/x/exec", {"Cmd": ["sh"]}),
     "exec_start": call("POST", "/v1.41/exec/x/start", {}),
     "attach": call("POST", "/v1.41/containers/x/attach"),
@@ -122,15 +134,38 @@ print(json.dumps({
     "commit": call("POST", "/v1.41/commit?container=x"),
     "build": call("POST", "/v1.41/build"),
     "load": call("POST", "/v1.41/images/load"),
-    "privileged": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"Privileged": True}}),
-    "privileged_spaced": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"Privileged" : True}}),
-    "cap_add": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"CapAdd": ["SYS_ADMIN"]}}),
-    "pid_host": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"PidMode": "host"}}),
-    "bind": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"Binds": ["/:/host"]}}),
-    "mount": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"Mounts": [{"Type": "bind", "Source": "/", "Target": "/h"}]}}),
-    "socket": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"Binds": ["/var/run/docker.sock:/s"]}}),
-    "devices": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"Devices": [{"PathOnHost": "/dev/sda"}]}}),
-    "host_net": call("POST", "/v1.41/containers/create", {"Image": img, "HostConfig": {"NetworkMode": "host"}}),
+    "privileged": create('"Privileged": true'),
+    "privileged_spaced": create('"Privileged" : true'),
+    "privileged_escaped": create('"\\u0050rivileged": true'),
+    "privileged_lower": create('"privileged": true'),
+    "privileged_dotless_i": create('"Prıvileged": true'),
+    "privileged_duplicate_last": create('"Privileged": false, "Privileged": true'),
+    "privileged_duplicate_first": create('"Privileged": true, "Privileged": false'),
+    "hostconfig_twice": call("POST", CREATE, '{%s, "HostConfig": {"Privileged": true}, "HostConfig": {}}' % BASE),
+    "cap_add": create('"CapAdd": ["SYS_ADMIN"]'),
+    "cap_add_spaced": create('"CapAdd" : ["SYS_ADMIN"]'),
+    "cap_add_string": create('"capadd": "ALL"'),
+    "pid_host": create('"PidMode": "host"'),
+    "pid_host_escaped": create('"PidMode": "\\u0068ost"'),
+    "ipc_host": create('"IpcMode": "host"'),
+    "uts_host": create('"UTSMode": "host"'),
+    "userns_host": create('"UsernsMode": "host"'),
+    "bind": create('"Binds": ["/:/host"]'),
+    "bind_escaped_key": create('"\\u0042inds": ["/:/host"]'),
+    "bind_escaped_value": create('"Binds": ["\\u002f:/host"]'),
+    "bind_long_s": create('"Bindſ": ["/:/host"]'),
+    "mount": create('"Mounts": [{"Type": "bind", "Source": "/", "Target": "/h"}]'),
+    "socket": create('"Binds": ["/var/run/docker.sock:/s"]'),
+    "devices": create('"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda"}]'),
+    "tmpfs": create('"Tmpfs": {"/x": "exec"}'),
+    "seccomp": create('"SecurityOpt": ["seccomp=unconfined"]'),
+    "host_net": create('"NetworkMode": "host"'),
+    "host_net_kelvin": create('"NetworKMode": "host"'),
+    "image_off_list": create('"NetworkMode": "default"', image="alpine:latest"),
+    "pull_off_list": call("POST", "/v1.41/images/create?fromImage=alpine&tag=latest"),
+    "volume_bound_to_host": call("POST", "/v1.41/volumes/create", {
+        "Name": STACK + "-model-cache", "DriverOpts": {"type": "none", "o": "bind", "device": "/"}}),
+    "plugin_install": call("POST", "/v1.41/plugins/pull?remote=evil/plugin", []),
     "swarm": call("GET", "/v1.41/swarm"),
     "secrets": call("GET", "/v1.41/secrets"),
     "plugins": call("GET", "/v1.41/plugins"),
@@ -139,11 +174,19 @@ print(json.dumps({
 
 
 def test_docker_api_refuses_the_worker_what_it_does_not_need_and_web_has_no_socket(appliance: Stack) -> None:
-    out = appliance.compose("exec", "-T", "worker", "python3", "-c", PROBE)
+    """From inside the worker (all a compromised worker has), the Docker API policy refuses
+    every call outside the engine lifecycle and every privilege, however the body spells it,
+    and nothing is created."""
+    volumes = set(subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split())
+    out = appliance.compose("exec", "-T", "worker", "python3", "-c", PROBE.replace("{stack}", appliance.project))
     answers = json.loads(out.strip().splitlines()[-1])
     assert answers.pop("list") == 200  # the proxy works for what the worker needs
     allowed = {name: status for name, status in answers.items() if status != 403}
-    assert not allowed, f"the socket proxy let these through: {allowed}"
+    assert not allowed, f"the Docker API policy let these through: {allowed}"
+    probe = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={appliance.project}-probe"],
+                           capture_output=True, text=True, check=True).stdout
+    assert probe == ""
+    assert set(subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split()) <= volumes
     for svc in ("web", "usage", "beat"):
         out = appliance.compose("exec", "-T", svc, "python3", "-c",
                                 "import os, socket\n"
