@@ -13,7 +13,9 @@ MAX_CUSTOM_ID = 512
 class InvalidFile(ValueError):
     """The file is not a valid batch input; ``line`` is 1-based (None: the whole file)."""
 
-    def __init__(self, message: str, line: int | None = None, code: str = "invalid_batch_file") -> None:
+    def __init__(
+        self, message: str, line: int | None = None, code: str = "invalid_batch_file"
+    ) -> None:
         self.line = line
         self.code = code
         super().__init__(f"Line {line}: {message}" if line else message)
@@ -41,12 +43,17 @@ def parse_requests(data: bytes, max_lines: int) -> list[Request]:
         if not raw.strip():
             continue  # blank lines (a trailing newline, say) carry no request
         if len(requests) == max_lines:
-            raise InvalidFile(f"The file has more than {max_lines} requests.", number, "too_many_lines")
+            raise InvalidFile(
+                f"The file has more than {max_lines} requests.", number, "too_many_lines"
+            )
         request = parse_line(raw, number)
         if request.custom_id in seen:
             raise InvalidFile(
                 f"custom_id {request.custom_id!r} is already used on line {seen[request.custom_id]}; "
-                "each custom_id must be unique.", number, "duplicate_custom_id")
+                "each custom_id must be unique.",
+                number,
+                "duplicate_custom_id",
+            )
         seen[request.custom_id] = number
         requests.append(request)
     if not requests:
@@ -64,7 +71,9 @@ def parse_line(raw: str, number: int) -> Request:
         raise InvalidFile("Each line must be a JSON object.", number)
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
-        raise InvalidFile(f"custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} characters.", number)
+        raise InvalidFile(
+            f"custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} characters.", number
+        )
     if item.get("method") != "POST":
         raise InvalidFile('method must be "POST".', number)
     if item.get("url") not in ENDPOINTS:

@@ -21,7 +21,9 @@ class File(models.Model):
 
     public_id = models.CharField(max_length=40, unique=True, default=new_file_id)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="files")
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     filename = models.CharField(max_length=255)
     purpose = models.CharField(max_length=20, choices=Purpose.choices)
     size = models.PositiveBigIntegerField()
@@ -78,7 +80,10 @@ class Batch(models.Model):
 
     class Meta:
         ordering = ["-pk"]
-        indexes = [models.Index(fields=["tenant", "-id"]), models.Index(fields=["status", "lease_until"])]
+        indexes = [
+            models.Index(fields=["tenant", "-id"]),
+            models.Index(fields=["status", "lease_until"]),
+        ]
 
     def __str__(self) -> str:
         return self.public_id

@@ -71,13 +71,24 @@ def run_batch(batch_pk: int) -> str:
         return _status(batch.pk)
     parent = batch.api_key
     if not ApiKey.objects.usable().filter(pk=parent.pk).exists():
-        services.finalize(batch.pk, Status.IN_PROGRESS, Status.FAILED, errors=[{
-            "code": "api_key_unusable", "line": None, "param": None,
-            "message": "The API key that created this batch was revoked or expired, or its tenant is suspended."}])
+        services.finalize(
+            batch.pk,
+            Status.IN_PROGRESS,
+            Status.FAILED,
+            errors=[
+                {
+                    "code": "api_key_unusable",
+                    "line": None,
+                    "param": None,
+                    "message": "The API key that created this batch was revoked or expired, or its tenant is suspended.",
+                }
+            ],
+        )
         return _status(batch.pk)
     _revoke_children(parent, batch)  # a runner that died left its key behind
-    issued = issue_child_key(parent, name=f"batch {batch.public_id}",
-                             expires_at=batch.expires_at + timedelta(minutes=10))
+    issued = issue_child_key(
+        parent, name=f"batch {batch.public_id}", expires_at=batch.expires_at + timedelta(minutes=10)
+    )
     try:
         run = Run(batch=batch, owner=owner)
         _dispatch(run, issued.plaintext)
@@ -101,18 +112,24 @@ def _settle(run: Run) -> None:
     pk = run.batch.pk
     if run.outcome == Status.EXPIRED:
         services.finalize(pk, Status.IN_PROGRESS, Status.EXPIRED) or services.finalize(
-            pk, Status.CANCELLING, Status.EXPIRED)
+            pk, Status.CANCELLING, Status.EXPIRED
+        )
         return
     now = timezone.now()
-    if Batch.objects.filter(pk=pk, status=Status.IN_PROGRESS).update(status=Status.FINALIZING, finalizing_at=now):
+    if Batch.objects.filter(pk=pk, status=Status.IN_PROGRESS).update(
+        status=Status.FINALIZING, finalizing_at=now
+    ):
         services.finalize(pk, Status.FINALIZING, Status.COMPLETED)
     else:  # cancelled while the last answers came in
         services.finalize(pk, Status.CANCELLING, Status.CANCELLED)
 
 
 def _next_lines(run: Run) -> list[Line]:
-    rows = BatchLine.objects.filter(batch_id=run.batch.pk, state=LineState.PENDING, pk__gt=run.last_pk) \
-        .order_by("pk").values_list("pk", "custom_id", "body")[:PAGE]
+    rows = (
+        BatchLine.objects.filter(batch_id=run.batch.pk, state=LineState.PENDING, pk__gt=run.last_pk)
+        .order_by("pk")
+        .values_list("pk", "custom_id", "body")[:PAGE]
+    )
     lines = [Line(*row) for row in rows]
     if lines:
         run.last_pk = lines[-1].pk
@@ -135,14 +152,22 @@ def _check(run: Run) -> None:
 
 def _dispatch(run: Run, key: str) -> None:
     concurrency = max(1, settings.TOLLGATE_BATCH_CONCURRENCY)
-    headers = {"Authorization": f"Bearer {key}", PRIORITY_HEADER: "P2", "Content-Type": "application/json"}
+    headers = {
+        "Authorization": f"Bearer {key}",
+        PRIORITY_HEADER: "P2",
+        "Content-Type": "application/json",
+    }
     timeout = httpx.Timeout(settings.TOLLGATE_BATCH_REQUEST_TIMEOUT, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     queue: list[Line] = []
     inflight: dict[Future, Line] = {}
     checked = 0.0
-    with httpx.Client(base_url=settings.TOLLGATE_INTERNAL_URL, headers=headers, timeout=timeout,
-                      limits=limits) as client, ThreadPoolExecutor(concurrency, "batch") as pool:
+    with (
+        httpx.Client(
+            base_url=settings.TOLLGATE_INTERNAL_URL, headers=headers, timeout=timeout, limits=limits
+        ) as client,
+        ThreadPoolExecutor(concurrency, "batch") as pool,
+    ):
         while True:
             if time.monotonic() - checked >= RENEW_EVERY_SECONDS:
                 _check(run)
@@ -172,11 +197,22 @@ def send(client: httpx.Client, run: Run, line: Line) -> dict | None:
             answer = client.post(run.batch.endpoint, content=orjson.dumps(line.body))
         except httpx.HTTPError as exc:
             attempt += 1
-            delay, result = _backoff(attempt), services.result_line(line.custom_id, error={
-                "code": "request_failed", "message": f"Tollgate could not complete the request: {exc.__class__.__name__}."})
+            delay, result = (
+                _backoff(attempt),
+                services.result_line(
+                    line.custom_id,
+                    error={
+                        "code": "request_failed",
+                        "message": f"Tollgate could not complete the request: {exc.__class__.__name__}.",
+                    },
+                ),
+            )
         else:
             result = _answered(line, answer)
-            if answer.status_code == 401 and time.monotonic() - run.key_issued < KEY_PROPAGATION_SECONDS:
+            if (
+                answer.status_code == 401
+                and time.monotonic() - run.key_issued < KEY_PROPAGATION_SECONDS
+            ):
                 delay = 0.25  # the gateway has not learnt the new key yet; not an attempt
             else:
                 attempt += 1
@@ -192,9 +228,19 @@ def _answered(line: Line, answer: httpx.Response) -> dict:
     try:
         body = answer.json()
     except ValueError:
-        body = {"error": {"message": answer.text[:1000], "type": "server_error", "param": None, "code": None}}
-    response = {"status_code": answer.status_code, "request_id": answer.headers.get("x-request-id", ""),
-                "body": body}
+        body = {
+            "error": {
+                "message": answer.text[:1000],
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    response = {
+        "status_code": answer.status_code,
+        "request_id": answer.headers.get("x-request-id", ""),
+        "body": body,
+    }
     return services.result_line(line.custom_id, response=response)
 
 
@@ -223,4 +269,3 @@ def recover() -> list[int]:
     for pk in stale:
         services.queue_run(pk)
     return stale
-

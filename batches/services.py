@@ -60,14 +60,24 @@ def upload_file(key: ApiKey, filename: str, data: bytes, purpose: str) -> File:
 def check_size(size: int) -> None:
     limit = settings.TOLLGATE_BATCH_MAX_FILE_BYTES
     if size > limit:
-        raise RequestError(400, f"The file is {size} bytes; the limit is {limit} bytes.", "file", "file_too_large")
+        raise RequestError(
+            400, f"The file is {size} bytes; the limit is {limit} bytes.", "file", "file_too_large"
+        )
 
 
-def _store(tenant: Tenant, key: ApiKey | None, filename: str, data: bytes, purpose: str, lines: int) -> File:
+def _store(
+    tenant: Tenant, key: ApiKey | None, filename: str, data: bytes, purpose: str, lines: int
+) -> File:
     retention = timedelta(days=settings.TOLLGATE_FILES_RETENTION_DAYS)
     return File.objects.create(
-        tenant=tenant, api_key=key, filename=filename[:255] or "upload.jsonl", purpose=purpose,
-        size=len(data), lines=lines, content=data, expires_at=timezone.now() + retention,
+        tenant=tenant,
+        api_key=key,
+        filename=filename[:255] or "upload.jsonl",
+        purpose=purpose,
+        size=len(data),
+        lines=lines,
+        content=data,
+        expires_at=timezone.now() + retention,
     )
 
 
@@ -93,7 +103,9 @@ def purge_expired_files() -> int:
     return File.objects.filter(expires_at__lte=timezone.now()).delete()[0]
 
 
-def page(items: QuerySet, after: str | None, limit: int, ascending: bool = False) -> tuple[list, bool]:
+def page(
+    items: QuerySet, after: str | None, limit: int, ascending: bool = False
+) -> tuple[list, bool]:
     """OpenAI's cursor pagination over ``public_id``: the page after ``after`` and has_more."""
     if after:
         anchor = items.filter(public_id=after).values_list("pk", flat=True).first()
@@ -110,18 +122,30 @@ def page(items: QuerySet, after: str | None, limit: int, ascending: bool = False
 def check_metadata(metadata: Any) -> dict | None:
     if metadata is None:
         return None
-    ok = isinstance(metadata, dict) and len(metadata) <= MAX_METADATA_KEYS and all(
-        isinstance(k, str) and len(k) <= MAX_METADATA_KEY and isinstance(v, str) and len(v) <= MAX_METADATA_VALUE
-        for k, v in metadata.items())
+    ok = (
+        isinstance(metadata, dict)
+        and len(metadata) <= MAX_METADATA_KEYS
+        and all(
+            isinstance(k, str)
+            and len(k) <= MAX_METADATA_KEY
+            and isinstance(v, str)
+            and len(v) <= MAX_METADATA_VALUE
+            for k, v in metadata.items()
+        )
+    )
     if not ok:
-        raise RequestError(400, f"metadata must be an object of at most {MAX_METADATA_KEYS} string pairs "
-                           f"(keys up to {MAX_METADATA_KEY}, values up to {MAX_METADATA_VALUE} characters).",
-                           "metadata")
+        raise RequestError(
+            400,
+            f"metadata must be an object of at most {MAX_METADATA_KEYS} string pairs "
+            f"(keys up to {MAX_METADATA_KEY}, values up to {MAX_METADATA_VALUE} characters).",
+            "metadata",
+        )
     return metadata
 
 
-def create_batch(key: ApiKey, input_file_id: Any, endpoint: Any, completion_window: Any,
-                 metadata: Any = None) -> Batch:
+def create_batch(
+    key: ApiKey, input_file_id: Any, endpoint: Any, completion_window: Any, metadata: Any = None
+) -> Batch:
     """A batch in ``validating`` with one row per request; its run is queued after commit."""
     if endpoint not in ENDPOINTS:
         raise RequestError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}.", "endpoint")
@@ -132,23 +156,41 @@ def create_batch(key: ApiKey, input_file_id: Any, endpoint: Any, completion_wind
         raise RequestError(400, "input_file_id is required.", "input_file_id")
     source = get_file(key.tenant, input_file_id, with_content=True)
     if source.purpose != Purpose.BATCH:
-        raise RequestError(400, f"File {input_file_id} has purpose {source.purpose!r}; a batch needs "
-                           "purpose 'batch'.", "input_file_id")
+        raise RequestError(
+            400,
+            f"File {input_file_id} has purpose {source.purpose!r}; a batch needs purpose 'batch'.",
+            "input_file_id",
+        )
     requests = parse_requests(bytes(source.content), settings.TOLLGATE_BATCH_MAX_LINES)
     for request in requests:
         if request.url != endpoint:
-            raise RequestError(400, f"Line {request.line}: url {request.url} does not match the batch "
-                               f"endpoint {endpoint}.", "input_file_id", "mismatched_endpoint")
+            raise RequestError(
+                400,
+                f"Line {request.line}: url {request.url} does not match the batch "
+                f"endpoint {endpoint}.",
+                "input_file_id",
+                "mismatched_endpoint",
+            )
     now = timezone.now()
     with transaction.atomic():
         batch = Batch.objects.create(
-            tenant=key.tenant, api_key=owner_of(key), input_file_id=source.public_id, endpoint=endpoint,
-            completion_window=completion_window, metadata=metadata, model=requests[0].body["model"][:200],
-            total=len(requests), expires_at=now + timedelta(seconds=COMPLETION_WINDOWS[completion_window]),
+            tenant=key.tenant,
+            api_key=owner_of(key),
+            input_file_id=source.public_id,
+            endpoint=endpoint,
+            completion_window=completion_window,
+            metadata=metadata,
+            model=requests[0].body["model"][:200],
+            total=len(requests),
+            expires_at=now + timedelta(seconds=COMPLETION_WINDOWS[completion_window]),
         )
         BatchLine.objects.bulk_create(
-            [BatchLine(batch=batch, line=r.line, custom_id=r.custom_id, body=r.body) for r in requests],
-            batch_size=1000)
+            [
+                BatchLine(batch=batch, line=r.line, custom_id=r.custom_id, body=r.body)
+                for r in requests
+            ],
+            batch_size=1000,
+        )
         transaction.on_commit(lambda: queue_run(batch.pk))
     return batch
 
@@ -177,11 +219,17 @@ def cancel_batch(tenant: Tenant, public_id: str) -> Batch:
     if mine.filter(status=Status.VALIDATING).update(status=Status.CANCELLING, cancelling_at=now):
         # No runner has claimed it: nothing ran, so settle it here.
         finalize(batch.pk, Status.CANCELLING, Status.CANCELLED)
-    elif not mine.filter(status=Status.IN_PROGRESS).update(status=Status.CANCELLING, cancelling_at=now):
+    elif not mine.filter(status=Status.IN_PROGRESS).update(
+        status=Status.CANCELLING, cancelling_at=now
+    ):
         batch.refresh_from_db()
         if batch.status not in (Status.CANCELLING, Status.CANCELLED):
-            raise RequestError(409, f"Cannot cancel a batch with status {batch.status}.", None,
-                               "batch_not_cancellable")
+            raise RequestError(
+                409,
+                f"Cannot cancel a batch with status {batch.status}.",
+                None,
+                "batch_not_cancellable",
+            )
     batch.refresh_from_db()
     return batch
 
@@ -195,10 +243,14 @@ def claim(batch_pk: int, owner: str) -> Batch | None:
     lease = now + timedelta(seconds=settings.TOLLGATE_BATCH_LEASE_SECONDS)
     mine = Batch.objects.filter(pk=batch_pk)
     took = mine.filter(status=Status.VALIDATING).update(
-        status=Status.IN_PROGRESS, in_progress_at=now, lease_owner=owner, lease_until=lease)
+        status=Status.IN_PROGRESS, in_progress_at=now, lease_owner=owner, lease_until=lease
+    )
     if not took:
-        took = mine.filter(status__in=(Status.IN_PROGRESS, Status.CANCELLING, Status.FINALIZING)).filter(
-            Q(lease_until__isnull=True) | Q(lease_until__lt=now)).update(lease_owner=owner, lease_until=lease)
+        took = (
+            mine.filter(status__in=(Status.IN_PROGRESS, Status.CANCELLING, Status.FINALIZING))
+            .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+            .update(lease_owner=owner, lease_until=lease)
+        )
     return mine.select_related("api_key").first() if took else None
 
 
@@ -218,8 +270,12 @@ def usage_of(result: dict) -> tuple[int, int, int, int]:
         return 0, 0, 0, 0
     details_in = usage.get("prompt_tokens_details") or {}
     details_out = usage.get("completion_tokens_details") or {}
-    return (int(usage.get("prompt_tokens") or 0), int(details_in.get("cached_tokens") or 0),
-            int(usage.get("completion_tokens") or 0), int(details_out.get("reasoning_tokens") or 0))
+    return (
+        int(usage.get("prompt_tokens") or 0),
+        int(details_in.get("cached_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        int(details_out.get("reasoning_tokens") or 0),
+    )
 
 
 def record_result(batch_pk: int, line_pk: int, result: dict) -> bool:
@@ -227,31 +283,52 @@ def record_result(batch_pk: int, line_pk: int, result: dict) -> bool:
     status = (result.get("response") or {}).get("status_code") or 0
     state = LineState.SUCCEEDED if 200 <= status < 300 else LineState.FAILED
     with transaction.atomic():
-        if not BatchLine.objects.filter(pk=line_pk, state=LineState.PENDING).update(state=state, result=result):
+        if not BatchLine.objects.filter(pk=line_pk, state=LineState.PENDING).update(
+            state=state, result=result
+        ):
             return False
         tokens_in, cached, tokens_out, reasoning = usage_of(result)
         counter = "completed" if state == LineState.SUCCEEDED else "failed"
         Batch.objects.filter(pk=batch_pk).update(
-            **{counter: F(counter) + 1}, input_tokens=F("input_tokens") + tokens_in,
-            cached_tokens=F("cached_tokens") + cached, output_tokens=F("output_tokens") + tokens_out,
-            reasoning_tokens=F("reasoning_tokens") + reasoning)
+            **{counter: F(counter) + 1},
+            input_tokens=F("input_tokens") + tokens_in,
+            cached_tokens=F("cached_tokens") + cached,
+            output_tokens=F("output_tokens") + tokens_out,
+            reasoning_tokens=F("reasoning_tokens") + reasoning,
+        )
     return True
 
 
 def result_line(custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:
-    return {"id": "batch_req_" + secrets.token_hex(12), "custom_id": custom_id, "response": response,
-            "error": error}
+    return {
+        "id": "batch_req_" + secrets.token_hex(12),
+        "custom_id": custom_id,
+        "response": response,
+        "error": error,
+    }
 
 
 UNRUN = {
-    Status.EXPIRED: ("batch_expired", "This request could not be executed before the completion window expired."),
-    Status.CANCELLED: ("batch_cancelled", "This request was not executed because the batch was cancelled."),
+    Status.EXPIRED: (
+        "batch_expired",
+        "This request could not be executed before the completion window expired.",
+    ),
+    Status.CANCELLED: (
+        "batch_cancelled",
+        "This request was not executed because the batch was cancelled.",
+    ),
 }
-STAMP = {Status.COMPLETED: "completed_at", Status.CANCELLED: "cancelled_at", Status.EXPIRED: "expired_at",
-         Status.FAILED: "failed_at"}
+STAMP = {
+    Status.COMPLETED: "completed_at",
+    Status.CANCELLED: "cancelled_at",
+    Status.EXPIRED: "expired_at",
+    Status.FAILED: "failed_at",
+}
 
 
-def finalize(batch_pk: int, from_status: str, to_status: str, errors: list[dict] | None = None) -> bool:
+def finalize(
+    batch_pk: int, from_status: str, to_status: str, errors: list[dict] | None = None
+) -> bool:
     """Write the output and error files and settle the batch, all in one transaction."""
     with transaction.atomic():
         batch = Batch.objects.select_for_update().filter(pk=batch_pk, status=from_status).first()
@@ -281,15 +358,23 @@ def _result_file(batch: Batch, lines: list[dict], kind: str) -> str:
     if not lines:
         return ""
     data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
-    stored = _store(batch.tenant, batch.api_key, f"{batch.public_id}_{kind}.jsonl", data,
-                    Purpose.BATCH_OUTPUT, len(lines))
+    stored = _store(
+        batch.tenant,
+        batch.api_key,
+        f"{batch.public_id}_{kind}.jsonl",
+        data,
+        Purpose.BATCH_OUTPUT,
+        len(lines),
+    )
     return stored.public_id
 
 
 def _recount(batch: Batch) -> None:
     # Counters were bumped line by line; recount from the rows so the final numbers are exact.
     totals = {"completed": 0, "failed": 0, "in": 0, "cached": 0, "out": 0, "reasoning": 0}
-    for state, result in batch.lines.exclude(state=LineState.PENDING).values_list("state", "result"):
+    for state, result in batch.lines.exclude(state=LineState.PENDING).values_list(
+        "state", "result"
+    ):
         totals["completed" if state == LineState.SUCCEEDED else "failed"] += 1
         tokens = usage_of(result or {})
         for name, value in zip(("in", "cached", "out", "reasoning"), tokens, strict=True):
@@ -304,5 +389,6 @@ def stale_batches() -> QuerySet[Batch]:
     now = timezone.now()
     unclaimed = Q(status=Status.VALIDATING, created_at__lt=now - timedelta(minutes=10))
     orphaned = Q(status__in=(Status.IN_PROGRESS, Status.CANCELLING, Status.FINALIZING)) & (
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    )
     return Batch.objects.filter(unclaimed | orphaned)

@@ -23,7 +23,9 @@ View = Callable[..., HttpResponse]
 
 
 def error(exc: RequestError) -> JsonResponse:
-    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    body = {
+        "error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}
+    }
     return JsonResponse(body, status=exc.status)
 
 
@@ -38,7 +40,9 @@ def api(*methods: str) -> Callable[[View], View]:
             if key is None:
                 return invalid_key()
             if request.method not in methods:
-                return error(RequestError(405, f"Method {request.method} is not allowed on {request.path}."))
+                return error(
+                    RequestError(405, f"Method {request.method} is not allowed on {request.path}.")
+                )
             try:
                 return view(request, key, *args, **kwargs)
             except RequestError as exc:
@@ -78,7 +82,9 @@ def files(request: HttpRequest, key: ApiKey) -> JsonResponse:
         if upload is None:
             raise RequestError(400, "Send the file as the multipart field 'file'.", "file")
         services.check_size(upload.size)  # before reading a spooled upload into memory
-        stored = services.upload_file(key, upload.name or "", upload.read(), request.POST.get("purpose", ""))
+        stored = services.upload_file(
+            key, upload.name or "", upload.read(), request.POST.get("purpose", "")
+        )
         return JsonResponse(render.file_object(stored))
     order = request.GET.get("order", "desc")
     if order not in ("asc", "desc"):
@@ -86,7 +92,9 @@ def files(request: HttpRequest, key: ApiKey) -> JsonResponse:
     found = services.files_of(key.tenant)
     if request.GET.get("purpose"):
         found = found.filter(purpose=request.GET["purpose"])
-    rows, more = services.page(found, request.GET.get("after"), limit_of(request, 10_000, 10_000), order == "asc")
+    rows, more = services.page(
+        found, request.GET.get("after"), limit_of(request, 10_000, 10_000), order == "asc"
+    )
     return JsonResponse(render.page([render.file_object(f) for f in rows], more))
 
 
@@ -113,10 +121,17 @@ def file_content(request: HttpRequest, key: ApiKey, file_id: str) -> HttpRespons
 def batches(request: HttpRequest, key: ApiKey) -> JsonResponse:
     if request.method == "POST":
         body = json_body(request)
-        batch = services.create_batch(key, body.get("input_file_id"), body.get("endpoint"),
-                                      body.get("completion_window"), body.get("metadata"))
+        batch = services.create_batch(
+            key,
+            body.get("input_file_id"),
+            body.get("endpoint"),
+            body.get("completion_window"),
+            body.get("metadata"),
+        )
         return JsonResponse(render.batch_object(batch))
-    rows, more = services.page(services.batches_of(key.tenant), request.GET.get("after"), limit_of(request, 20, 100))
+    rows, more = services.page(
+        services.batches_of(key.tenant), request.GET.get("after"), limit_of(request, 20, 100)
+    )
     return JsonResponse(render.page([render.batch_object(b) for b in rows], more))
 
 

@@ -52,23 +52,58 @@ DB_NAME = "tollgate_admbench"
 MODEL = "bench-model"
 SLOTS = 4
 SECTION = "## Admission and priority"
-BEGIN, END = "<!-- admission_bench.py --write: begin -->", "<!-- admission_bench.py --write: end -->"
-SIM_ARGS = ["--max-num-seqs", str(SLOTS), "--max-model-len", "4096", "--sim-load-seconds", "0",
-            "--sim-ttft-ms", "50", "--sim-ttft-per-token-ms", "0.05", "--sim-decode-tps", "30",
-            "--sim-bandwidth-alpha", "0.15", "--sim-output-tokens-min", "64", "--sim-output-tokens-max", "128",
-            # As the DGX Spark profile runs vLLM: the engine preempts lower classes for P0.
-            "--scheduling-policy", "priority"]
+BEGIN, END = (
+    "<!-- admission_bench.py --write: begin -->",
+    "<!-- admission_bench.py --write: end -->",
+)
+SIM_ARGS = [
+    "--max-num-seqs",
+    str(SLOTS),
+    "--max-model-len",
+    "4096",
+    "--sim-load-seconds",
+    "0",
+    "--sim-ttft-ms",
+    "50",
+    "--sim-ttft-per-token-ms",
+    "0.05",
+    "--sim-decode-tps",
+    "30",
+    "--sim-bandwidth-alpha",
+    "0.15",
+    "--sim-output-tokens-min",
+    "64",
+    "--sim-output-tokens-max",
+    "128",
+    # As the DGX Spark profile runs vLLM: the engine preempts lower classes for P0.
+    "--scheduling-policy",
+    "priority",
+]
 P2_RANK = 2e13  # acquire.lua: rank = class * 1e13 + virtual start time
 SAMPLE_SECONDS = 0.05
-GAUGE = re.compile(r"^(vllm:num_requests_running|vllm:num_requests_waiting)\{[^}]*\} ([0-9.e+-]+)$", re.M)
+GAUGE = re.compile(
+    r"^(vllm:num_requests_running|vllm:num_requests_waiting)\{[^}]*\} ([0-9.e+-]+)$", re.M
+)
 
 
 # --- processes ---------------------------------------------------------------------------------
 
+
 def start_sim() -> tuple[int, Server]:
     port = free_port()
-    cmd = [PY, "-m", "engine_sim", MODEL, "--served-model-name", MODEL, "--host", "127.0.0.1",
-           "--port", str(port), *SIM_ARGS]
+    cmd = [
+        PY,
+        "-m",
+        "engine_sim",
+        MODEL,
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *SIM_ARGS,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = Server(proc)
     wait_listening(port, proc)
@@ -77,9 +112,23 @@ def start_sim() -> tuple[int, Server]:
 
 def start_gateway(env: dict, key: str, log: Path, workers: int) -> tuple[str, Server]:
     port = free_port()
-    cmd = [PY, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
-           "-w", str(workers), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
+    cmd = [
+        PY,
+        "-m",
+        "gunicorn",
+        "-c",
+        "python:config.gunicorn",
+        "config.asgi:application",
+        "-w",
+        str(workers),
+        "-b",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "5",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a")
+    )
     server = Server(proc)
     wait_listening(port, proc)
     url = f"http://127.0.0.1:{port}"
@@ -102,8 +151,9 @@ class JsonProcess:
     """A helper process that talks JSON lines; its output is collected by a thread."""
 
     def __init__(self, cmd: list[str], env: dict | None = None) -> None:
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert json.loads(self.proc.stdout.readline()).get("ready"), cmd
 
     def ask(self, spec: dict) -> dict:
@@ -130,6 +180,7 @@ class JsonProcess:
 
 # --- sampling ----------------------------------------------------------------------------------
 
+
 class Sampler(threading.Thread):
     """Every 50 ms: the engine's running/waiting and the gateway's queue and ceiling."""
 
@@ -155,9 +206,17 @@ class Sampler(threading.Thread):
                 pipe.zcard(self.running)
                 pipe.get(self.ceiling)
                 queued, p2_queued, held, ceiling = pipe.execute()
-                self.samples.append((round(tick - self.t0, 3), figures["vllm:num_requests_running"],
-                                     figures["vllm:num_requests_waiting"], queued, p2_queued, held,
-                                     int(ceiling) if ceiling else 0))
+                self.samples.append(
+                    (
+                        round(tick - self.t0, 3),
+                        figures["vllm:num_requests_running"],
+                        figures["vllm:num_requests_waiting"],
+                        queued,
+                        p2_queued,
+                        held,
+                        int(ceiling) if ceiling else 0,
+                    )
+                )
             self.done.wait(max(0.0, SAMPLE_SECONDS - (time.perf_counter() - tick)))
 
     def stop(self) -> list[tuple]:
@@ -188,6 +247,7 @@ def gateway_queue_wait(url: str, token: str) -> dict[tuple[str, str], tuple[floa
 
 # --- runs --------------------------------------------------------------------------------------
 
+
 @dataclass
 class Bench:
     env: dict
@@ -213,7 +273,11 @@ class Bench:
         while time.monotonic() < deadline:
             with urllib.request.urlopen(self.engine + "/metrics", timeout=2) as r:
                 figures = {n: float(v) for n, v in GAUGE.findall(r.read().decode())}
-            if not any(figures.values()) and not self.redis.zcard(f"{base}:q") and not self.redis.zcard(f"{base}:run"):
+            if (
+                not any(figures.values())
+                and not self.redis.zcard(f"{base}:q")
+                and not self.redis.zcard(f"{base}:run")
+            ):
                 return
             time.sleep(0.2)
         raise TimeoutError("engine or gateway queue did not drain")
@@ -222,12 +286,21 @@ class Bench:
         self.wait_idle()
         self.reset_admission()
         flags = [f for f, on in (("--scrape", self.scrape), ("--tune", self.tune)) if on]
-        ticker = JsonProcess([PY, str(ROOT / "bench" / "admission_ticker.py"), *flags], env=self.env)
+        ticker = JsonProcess(
+            [PY, str(ROOT / "bench" / "admission_ticker.py"), *flags], env=self.env
+        )
         waits0 = gateway_queue_wait(self.gateway, self.metrics_token)
-        sampler = Sampler(self.engine, self.redis, self.env["TOLLGATE_REDIS_PREFIX"], self.rows["model_id"])
+        sampler = Sampler(
+            self.engine, self.redis, self.env["TOLLGATE_REDIS_PREFIX"], self.rows["model_id"]
+        )
         sampler.start()
-        spec = {"url": self.gateway, "duration": duration,
-                "groups": {g: {**s, "model": MODEL, "key": self.rows["keys"][g]} for g, s in groups.items()}}
+        spec = {
+            "url": self.gateway,
+            "duration": duration,
+            "groups": {
+                g: {**s, "model": MODEL, "key": self.rows["keys"][g]} for g, s in groups.items()
+            },
+        }
         print(f"{name} …", file=sys.stderr, flush=True)
         result = self.load.ask(spec)
         samples = sampler.stop()
@@ -235,9 +308,13 @@ class Bench:
         waits1 = gateway_queue_wait(self.gateway, self.metrics_token)
         result["samples"] = samples
         result["ticks"] = [t for t in ticks if "ceiling" in t]
-        result["queue_wait"] = {f"{p}/{t}": (waits1[(p, t)][0] - waits0.get((p, t), (0, 0))[0],
-                                             waits1[(p, t)][1] - waits0.get((p, t), (0, 0))[1])
-                                for (p, t) in waits1}
+        result["queue_wait"] = {
+            f"{p}/{t}": (
+                waits1[(p, t)][0] - waits0.get((p, t), (0, 0))[0],
+                waits1[(p, t)][1] - waits0.get((p, t), (0, 0))[1],
+            )
+            for (p, t) in waits1
+        }
         return result
 
 
@@ -252,10 +329,17 @@ def ttft_stats(result: dict, group: str) -> dict:
     reqs = result["groups"][group]["requests"]
     ok = [r for r in reqs if r[4] == 200 and r[1] is not None]
     ttft = [r[1] * 1000 for r in ok]
-    return {"n": len(reqs), "ok": len(ok), "errors": len(reqs) - len(ok),
-            "p50": percentile(ttft, 0.5), "p90": percentile(ttft, 0.9), "p99": percentile(ttft, 0.99),
-            "mean": sum(ttft) / len(ttft) if ttft else None,
-            "classes": sorted({r[5] for r in reqs if r[5]}), "first_error": result["groups"][group]["first_error"]}
+    return {
+        "n": len(reqs),
+        "ok": len(ok),
+        "errors": len(reqs) - len(ok),
+        "p50": percentile(ttft, 0.5),
+        "p90": percentile(ttft, 0.9),
+        "p99": percentile(ttft, 0.99),
+        "mean": sum(ttft) / len(ttft) if ttft else None,
+        "classes": sorted({r[5] for r in reqs if r[5]}),
+        "first_error": result["groups"][group]["first_error"],
+    }
 
 
 def engine_stats(result: dict, start: float, end: float, p2_only: bool) -> dict:
@@ -274,12 +358,17 @@ def engine_stats(result: dict, start: float, end: float, p2_only: bool) -> dict:
         elif run:
             gaps, run = [*gaps, run], 0
     gaps += [run] if run else []
-    return {"samples": len(rows), "util": sum(min(s[1], SLOTS) for s in rows) / (SLOTS * len(rows)),
-            "waiting_samples": len(waiting), "idle_while_waiting": len(idle) / len(waiting) if waiting else None,
-            "long_gaps": sum(1 for g in gaps if g >= 2), "longest_gap_s": max(gaps, default=0) * SAMPLE_SECONDS,
-            "idle_in_long_gaps_s": sum(g for g in gaps if g >= 2) * SAMPLE_SECONDS,
-            "engine_queue": sum(1 for s in rows if s[2] > 0) / len(rows),
-            "gateway_queue_mean": sum(s[3] for s in rows) / len(rows)}
+    return {
+        "samples": len(rows),
+        "util": sum(min(s[1], SLOTS) for s in rows) / (SLOTS * len(rows)),
+        "waiting_samples": len(waiting),
+        "idle_while_waiting": len(idle) / len(waiting) if waiting else None,
+        "long_gaps": sum(1 for g in gaps if g >= 2),
+        "longest_gap_s": max(gaps, default=0) * SAMPLE_SECONDS,
+        "idle_in_long_gaps_s": sum(g for g in gaps if g >= 2) * SAMPLE_SECONDS,
+        "engine_queue": sum(1 for s in rows if s[2] > 0) / len(rows),
+        "gateway_queue_mean": sum(s[3] for s in rows) / len(rows),
+    }
 
 
 def tokens_between(result: dict, group: str, start: int, end: int) -> int:
@@ -304,79 +393,118 @@ def ceilings(result: dict) -> str:
 
 # --- report ------------------------------------------------------------------------------------
 
-def report(res: dict, rows: dict, p0_window: tuple[float, float], fair_window: tuple[int, int]) -> tuple[str, list[str], list[str]]:
+
+def report(
+    res: dict, rows: dict, p0_window: tuple[float, float], fair_window: tuple[int, int]
+) -> tuple[str, list[str], list[str]]:
     base = ttft_stats(res["unloaded"], "interactive")
-    lines = ["| run | P0 TTFT p50 / p90 / p99, ms | p50 / p90 vs unloaded | P0 ok / err | P0 mean queue wait "
-             "| engine busy (running/4) | idle while P2 waits | gaps of 2+ samples: count, idle s, longest s "
-             "| engine queue > 0 | P2 tok/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | P0 TTFT p50 / p90 / p99, ms | p50 / p90 vs unloaded | P0 ok / err | P0 mean queue wait "
+        "| engine busy (running/4) | idle while P2 waits | gaps of 2+ samples: count, idle s, longest s "
+        "| engine queue > 0 | P2 tok/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     facts: dict[str, object] = {}
     ids = rows["tenant_ids"]
-    for name, label in (("unloaded", "1 P0 alone (2/s, 16 tok)"), ("priorities", "2 P0 + P2 flood (32 clients)"),
-                        ("flat", "3 same, classes off (both P1)")):
+    for name, label in (
+        ("unloaded", "1 P0 alone (2/s, 16 tok)"),
+        ("priorities", "2 P0 + P2 flood (32 clients)"),
+        ("flat", "3 same, classes off (both P1)"),
+    ):
         if name not in res:
             continue
         r = res[name]
         st = ttft_stats(r, "interactive")
-        eng = engine_stats(r, *p0_window, p2_only=name == "priorities") if name != "unloaded" else \
-            engine_stats(r, 0, 1e9, p2_only=False)
-        ratio = (f"{st['p50'] / base['p50']:.2f}× / {st['p90'] / base['p90']:.2f}×"
-                 if st["p50"] and base["p50"] else "–")
+        eng = (
+            engine_stats(r, *p0_window, p2_only=name == "priorities")
+            if name != "unloaded"
+            else engine_stats(r, 0, 1e9, p2_only=False)
+        )
+        ratio = (
+            f"{st['p50'] / base['p50']:.2f}× / {st['p90'] / base['p90']:.2f}×"
+            if st["p50"] and base["p50"]
+            else "–"
+        )
         p2tok = "–"
         if "batch" in r["groups"]:
-            p2tok = fmt(tokens_between(r, "batch", int(p0_window[0]), int(p0_window[1])) / (p0_window[1] - p0_window[0]), 1)
+            p2tok = fmt(
+                tokens_between(r, "batch", int(p0_window[0]), int(p0_window[1]))
+                / (p0_window[1] - p0_window[0]),
+                1,
+            )
         idle = eng.get("idle_while_waiting")
-        lines.append(f"| {label} | {fmt(st['p50'], 0)} / {fmt(st['p90'], 0)} / {fmt(st['p99'], 0)} | {ratio} | "
-                     f"{st['ok']} / {st['errors']} | {mean_wait(r, ids['interactive'])} | "
-                     f"{fmt(eng.get('util', 0) * 100, 1)}% | "
-                     f"{fmt(idle * 100 if idle is not None else None, 1)}% of {eng.get('waiting_samples', 0)} | "
-                     f"{eng.get('long_gaps', 0)}, {fmt(eng.get('idle_in_long_gaps_s', 0), 2)}, "
-                     f"{fmt(eng.get('longest_gap_s', 0), 2)} | "
-                     f"{fmt(eng.get('engine_queue', 0) * 100, 1)}% | {p2tok} |")
+        lines.append(
+            f"| {label} | {fmt(st['p50'], 0)} / {fmt(st['p90'], 0)} / {fmt(st['p99'], 0)} | {ratio} | "
+            f"{st['ok']} / {st['errors']} | {mean_wait(r, ids['interactive'])} | "
+            f"{fmt(eng.get('util', 0) * 100, 1)}% | "
+            f"{fmt(idle * 100 if idle is not None else None, 1)}% of {eng.get('waiting_samples', 0)} | "
+            f"{eng.get('long_gaps', 0)}, {fmt(eng.get('idle_in_long_gaps_s', 0), 2)}, "
+            f"{fmt(eng.get('longest_gap_s', 0), 2)} | "
+            f"{fmt(eng.get('engine_queue', 0) * 100, 1)}% | {p2tok} |"
+        )
         facts[name] = {"ttft": st, "engine": eng}
     extra = []
     for name in ("priorities", "flat", "fair"):
         if name in res:
-            extra.append(f"- ceiling each 5 s tick in run {name} (i increase, d decrease, h hold): {ceilings(res[name])}")
-            st = ttft_stats(res[name], "interactive") if "interactive" in res[name]["groups"] else None
+            extra.append(
+                f"- ceiling each 5 s tick in run {name} (i increase, d decrease, h hold): {ceilings(res[name])}"
+            )
+            st = (
+                ttft_stats(res[name], "interactive")
+                if "interactive" in res[name]["groups"]
+                else None
+            )
             if st and st["classes"]:
-                extra.append(f"- run {name}: the gateway put the P0 tenant's requests in {', '.join(st['classes'])}, "
-                             f"the flood's in {', '.join(ttft_stats(res[name], 'batch')['classes'])}; "
-                             f"flood queue wait {mean_wait(res[name], ids['batch'])}")
+                extra.append(
+                    f"- run {name}: the gateway put the P0 tenant's requests in {', '.join(st['classes'])}, "
+                    f"the flood's in {', '.join(ttft_stats(res[name], 'batch')['classes'])}; "
+                    f"flood queue wait {mean_wait(res[name], ids['batch'])}"
+                )
     verdict = []
     if "priorities" in facts:
         st = facts["priorities"]["ttft"]
         p50r, p90r = st["p50"] / base["p50"], st["p90"] / base["p90"]
-        verdict.append(f"- P0 TTFT under the P2 flood within 20% of unloaded (p50 and p90 ≤ 1.2×): "
-                       f"{'met' if p50r <= 1.2 and p90r <= 1.2 else 'MISSED'} "
-                       f"(p50 {fmt(st['p50'], 0)} vs {fmt(base['p50'], 0)} ms = {p50r:.2f}×, "
-                       f"p90 {fmt(st['p90'], 0)} vs {fmt(base['p90'], 0)} ms = {p90r:.2f}×)")
+        verdict.append(
+            f"- P0 TTFT under the P2 flood within 20% of unloaded (p50 and p90 ≤ 1.2×): "
+            f"{'met' if p50r <= 1.2 and p90r <= 1.2 else 'MISSED'} "
+            f"(p50 {fmt(st['p50'], 0)} vs {fmt(base['p50'], 0)} ms = {p50r:.2f}×, "
+            f"p90 {fmt(st['p90'], 0)} vs {fmt(base['p90'], 0)} ms = {p90r:.2f}×)"
+        )
         idle = facts["priorities"]["engine"].get("idle_while_waiting")
-        verdict.append(f"- engine busy, no idle gaps while P2 waits (≤ 2% of samples with running < 4 and P2 "
-                       f"queued): {'met' if idle is not None and idle <= 0.02 else 'MISSED'} "
-                       f"({fmt(idle * 100 if idle is not None else None, 1)}% of "
-                       f"{facts['priorities']['engine'].get('waiting_samples', 0)} samples, "
-                       f"{facts['priorities']['engine'].get('long_gaps', 0)} gaps of 2+ samples (≥ 50 ms); busy "
-                       f"{facts['priorities']['engine'].get('util', 0) * 100:.1f}%)")
+        verdict.append(
+            f"- engine busy, no idle gaps while P2 waits (≤ 2% of samples with running < 4 and P2 "
+            f"queued): {'met' if idle is not None and idle <= 0.02 else 'MISSED'} "
+            f"({fmt(idle * 100 if idle is not None else None, 1)}% of "
+            f"{facts['priorities']['engine'].get('waiting_samples', 0)} samples, "
+            f"{facts['priorities']['engine'].get('long_gaps', 0)} gaps of 2+ samples (≥ 50 ms); busy "
+            f"{facts['priorities']['engine'].get('util', 0) * 100:.1f}%)"
+        )
     if "fair" in res:
         r = res["fair"]
         a, b = (tokens_between(r, g, *fair_window) for g in ("fair-a", "fair-b"))
-        whole_a, whole_b = (sum(r["groups"][g]["per_second"].values()) for g in ("fair-a", "fair-b"))
+        whole_a, whole_b = (
+            sum(r["groups"][g]["per_second"].values()) for g in ("fair-a", "fair-b")
+        )
         ratio = min(a, b) / max(a, b) if max(a, b) else 0
         eng = engine_stats(r, *fair_window, p2_only=False)
-        lines += ["", "| fair share: two P1 tenants, weight 1, 32 clients each | fair-a | fair-b | ratio |",
-                  "|---|---:|---:|---:|",
-                  f"| tokens received, seconds {fair_window[0]}–{fair_window[1]} | {a:,} | {b:,} | {ratio:.3f} |",
-                  f"| tokens received, whole run | {whole_a:,} | {whole_b:,} | "
-                  f"{min(whole_a, whole_b) / max(whole_a, whole_b, 1):.3f} |",
-                  f"| requests completed / refused | {sum(1 for q in r['groups']['fair-a']['requests'] if q[4] == 200)}"
-                  f" / {sum(1 for q in r['groups']['fair-a']['requests'] if q[4] != 200)} | "
-                  f"{sum(1 for q in r['groups']['fair-b']['requests'] if q[4] == 200)} / "
-                  f"{sum(1 for q in r['groups']['fair-b']['requests'] if q[4] != 200)} | |",
-                  f"| mean queue wait | {mean_wait(r, ids['fair-a'])} | {mean_wait(r, ids['fair-b'])} | |",
-                  f"| engine busy (running/4) in the window | {eng.get('util', 0) * 100:.1f}% | | |"]
-        verdict.append(f"- fair share: equal-weight P1 tenants within 10% of each other's tokens under saturation: "
-                       f"{'met' if ratio >= 0.9 else 'MISSED'} ({a:,} vs {b:,} tokens, ratio {ratio:.3f})")
+        lines += [
+            "",
+            "| fair share: two P1 tenants, weight 1, 32 clients each | fair-a | fair-b | ratio |",
+            "|---|---:|---:|---:|",
+            f"| tokens received, seconds {fair_window[0]}–{fair_window[1]} | {a:,} | {b:,} | {ratio:.3f} |",
+            f"| tokens received, whole run | {whole_a:,} | {whole_b:,} | "
+            f"{min(whole_a, whole_b) / max(whole_a, whole_b, 1):.3f} |",
+            f"| requests completed / refused | {sum(1 for q in r['groups']['fair-a']['requests'] if q[4] == 200)}"
+            f" / {sum(1 for q in r['groups']['fair-a']['requests'] if q[4] != 200)} | "
+            f"{sum(1 for q in r['groups']['fair-b']['requests'] if q[4] == 200)} / "
+            f"{sum(1 for q in r['groups']['fair-b']['requests'] if q[4] != 200)} | |",
+            f"| mean queue wait | {mean_wait(r, ids['fair-a'])} | {mean_wait(r, ids['fair-b'])} | |",
+            f"| engine busy (running/4) in the window | {eng.get('util', 0) * 100:.1f}% | | |",
+        ]
+        verdict.append(
+            f"- fair share: equal-weight P1 tenants within 10% of each other's tokens under saturation: "
+            f"{'met' if ratio >= 0.9 else 'MISSED'} ({a:,} vs {b:,} tokens, ratio {ratio:.3f})"
+        )
     return "\n".join(lines), extra, verdict
 
 
@@ -386,13 +514,14 @@ def write_section(block: str) -> None:
     page = path.read_text()
     generated = f"{BEGIN}\n{block}{END}"
     if BEGIN in page and END in page:
-        page = page[:page.index(BEGIN)] + generated + page[page.index(END) + len(END):]
+        page = page[: page.index(BEGIN)] + generated + page[page.index(END) + len(END) :]
     else:
         page = page.rstrip("\n") + f"\n\n{SECTION}\n\n{generated}\n"
     path.write_text(page)
 
 
 # --- main --------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def bench(workers: int, scrape: bool, tune: bool):
@@ -402,9 +531,15 @@ def bench(workers: int, scrape: bool, tune: bool):
     tmp = Path(tempfile.mkdtemp(prefix="admbench-"))
     (tmp / "prom").mkdir()
     token = secrets.token_urlsafe(16)
-    env = {**os.environ, "TOLLGATE_ENV": "test", "DATABASE_URL": f"{PG}/{DB_NAME}",
-           "TOLLGATE_REDIS_PREFIX": prefix, "TOLLGATE_LOG_LEVEL": "WARNING",
-           "TOLLGATE_METRICS_TOKEN": token, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom")}
+    env = {
+        **os.environ,
+        "TOLLGATE_ENV": "test",
+        "DATABASE_URL": f"{PG}/{DB_NAME}",
+        "TOLLGATE_REDIS_PREFIX": prefix,
+        "TOLLGATE_LOG_LEVEL": "WARNING",
+        "TOLLGATE_METRICS_TOKEN": token,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"),
+    }
     client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     servers: list[Server] = []
     load: JsonProcess | None = None
@@ -416,12 +551,27 @@ def bench(workers: int, scrape: bool, tune: bool):
         psql(f"CREATE DATABASE {DB_NAME}")
         db_made = True
         sh([PY, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
-        rows = json.loads(sh([PY, "bench/admission_setup.py", "create", str(port)], cwd=ROOT, env=env)
-                          .strip().splitlines()[-1])
+        rows = json.loads(
+            sh([PY, "bench/admission_setup.py", "create", str(port)], cwd=ROOT, env=env)
+            .strip()
+            .splitlines()[-1]
+        )
         url, gw = start_gateway(env, rows["keys"]["interactive"], tmp / "gateway.log", workers)
         servers.append(gw)
         load = JsonProcess([PY, str(ROOT / "bench" / "admission_load.py")])
-        yield Bench(env, tmp, url, f"http://127.0.0.1:{port}", rows, client, load, token, scrape, tune, servers)
+        yield Bench(
+            env,
+            tmp,
+            url,
+            f"http://127.0.0.1:{port}",
+            rows,
+            client,
+            load,
+            token,
+            scrape,
+            tune,
+            servers,
+        )
     finally:
         if load:
             with contextlib.suppress(Exception):
@@ -435,7 +585,7 @@ def bench(workers: int, scrape: bool, tune: bool):
         with contextlib.suppress(Exception):
             keys = list(client.scan_iter(f"{prefix}:*", count=1000))
             for i in range(0, len(keys), 500):
-                client.delete(*keys[i:i + 500])
+                client.delete(*keys[i : i + 500])
         if sys.exc_info()[0] is None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -443,12 +593,22 @@ def bench(workers: int, scrape: bool, tune: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help="replace the generated block in bench/RESULTS.md")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--write", action="store_true", help="replace the generated block in bench/RESULTS.md"
+    )
     ap.add_argument("--workers", type=int, default=2, help="gunicorn workers of the gateway")
-    ap.add_argument("--no-scrape", action="store_true", help="no engine scraper: P2 is not gated on telemetry")
-    ap.add_argument("--no-tune", action="store_true", help="no adaptive ceiling: the static budget of 4")
-    ap.add_argument("--seconds", type=float, default=50.0, help="P0 traffic per run (at 2 requests/s)")
+    ap.add_argument(
+        "--no-scrape", action="store_true", help="no engine scraper: P2 is not gated on telemetry"
+    )
+    ap.add_argument(
+        "--no-tune", action="store_true", help="no adaptive ceiling: the static budget of 4"
+    )
+    ap.add_argument(
+        "--seconds", type=float, default=50.0, help="P0 traffic per run (at 2 requests/s)"
+    )
     ap.add_argument("--runs", default="unloaded,priorities,flat,fair")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -464,37 +624,70 @@ def main() -> None:
     res: dict[str, dict] = {}
     with bench(a.workers, not a.no_scrape, not a.no_tune) as b:
         # Warm-up: imports, pools and the engine's first-request path.
-        b.load.ask({"url": b.gateway, "duration": 3, "groups": {
-            "interactive": {**p0, "count": 4, "model": MODEL, "key": b.rows["keys"]["interactive"]}}})
+        b.load.ask(
+            {
+                "url": b.gateway,
+                "duration": 3,
+                "groups": {
+                    "interactive": {
+                        **p0,
+                        "count": 4,
+                        "model": MODEL,
+                        "key": b.rows["keys"]["interactive"],
+                    }
+                },
+            }
+        )
         if "unloaded" in runs:
             res["unloaded"] = b.run("1 unloaded", {"interactive": p0}, a.seconds + 1)
         if "priorities" in runs:
-            res["priorities"] = b.run("2 priorities", {"interactive": {**p0, "delay": warm}, "batch": flood},
-                                      warm + a.seconds + 1)
+            res["priorities"] = b.run(
+                "2 priorities",
+                {"interactive": {**p0, "delay": warm}, "batch": flood},
+                warm + a.seconds + 1,
+            )
         if "flat" in runs:
-            sh([PY, "bench/admission_setup.py", "priorities", "interactive=P1", "batch=P1"], cwd=ROOT, env=b.env)
+            sh(
+                [PY, "bench/admission_setup.py", "priorities", "interactive=P1", "batch=P1"],
+                cwd=ROOT,
+                env=b.env,
+            )
             time.sleep(3)  # the gateway reloads its snapshot on the change notice
-            res["flat"] = b.run("3 classes off", {"interactive": {**p0, "delay": warm}, "batch": flood},
-                                warm + a.seconds + 1)
-            sh([PY, "bench/admission_setup.py", "priorities", "interactive=P0", "batch=P2"], cwd=ROOT, env=b.env)
+            res["flat"] = b.run(
+                "3 classes off",
+                {"interactive": {**p0, "delay": warm}, "batch": flood},
+                warm + a.seconds + 1,
+            )
+            sh(
+                [PY, "bench/admission_setup.py", "priorities", "interactive=P0", "batch=P2"],
+                cwd=ROOT,
+                env=b.env,
+            )
         if "fair" in runs:
             res["fair"] = b.run("4 fair share", {"fair-a": flood, "fair-b": flood}, fair_window[1])
         rows = b.rows
     load_after = load_avg()
     text, extra, verdict = report(res, rows, p0_window, fair_window)
     cmd = "$ .venv/bin/python bench/admission_bench.py " + " ".join(sys.argv[1:])
-    machine = (f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}; "
-               f"{started}; gateway `gunicorn -w {a.workers}`; scraper {'off' if a.no_scrape else 'on (5 s)'}, "
-               f"adaptive ceiling {'off' if a.no_tune else 'on (5 s)'}; load average before {load_before}, "
-               f"after {load_after}")
+    machine = (
+        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}; "
+        f"{started}; gateway `gunicorn -w {a.workers}`; scraper {'off' if a.no_scrape else 'on (5 s)'}, "
+        f"adaptive ceiling {'off' if a.no_tune else 'on (5 s)'}; load average before {load_before}, "
+        f"after {load_after}"
+    )
     out = f"{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(extra) + "\n\n" + "\n".join(verdict)
     print("\n" + out)
     dump = Path(tempfile.gettempdir()) / "admission-bench-raw.json"
     dump.write_text(json.dumps(res))
     print(f"\nraw results and samples: {dump}", file=sys.stderr)
     if a.write:
-        write_section(f"Latest run: {machine}.\n\n```\n{cmd.strip()}\n```\n\n{text}\n\n" + "\n".join(extra)
-                      + "\n\nTargets:\n\n" + "\n".join(verdict) + "\n")
+        write_section(
+            f"Latest run: {machine}.\n\n```\n{cmd.strip()}\n```\n\n{text}\n\n"
+            + "\n".join(extra)
+            + "\n\nTargets:\n\n"
+            + "\n".join(verdict)
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -41,11 +41,23 @@ class Group:
         self.per_second: dict[int, int] = {}
         self.first_error = ""
         low, high = spec.get("max_tokens_range", (spec.get("max_tokens"), spec.get("max_tokens")))
-        self.bodies = [orjson.dumps({"model": spec["model"], "max_tokens": n, "ignore_eos": True, "stream": True,
-                                     "messages": [{"role": "user", "content": PROMPT}]})
-                       for n in range(low, high + 1)]
+        self.bodies = [
+            orjson.dumps(
+                {
+                    "model": spec["model"],
+                    "max_tokens": n,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": PROMPT}],
+                }
+            )
+            for n in range(low, high + 1)
+        ]
         self.random = random.Random(spec["key"])  # the same lengths in every run
-        self.headers = {"content-type": "application/json", "authorization": f"Bearer {spec['key']}"}
+        self.headers = {
+            "content-type": "application/json",
+            "authorization": f"Bearer {spec['key']}",
+        }
 
 
 async def one(session: aiohttp.ClientSession, url: str, g: Group) -> int:
@@ -77,8 +89,16 @@ async def one(session: aiohttp.ClientSession, url: str, g: Group) -> int:
         if not g.first_error:
             g.first_error = f"{exc.__class__.__name__}: {exc}"[:300]
     end = time.perf_counter()
-    g.requests.append([round(start - g.t0, 4), round(first - start, 5) if first else None,
-                       round(end - start, 4), tokens, status, klass])
+    g.requests.append(
+        [
+            round(start - g.t0, 4),
+            round(first - start, 5) if first else None,
+            round(end - start, 4),
+            tokens,
+            status,
+            klass,
+        ]
+    )
     return status
 
 
@@ -115,9 +135,13 @@ async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
     groups = {name: Group(g, t0) for name, g in spec["groups"].items()}
     deadline = t0 + spec["duration"]
     await asyncio.gather(*(run_group(session, url, g, deadline) for g in groups.values()))
-    return {"seconds": time.perf_counter() - t0,
-            "groups": {name: {"requests": g.requests, "per_second": g.per_second, "first_error": g.first_error}
-                       for name, g in groups.items()}}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "groups": {
+            name: {"requests": g.requests, "per_second": g.per_second, "first_error": g.first_error}
+            for name, g in groups.items()
+        },
+    }
 
 
 async def main() -> None:

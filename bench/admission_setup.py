@@ -23,7 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
 TENANTS = {"interactive": ("P0", 1), "batch": ("P2", 1), "fair-a": ("P1", 1), "fair-b": ("P1", 1)}
-UNLIMITED = {"requests_per_minute": None, "tokens_per_minute": None, "max_concurrent_requests": None}
+UNLIMITED = {
+    "requests_per_minute": None,
+    "tokens_per_minute": None,
+    "max_concurrent_requests": None,
+}
 
 
 def _django() -> None:
@@ -40,26 +44,56 @@ def create(port: int) -> dict:
     from deployments.models import Deployment, Replica
     from tenants import services as tenant_services
 
-    node = deployment_services.register_node(None, name="admbench-node", docker_url="unix:///x",
-                                             engine_host="127.0.0.1")
+    node = deployment_services.register_node(
+        None, name="admbench-node", docker_url="unix:///x", engine_host="127.0.0.1"
+    )
     model = deployment_services.create_model(
-        None, served_name=MODEL, source=f"sim/{MODEL}", task="generate", params_billions=Decimal("8"),
-        context_length=4096, visibility="public",
+        None,
+        served_name=MODEL,
+        source=f"sim/{MODEL}",
+        task="generate",
+        params_billions=Decimal("8"),
+        context_length=4096,
+        visibility="public",
     )
     deployment = Deployment.objects.create(
-        name=f"{MODEL}-dep", model=model, node=node, image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": 4, "scheduling-policy": "priority"}, desired_state="running", state="ready",
+        name=f"{MODEL}-dep",
+        model=model,
+        node=node,
+        image="tollgate/engine-sim:latest",
+        engine_args={"max-num-seqs": 4, "scheduling-policy": "priority"},
+        desired_state="running",
+        state="ready",
     )
-    replica = Replica.objects.create(deployment=deployment, index=0, node=node, host="127.0.0.1", port=port,
-                                     state=ReplicaState.READY, healthy=True)
+    replica = Replica.objects.create(
+        deployment=deployment,
+        index=0,
+        node=node,
+        host="127.0.0.1",
+        port=port,
+        state=ReplicaState.READY,
+        healthy=True,
+    )
     keys, ids = {}, {}
     for slug, (priority, weight) in TENANTS.items():
-        tenant = tenant_services.create_tenant(None, name=slug, slug=slug, priority=priority,
-                                               fair_share_weight=weight, quota_tokens=None, **UNLIMITED)
+        tenant = tenant_services.create_tenant(
+            None,
+            name=slug,
+            slug=slug,
+            priority=priority,
+            fair_share_weight=weight,
+            quota_tokens=None,
+            **UNLIMITED,
+        )
         keys[slug] = tenant_services.issue_api_key(None, tenant, name=slug, **UNLIMITED).plaintext
         ids[slug] = tenant.pk
-    return {"keys": keys, "tenant_ids": ids, "model_id": model.pk, "replica_id": replica.pk,
-            "budget": deployment.max_num_seqs}
+    return {
+        "keys": keys,
+        "tenant_ids": ids,
+        "model_id": model.pk,
+        "replica_id": replica.pk,
+        "budget": deployment.max_num_seqs,
+    }
 
 
 def priorities(changes: dict[str, str]) -> dict:

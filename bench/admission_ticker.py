@@ -52,12 +52,20 @@ def main() -> None:
             last = AdmissionSample.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
             tune_all()
             for s in AdmissionSample.objects.filter(pk__gt=last).order_by("pk"):
-                print(json.dumps({
-                    "t": round(tick - t0, 2), "ceiling": s.ceiling, "decision": s.decision,
-                    "tok_s": round(s.tokens_per_second, 1),
-                    "ttft_ms": round(s.ttft_ms, 1) if s.ttft_ms is not None else None,
-                    "engine_waiting": s.engine_waiting, "queued": s.gateway_queued,
-                }), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "t": round(tick - t0, 2),
+                            "ceiling": s.ceiling,
+                            "decision": s.decision,
+                            "tok_s": round(s.tokens_per_second, 1),
+                            "ttft_ms": round(s.ttft_ms, 1) if s.ttft_ms is not None else None,
+                            "engine_waiting": s.engine_waiting,
+                            "queued": s.gateway_queued,
+                        }
+                    ),
+                    flush=True,
+                )
         stop.wait(max(0.0, a.every - (time.monotonic() - tick)))
 
 

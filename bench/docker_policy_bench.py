@@ -37,8 +37,15 @@ from contextlib import contextmanager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = "tollgate/engine-sim:latest"
-SIM_ARGS = ["Qwen/Qwen3-0.6B", "--served-model-name", "bench", "--port", "8000",
-            "--sim-load-seconds", "0.2"]
+SIM_ARGS = [
+    "Qwen/Qwen3-0.6B",
+    "--served-model-name",
+    "bench",
+    "--port",
+    "8000",
+    "--sim-load-seconds",
+    "0.2",
+]
 
 
 def free_port() -> int:
@@ -51,12 +58,29 @@ def free_port() -> int:
 def policy(stack: str, socket_path: str) -> Iterator[str]:
     """``python -m dockerpolicy`` in front of ``socket_path``; yields its tcp:// URL."""
     port = free_port()
-    env = {**os.environ, "TOLLGATE_STACK_ID": stack, "TOLLGATE_ENGINE_IMAGES": "tollgate/engine-sim:*",
-           "TOLLGATE_MODEL_CACHE_VOLUME": f"{stack}-models", "TOLLGATE_COMPILE_CACHE_VOLUME": f"{stack}-compile",
-           "TOLLGATE_ENGINE_NETWORK": f"{stack}-net"}
-    proc = subprocess.Popen([sys.executable, "-m", "dockerpolicy", "--listen", f"127.0.0.1:{port}",
-                             "--docker-socket", socket_path], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "TOLLGATE_STACK_ID": stack,
+        "TOLLGATE_ENGINE_IMAGES": "tollgate/engine-sim:*",
+        "TOLLGATE_MODEL_CACHE_VOLUME": f"{stack}-models",
+        "TOLLGATE_COMPILE_CACHE_VOLUME": f"{stack}-compile",
+        "TOLLGATE_ENGINE_NETWORK": f"{stack}-net",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dockerpolicy",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--docker-socket",
+            socket_path,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(port)
         yield f"tcp://127.0.0.1:{port}"
@@ -92,12 +116,21 @@ def deploy_round(url: str, stack: str) -> float:
     except docker.errors.NotFound:
         pass
     container = dc.containers.create(
-        IMAGE, SIM_ARGS, name=name, environment={"SIM_TTFT_MS": "1"},
+        IMAGE,
+        SIM_ARGS,
+        name=name,
+        environment={"SIM_TTFT_MS": "1"},
         labels={"tollgate.managed": "true", "tollgate.stack": stack, "tollgate.node": "bench"},
-        shm_size="1g", volumes={f"{stack}-models": {"bind": "/root/.cache/huggingface", "mode": "rw"},
-                                f"{stack}-compile": {"bind": "/root/.cache/vllm", "mode": "rw"}},
+        shm_size="1g",
+        volumes={
+            f"{stack}-models": {"bind": "/root/.cache/huggingface", "mode": "rw"},
+            f"{stack}-compile": {"bind": "/root/.cache/vllm", "mode": "rw"},
+        },
         log_config={"type": "json-file", "config": {"max-size": "50m", "max-file": "3"}},
-        security_opt=["no-new-privileges"], ports={"8000/tcp": ("127.0.0.1", None)}, detach=True)
+        security_opt=["no-new-privileges"],
+        ports={"8000/tcp": ("127.0.0.1", None)},
+        detach=True,
+    )
     container.start()
     for _ in range(5):
         container.reload()
@@ -128,10 +161,20 @@ def bench_deploy(rounds: int, calls: int, socket_path: str) -> None:
             totals["policy"].append(deploy_round(proxied_url, stack))
         print(f"deploy: Docker calls of one simulator deploy, median of {rounds} rounds")
         d, p = statistics.median(totals["direct"]), statistics.median(totals["policy"])
-        print(f"  direct {1000 * d:8.1f} ms   policy {1000 * p:8.1f} ms   added {1000 * (p - d):6.1f} ms")
-        direct, proxied = docker.DockerClient(base_url=direct_url), docker.DockerClient(base_url=proxied_url)
-        keeper = direct.containers.run(IMAGE, SIM_ARGS, name=f"{stack}-keeper", detach=True,
-                                       labels={"tollgate.managed": "true", "tollgate.stack": stack})
+        print(
+            f"  direct {1000 * d:8.1f} ms   policy {1000 * p:8.1f} ms   added {1000 * (p - d):6.1f} ms"
+        )
+        direct, proxied = (
+            docker.DockerClient(base_url=direct_url),
+            docker.DockerClient(base_url=proxied_url),
+        )
+        keeper = direct.containers.run(
+            IMAGE,
+            SIM_ARGS,
+            name=f"{stack}-keeper",
+            detach=True,
+            labels={"tollgate.managed": "true", "tollgate.stack": stack},
+        )
         try:
             filters = {"label": ["tollgate.managed=true", f"tollgate.stack={stack}"]}
             print(f"per call, median of {calls}:")
@@ -143,8 +186,10 @@ def bench_deploy(rounds: int, calls: int, socket_path: str) -> None:
                 ("list by label", lambda c: c.api.containers(all=True, filters=filters)),
             ):
                 d, p = median_call(fn, direct, calls), median_call(fn, proxied, calls)
-                print(f"  {label:30} direct {1000 * d:6.2f} ms   policy {1000 * p:6.2f} ms   "
-                      f"added {1000 * (p - d):5.2f} ms")
+                print(
+                    f"  {label:30} direct {1000 * d:6.2f} ms   policy {1000 * p:6.2f} ms   "
+                    f"added {1000 * (p - d):5.2f} ms"
+                )
         finally:
             keeper.remove(force=True)
             for name in (f"{stack}-models", f"{stack}-compile"):
@@ -167,13 +212,23 @@ def fake_engine(socket_path: str) -> None:
         await response.prepare(request)
         if mode == "paced":
             for n in range(2000):
-                line = {"status": "Downloading", "id": "layer", "progressDetail": {"current": n, "total": 2000},
-                        "sent": time.monotonic_ns()}
+                line = {
+                    "status": "Downloading",
+                    "id": "layer",
+                    "progressDetail": {"current": n, "total": 2000},
+                    "sent": time.monotonic_ns(),
+                }
                 await response.write(json.dumps(line).encode() + b"\r\n")
                 await asyncio.sleep(0.005)
         else:
-            line = json.dumps({"status": "Downloading", "id": "0123456789ab",
-                               "progressDetail": {"current": 1, "total": 2}, "progress": "[=>  ] " + "x" * 80})
+            line = json.dumps(
+                {
+                    "status": "Downloading",
+                    "id": "0123456789ab",
+                    "progressDetail": {"current": 1, "total": 2},
+                    "progress": "[=>  ] " + "x" * 80,
+                }
+            )
             block = (line.encode() + b"\r\n") * 100
             for _ in range(20 * 2**20 // len(block)):
                 await response.write(block)
@@ -192,7 +247,9 @@ def fake_engine(socket_path: str) -> None:
 def stream(client: object, url: str, tag: str) -> tuple[list[float], int, float]:
     """(per-line delays in ms, bytes, seconds) of one pull-progress stream."""
     delays, size, started = [], 0, time.perf_counter()
-    with client.stream("POST", f"{url}/v1.41/images/create?fromImage=tollgate%2Fengine-sim&tag={tag}") as answer:
+    with client.stream(
+        "POST", f"{url}/v1.41/images/create?fromImage=tollgate%2Fengine-sim&tag={tag}"
+    ) as answer:
         for line in answer.iter_lines():
             size += len(line) + 2
             if tag == "paced":
@@ -210,10 +267,16 @@ def bench_pull() -> None:
         while not os.path.exists(socket_path):
             time.sleep(0.05)
         with policy("tgbench", socket_path) as proxied:
-            clients = {"direct": (httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=60),
-                                  "http://docker"),
-                       "policy": (httpx.Client(timeout=60), proxied.replace("tcp://", "http://"))}
-            print("pull progress: one line every 5 ms, 2000 lines; delay from write to arrival (ms)")
+            clients = {
+                "direct": (
+                    httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=60),
+                    "http://docker",
+                ),
+                "policy": (httpx.Client(timeout=60), proxied.replace("tcp://", "http://")),
+            }
+            print(
+                "pull progress: one line every 5 ms, 2000 lines; delay from write to arrival (ms)"
+            )
             for name, (client, url) in clients.items():
                 delays = stream(client, url, "paced")[0]
                 q = statistics.quantiles(delays, n=100)
@@ -232,7 +295,9 @@ def bench_pull() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("what", choices=["deploy", "pull", "fake-engine"])
     parser.add_argument("socket", nargs="?", default="/var/run/docker.sock")
     parser.add_argument("--rounds", type=int, default=9)

@@ -22,8 +22,18 @@ import time
 import aiohttp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ZERO = ["--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0",
-        "--sim-decode-tps", "0", "--max-num-seqs", "256"]
+ZERO = [
+    "--sim-load-seconds",
+    "0",
+    "--sim-ttft-ms",
+    "0",
+    "--sim-ttft-per-token-ms",
+    "0",
+    "--sim-decode-tps",
+    "0",
+    "--max-num-seqs",
+    "256",
+]
 
 
 def free_port() -> int:
@@ -33,8 +43,19 @@ def free_port() -> int:
 
 
 def start_sim(port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "engine_sim", "bench/model", "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(port), *ZERO]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine_sim",
+        "bench/model",
+        "--served-model-name",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *ZERO,
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -71,15 +92,23 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict, stream: bool
         return tokens
 
 
-async def run_case(urls: list[str], concurrency: int, total: int, stream: bool, tokens: int) -> tuple[float, int]:
-    body = {"model": "m", "messages": [{"role": "user", "content": "Say something."}],
-            "max_tokens": tokens, "ignore_eos": True, "stream": stream}
+async def run_case(
+    urls: list[str], concurrency: int, total: int, stream: bool, tokens: int
+) -> tuple[float, int]:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     left = total
     got = 0
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
+
         async def worker(k: int) -> None:
             nonlocal left, got
             url = urls[k % len(urls)]
@@ -87,13 +116,16 @@ async def run_case(urls: list[str], concurrency: int, total: int, stream: bool, 
                 left -= 1
                 n = await one(session, url, body, stream)
                 got += n  # not `got += await ...`: that reads `got` before the await
+
         start = time.perf_counter()
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
         return time.perf_counter() - start, got
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sims", type=int, default=1, help="simulator processes to start")
     ap.add_argument("--url", action="append", help="use running simulator(s) instead")
     ap.add_argument("--requests", type=int, default=10000, help="requests per case")
@@ -111,7 +143,9 @@ async def main() -> None:
         for u in urls:
             await wait_ready(u)
         await run_case(urls, 8, 500, False, a.tokens)  # warm-up: imports, caches, connections
-        print(f"{'mode':<10}{'conc':>6}{'requests':>10}{'req/s':>10}{'tok/s':>10}{'sim CPU ms/req':>16}")
+        print(
+            f"{'mode':<10}{'conc':>6}{'requests':>10}{'req/s':>10}{'tok/s':>10}{'sim CPU ms/req':>16}"
+        )
         for stream in (False, True):
             for c in a.concurrency:
                 cpu0 = sum(cpu_seconds(p.pid) for p in procs)
@@ -119,8 +153,10 @@ async def main() -> None:
                 cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
                 per = f"{1000 * cpu / a.requests:.3f}" if procs else "n/a"
                 mode = "stream" if stream else "json"
-                print(f"{mode:<10}{c:>6}{a.requests:>10}{a.requests / secs:>10.0f}{toks / secs:>10.0f}{per:>16}",
-                      flush=True)
+                print(
+                    f"{mode:<10}{c:>6}{a.requests:>10}{a.requests / secs:>10.0f}{toks / secs:>10.0f}{per:>16}",
+                    flush=True,
+                )
     finally:
         for p in procs:
             p.terminate()

@@ -57,6 +57,7 @@ SIMS = {"bench-model": (16, 0), "bench-stream": (64, 200), "bench-hold": (200, 2
 
 # --- processes ------------------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -144,22 +145,63 @@ class Server:
 
 def start_sim(name: str, tokens: int, tps: float) -> tuple[int, Server]:
     port = free_port()
-    cmd = [PY, "-m", "engine_sim", name, "--served-model-name", name, "--host", "127.0.0.1",
-           "--port", str(port), "--max-model-len", "4096", "--max-num-seqs", "4096",
-           "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0",
-           "--sim-decode-tps", str(tps), "--sim-bandwidth-alpha", "0",
-           "--sim-output-tokens-min", str(tokens), "--sim-output-tokens-max", str(tokens)]
+    cmd = [
+        PY,
+        "-m",
+        "engine_sim",
+        name,
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "4096",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-ttft-per-token-ms",
+        "0",
+        "--sim-decode-tps",
+        str(tps),
+        "--sim-bandwidth-alpha",
+        "0",
+        "--sim-output-tokens-min",
+        str(tokens),
+        "--sim-output-tokens-max",
+        str(tokens),
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = Server(proc)
     wait_listening(port, proc)
     return port, server
 
 
-def start_tollgate(workers: int, env: dict, key: str, log: Path, app: str = "config.asgi:application") -> tuple[str, Server]:
+def start_tollgate(
+    workers: int, env: dict, key: str, log: Path, app: str = "config.asgi:application"
+) -> tuple[str, Server]:
     port = free_port()
-    cmd = [PY, "-m", "gunicorn", "-c", "python:config.gunicorn", app,
-           "-w", str(workers), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
+    cmd = [
+        PY,
+        "-m",
+        "gunicorn",
+        "-c",
+        "python:config.gunicorn",
+        app,
+        "-w",
+        str(workers),
+        "-b",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "5",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a")
+    )
     server = Server(proc)
     wait_listening(port, proc)
     url = f"http://127.0.0.1:{port}"
@@ -173,7 +215,9 @@ def wait_serving(url: str, key: str | None, proc: subprocess.Popen, timeout: flo
     while time.monotonic() < deadline and streak < 8:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
-        req = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {key or 'none'}"})
+        req = urllib.request.Request(
+            url + "/v1/models", headers={"Authorization": f"Bearer {key or 'none'}"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 names = {m["id"] for m in json.load(r)["data"]}
@@ -200,27 +244,57 @@ def ensure_litellm() -> Path:
     return exe
 
 
-def start_litellm(workers: int, ports: dict[str, int], tmp: Path, log: Path) -> tuple[str, str, Server]:
+def start_litellm(
+    workers: int, ports: dict[str, int], tmp: Path, log: Path
+) -> tuple[str, str, Server]:
     """LiteLLM without a database; its master key is the only credential (it refuses to run without one)."""
     exe = ensure_litellm()
     master = f"sk-{secrets.token_hex(32)}"
     lines = ["model_list:"]
     for name, port in ports.items():
-        lines += [f"  - model_name: {name}",
-                  "    litellm_params:",
-                  f"      model: openai/{name}",
-                  f"      api_base: http://127.0.0.1:{port}/v1",
-                  "      api_key: sk-bench"]
-    lines += ["litellm_settings:", "  telemetry: false", "  set_verbose: false", "  drop_params: true",
-              "  turn_off_message_logging: true", "general_settings:", f"  master_key: {master}"]
+        lines += [
+            f"  - model_name: {name}",
+            "    litellm_params:",
+            f"      model: openai/{name}",
+            f"      api_base: http://127.0.0.1:{port}/v1",
+            "      api_key: sk-bench",
+        ]
+    lines += [
+        "litellm_settings:",
+        "  telemetry: false",
+        "  set_verbose: false",
+        "  drop_params: true",
+        "  turn_off_message_logging: true",
+        "general_settings:",
+        f"  master_key: {master}",
+    ]
     config = tmp / "litellm.yaml"
     config.write_text("\n".join(lines) + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS", "LITELLM"))}
-    env.update(LITELLM_LOG="ERROR", LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
-               TELEMETRY="False", DISABLE_SCHEMA_UPDATE="True", NO_DOCS="True")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DATABASE_URL", "REDIS", "LITELLM"))
+    }
+    env.update(
+        LITELLM_LOG="ERROR",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        LITELLM_TELEMETRY="False",
+        TELEMETRY="False",
+        DISABLE_SCHEMA_UPDATE="True",
+        NO_DOCS="True",
+    )
     port = free_port()
-    cmd = [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-           "--num_workers", str(workers)]
+    cmd = [
+        str(exe),
+        "--config",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        str(workers),
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
     print(f"  (LiteLLM log: {log})", file=sys.stderr)
     server = Server(proc)
@@ -232,12 +306,18 @@ def start_litellm(workers: int, ports: dict[str, int], tmp: Path, log: Path) -> 
 
 # --- the load generator ---------------------------------------------------------------------
 
+
 class Load:
     """The separate client process: one JSON scenario in, one JSON result out."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([PY, str(ROOT / "bench" / "gateway_load.py")], cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [PY, str(ROOT / "bench" / "gateway_load.py")],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert json.loads(self.proc.stdout.readline()).get("ready")
 
     def run(self, spec: dict) -> dict:
@@ -283,6 +363,7 @@ class PeakRss(threading.Thread):
 
 # --- scenarios --------------------------------------------------------------------------------
 
+
 @dataclass
 class Column:
     name: str
@@ -294,17 +375,71 @@ class Column:
 def scenarios(scale: float) -> list[tuple[str, dict]]:
     d = lambda s: max(1.0, s * scale)  # noqa: E731
     return [
-        ("json c=1", {"model": "bench-model", "stream": False, "concurrency": 1, "duration": d(4), "requests": 20000}),
-        ("json c=16", {"model": "bench-model", "stream": False, "concurrency": 16, "duration": d(3), "requests": 50000}),
-        ("json c=64", {"model": "bench-model", "stream": False, "concurrency": 64, "duration": d(5), "requests": 50000}),
-        ("stream c=1", {"model": "bench-stream", "stream": True, "concurrency": 1, "duration": d(5), "requests": 1000}),
+        (
+            "json c=1",
+            {
+                "model": "bench-model",
+                "stream": False,
+                "concurrency": 1,
+                "duration": d(4),
+                "requests": 20000,
+            },
+        ),
+        (
+            "json c=16",
+            {
+                "model": "bench-model",
+                "stream": False,
+                "concurrency": 16,
+                "duration": d(3),
+                "requests": 50000,
+            },
+        ),
+        (
+            "json c=64",
+            {
+                "model": "bench-model",
+                "stream": False,
+                "concurrency": 64,
+                "duration": d(5),
+                "requests": 50000,
+            },
+        ),
+        (
+            "stream c=1",
+            {
+                "model": "bench-stream",
+                "stream": True,
+                "concurrency": 1,
+                "duration": d(5),
+                "requests": 1000,
+            },
+        ),
         # Equal-length streams stay in step: all 16 (64) end and start again together, so each
         # run's result depends on how its connections happen to be spread over the server's
         # workers. Three rounds on fresh connections, pooled, give the typical value.
-        ("stream c=16", {"model": "bench-stream", "stream": True, "concurrency": 16, "duration": d(3),
-                         "requests": 10000, "rounds": 3}),
-        ("stream c=64", {"model": "bench-stream", "stream": True, "concurrency": 64, "duration": d(3),
-                         "requests": 10000, "rounds": 3}),
+        (
+            "stream c=16",
+            {
+                "model": "bench-stream",
+                "stream": True,
+                "concurrency": 16,
+                "duration": d(3),
+                "requests": 10000,
+                "rounds": 3,
+            },
+        ),
+        (
+            "stream c=64",
+            {
+                "model": "bench-stream",
+                "stream": True,
+                "concurrency": 64,
+                "duration": d(3),
+                "requests": 10000,
+                "rounds": 3,
+            },
+        ),
     ]
 
 
@@ -314,12 +449,17 @@ def run_rounds(load: Load, col: Column, spec: dict) -> dict:
     for _ in range(spec.get("rounds", 1)):
         load.reset()
         runs.append(run_scenario(load, col, {**spec, "raw": True}))
-    pooled = {k: sum(r[k] for r in runs) for k in ("requests", "errors", "seconds", "tokens", "frames",
-                                                     "client_cpu_s")}
+    pooled = {
+        k: sum(r[k] for r in runs)
+        for k in ("requests", "errors", "seconds", "tokens", "frames", "client_cpu_s")
+    }
     pooled["server_cpu_s"] = sum(r["server_cpu_s"] for r in runs) if col.server else None
     pooled["peak_rss"] = max(r["peak_rss"] for r in runs) if col.server else None
     pooled["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), "")
-    pooled["rps"], pooled["tok_s"] = pooled["requests"] / pooled["seconds"], pooled["tokens"] / pooled["seconds"]
+    pooled["rps"], pooled["tok_s"] = (
+        pooled["requests"] / pooled["seconds"],
+        pooled["tokens"] / pooled["seconds"],
+    )
     for key in ("lat", "ttft"):
         values = sorted(v for r in runs for v in r[f"{key}_all"])
         pooled[f"{key}_p50"] = values[int(round(0.5 * (len(values) - 1)))] if values else None
@@ -328,7 +468,12 @@ def run_rounds(load: Load, col: Column, spec: dict) -> dict:
 
 
 def run_scenario(load: Load, col: Column, spec: dict) -> dict:
-    spec = {**spec, "url": col.url_for[spec["model"]], "key": col.key, "tokens": SIMS[spec["model"]][0]}
+    spec = {
+        **spec,
+        "url": col.url_for[spec["model"]],
+        "key": col.key,
+        "tokens": SIMS[spec["model"]][0],
+    }
     pids = col.server.pids if col.server else []
     cpu0 = cpu_seconds(pids)
     with PeakRss(col.server.workers if col.server else []) as rss:
@@ -344,29 +489,66 @@ def run_column(load: Load, col: Column, scale: float, hold: int) -> dict[str, di
     # to a server that is gone, and cleaning those up slowed the client in the next column.
     load.reset()
     # Warm-up: imports, caches, connection pools, JIT-free but lazy paths.
-    run_scenario(load, col, {"model": "bench-model", "stream": False, "concurrency": 16, "duration": 2, "requests": 2000})
-    run_scenario(load, col, {"model": "bench-stream", "stream": True, "concurrency": 16, "duration": 1, "requests": 200})
+    run_scenario(
+        load,
+        col,
+        {
+            "model": "bench-model",
+            "stream": False,
+            "concurrency": 16,
+            "duration": 2,
+            "requests": 2000,
+        },
+    )
+    run_scenario(
+        load,
+        col,
+        {
+            "model": "bench-stream",
+            "stream": True,
+            "concurrency": 16,
+            "duration": 1,
+            "requests": 200,
+        },
+    )
     if col.server:
         col.server.refresh()
     for name, spec in scenarios(scale):
-        out[name] = r = run_rounds(load, col, spec) if "rounds" in spec else run_scenario(load, col, spec)
-        print(f"  {col.name:<12} {name:<12} n={r['requests']:<6} err={r['errors']:<3} "
-              f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms ttft50={fmt(r['ttft_p50'], 2)} "
-              f"rps={r['rps']:.0f} tok/s={r['tok_s']:.0f} cpu={fmt(r['server_cpu_s'], 2)} s "
-              f"{r['first_error']}", file=sys.stderr, flush=True)
+        out[name] = r = (
+            run_rounds(load, col, spec) if "rounds" in spec else run_scenario(load, col, spec)
+        )
+        print(
+            f"  {col.name:<12} {name:<12} n={r['requests']:<6} err={r['errors']:<3} "
+            f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms ttft50={fmt(r['ttft_p50'], 2)} "
+            f"rps={r['rps']:.0f} tok/s={r['tok_s']:.0f} cpu={fmt(r['server_cpu_s'], 2)} s "
+            f"{r['first_error']}",
+            file=sys.stderr,
+            flush=True,
+        )
     if hold:
         base = rss_bytes(col.server.workers) if col.server else 0
-        spec = {"model": "bench-hold", "stream": True, "concurrency": hold, "duration": 120, "requests": hold}
+        spec = {
+            "model": "bench-hold",
+            "stream": True,
+            "concurrency": hold,
+            "duration": 120,
+            "requests": hold,
+        }
         r = run_scenario(load, col, spec)
         r["base_rss"] = base
         out["hold"] = r
-        print(f"  {col.name:<12} hold {hold:<7} n={r['requests']} err={r['errors']} peak RSS="
-              f"{fmt((r['peak_rss'] or 0) / 2**20, 0)} MB (idle {base / 2**20:.0f} MB) "
-              f"ttft99={fmt(r['ttft_p99'], 0)} ms {r['first_error']}", file=sys.stderr, flush=True)
+        print(
+            f"  {col.name:<12} hold {hold:<7} n={r['requests']} err={r['errors']} peak RSS="
+            f"{fmt((r['peak_rss'] or 0) / 2**20, 0)} MB (idle {base / 2**20:.0f} MB) "
+            f"ttft99={fmt(r['ttft_p99'], 0)} ms {r['first_error']}",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
 # --- report ------------------------------------------------------------------------------------
+
 
 def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
@@ -386,19 +568,51 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
 
     for c in (1, 16, 64):
         s = f"json c={c}"
-        rows.append((f"non-streaming c={c}: p50 / p99 latency, ms",
-                     [f"{fmt(get(k, s, 'lat_p50'), 2)} / {fmt(get(k, s, 'lat_p99'), 2)}" for k in cols]))
-        rows.append((f"non-streaming c={c}: added p50 / p99, ms",
-                     [f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}" for k in cols]))
+        rows.append(
+            (
+                f"non-streaming c={c}: p50 / p99 latency, ms",
+                [f"{fmt(get(k, s, 'lat_p50'), 2)} / {fmt(get(k, s, 'lat_p99'), 2)}" for k in cols],
+            )
+        )
+        rows.append(
+            (
+                f"non-streaming c={c}: added p50 / p99, ms",
+                [
+                    f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}"
+                    for k in cols
+                ],
+            )
+        )
         rows.append((f"non-streaming c={c}: requests/s", [fmt(get(k, s, "rps"), 0) for k in cols]))
     for c in (1, 16, 64):
         s = f"stream c={c}"
-        rows.append((f"streaming c={c}: TTFT p50 / p99, ms",
-                     [f"{fmt(get(k, s, 'ttft_p50'), 2)} / {fmt(get(k, s, 'ttft_p99'), 2)}" for k in cols]))
-        rows.append((f"streaming c={c}: added TTFT p50 / p99, ms",
-                     [f"{fmt(added(k, s, 'ttft_p50'), 2)} / {fmt(added(k, s, 'ttft_p99'), 2)}" for k in cols]))
-        rows.append((f"streaming c={c}: added total p50 / p99, ms",
-                     [f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}" for k in cols]))
+        rows.append(
+            (
+                f"streaming c={c}: TTFT p50 / p99, ms",
+                [
+                    f"{fmt(get(k, s, 'ttft_p50'), 2)} / {fmt(get(k, s, 'ttft_p99'), 2)}"
+                    for k in cols
+                ],
+            )
+        )
+        rows.append(
+            (
+                f"streaming c={c}: added TTFT p50 / p99, ms",
+                [
+                    f"{fmt(added(k, s, 'ttft_p50'), 2)} / {fmt(added(k, s, 'ttft_p99'), 2)}"
+                    for k in cols
+                ],
+            )
+        )
+        rows.append(
+            (
+                f"streaming c={c}: added total p50 / p99, ms",
+                [
+                    f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}"
+                    for k in cols
+                ],
+            )
+        )
         ratio = []
         for k in cols:
             a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
@@ -407,7 +621,11 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
     per_req, per_chunk, net_chunk = [], [], []
     for k in cols:
         j, st = res.get(k, {}).get("json c=64", {}), res.get(k, {}).get("stream c=64", {})
-        cpu_req = j["server_cpu_s"] / j["requests"] if j.get("server_cpu_s") is not None and j.get("requests") else None
+        cpu_req = (
+            j["server_cpu_s"] / j["requests"]
+            if j.get("server_cpu_s") is not None and j.get("requests")
+            else None
+        )
         per_req.append(fmt(cpu_req * 1000 if cpu_req is not None else None, 3))
         if st.get("server_cpu_s") is not None and st.get("frames"):
             per_chunk.append(fmt(st["server_cpu_s"] / st["frames"] * 1e6, 1))
@@ -420,9 +638,17 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
     rows.append(("server CPU per request (json c=64), ms", per_req))
     rows.append(("server CPU per streamed chunk (stream c=64, all CPU / chunks), µs", per_chunk))
     rows.append(("  … net of the per-request cost, µs", net_chunk))
-    rows.append(("client CPU per request (json c=64), ms",
-                 [fmt(get(k, "json c=64", "client_cpu_s") / get(k, "json c=64", "requests") * 1000, 3)
-                  if get(k, "json c=64", "requests") else "–" for k in cols]))
+    rows.append(
+        (
+            "client CPU per request (json c=64), ms",
+            [
+                fmt(get(k, "json c=64", "client_cpu_s") / get(k, "json c=64", "requests") * 1000, 3)
+                if get(k, "json c=64", "requests")
+                else "–"
+                for k in cols
+            ],
+        )
+    )
     hold_rows = [[], [], []]
     for k in cols:
         h = res.get(k, {}).get("hold")
@@ -434,7 +660,9 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
         hold_rows[0].append(f"{h['requests']} ok / {h['errors']} err")
         if h.get("peak_rss"):
             hold_rows[1].append(f"{h['peak_rss'] / 2**20:,.0f} (idle {h['base_rss'] / 2**20:,.0f})")
-            hold_rows[2].append(fmt((h["peak_rss"] - h["base_rss"]) / max(h["requests"] + h["errors"], 1) / 1024, 0))
+            hold_rows[2].append(
+                fmt((h["peak_rss"] - h["base_rss"]) / max(h["requests"] + h["errors"], 1) / 1024, 0)
+            )
         else:
             hold_rows[1].append("–")
             hold_rows[2].append("–")
@@ -444,10 +672,22 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
 
     width = max(len(r[0]) for r in rows)
     cw = [max(len(k), *(len(r[1][i]) for r in rows)) for i, k in enumerate(cols)]
-    lines = ["| " + "metric".ljust(width) + " | " + " | ".join(k.rjust(w) for k, w in zip(cols, cw, strict=True)) + " |",
-             "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in cw) + "|"]
+    lines = [
+        "| "
+        + "metric".ljust(width)
+        + " | "
+        + " | ".join(k.rjust(w) for k, w in zip(cols, cw, strict=True))
+        + " |",
+        "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in cw) + "|",
+    ]
     for label, vals in rows:
-        lines.append("| " + label.ljust(width) + " | " + " | ".join(v.rjust(w) for v, w in zip(vals, cw, strict=True)) + " |")
+        lines.append(
+            "| "
+            + label.ljust(width)
+            + " | "
+            + " | ".join(v.rjust(w) for v, w in zip(vals, cw, strict=True))
+            + " |"
+        )
 
     for k in cols:
         facts[f"{k}.added_p50_c1"] = added(k, "json c=1", "lat_p50")
@@ -468,24 +708,34 @@ def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
         if facts.get(f"{g}.rps_c64") is None:
             continue
         v = facts[f"{g}.added_p50_c1"]
-        out.append(f"- {g}: added p50 at c=1, non-streaming ≤ 1.0 ms: "
-                   f"{'met' if v is not None and v <= 1.0 else 'MISSED'} ({fmt(v, 2)} ms)")
+        out.append(
+            f"- {g}: added p50 at c=1, non-streaming ≤ 1.0 ms: "
+            f"{'met' if v is not None and v <= 1.0 else 'MISSED'} ({fmt(v, 2)} ms)"
+        )
         v = facts[f"{g}.added_ttft_c16"]
-        out.append(f"- {g}: added TTFT p50 at c=16 ≤ 2 ms: "
-                   f"{'met' if v is not None and v <= 2.0 else 'MISSED'} ({fmt(v, 2)} ms)")
+        out.append(
+            f"- {g}: added TTFT p50 at c=16 ≤ 2 ms: "
+            f"{'met' if v is not None and v <= 2.0 else 'MISSED'} ({fmt(v, 2)} ms)"
+        )
         lite = facts.get("LiteLLM w2.rps_c64")
         if lite:
             x = facts[f"{g}.rps_c64"] / lite
-            out.append(f"- {g}: req/s at c=64 ≥ 12× LiteLLM w2: {'met' if x >= 12 else 'MISSED'} "
-                       f"({fmt(facts[f'{g}.rps_c64'], 0)} vs {fmt(lite, 0)} req/s = {x:.1f}×)")
+            out.append(
+                f"- {g}: req/s at c=64 ≥ 12× LiteLLM w2: {'met' if x >= 12 else 'MISSED'} "
+                f"({fmt(facts[f'{g}.rps_c64'], 0)} vs {fmt(lite, 0)} req/s = {x:.1f}×)"
+            )
         v = facts[f"{g}.tok_ratio_c64"]
-        out.append(f"- {g}: token rate at 64 streams ≥ 95% of direct: "
-                   f"{'met' if v is not None and v >= 0.95 else 'MISSED'} ({fmt(v * 100 if v else None, 1)}%)")
+        out.append(
+            f"- {g}: token rate at 64 streams ≥ 95% of direct: "
+            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} ({fmt(v * 100 if v else None, 1)}%)"
+        )
         if facts.get(f"{g}.hold_ok") is not None:
             ok = facts[f"{g}.hold_errors"] == 0 and facts[f"{g}.hold_ok"] == hold
-            out.append(f"- {g}: {hold:,} concurrent streams with no errors: {'met' if ok else 'MISSED'} "
-                       f"({facts[f'{g}.hold_ok']} ok, {facts[f'{g}.hold_errors']} errors; "
-                       f"workers' peak RSS {fmt(facts[f'{g}.hold_rss'], 0)} MB)")
+            out.append(
+                f"- {g}: {hold:,} concurrent streams with no errors: {'met' if ok else 'MISSED'} "
+                f"({facts[f'{g}.hold_ok']} ok, {facts[f'{g}.hold_errors']} errors; "
+                f"workers' peak RSS {fmt(facts[f'{g}.hold_rss'], 0)} MB)"
+            )
     return out
 
 
@@ -498,13 +748,14 @@ def write_section(block: str) -> None:
     page = path.read_text()
     generated = f"{BEGIN}\n{block}{END}"
     if BEGIN in page and END in page:
-        page = page[:page.index(BEGIN)] + generated + page[page.index(END) + len(END):]
+        page = page[: page.index(BEGIN)] + generated + page[page.index(END) + len(END) :]
     else:
         page = page.rstrip("\n") + f"\n\n{SECTION}\n\n{generated}\n"
     path.write_text(page)
 
 
 # --- main --------------------------------------------------------------------------------------
+
 
 def sh(cmd: list[str], **kw: object) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
@@ -535,8 +786,13 @@ def bench_stack(db_name: str = DB_NAME) -> Iterator[Stack]:
     """Start simulators, a fresh database with the bench rows and a load generator; undo it all."""
     prefix = f"bench-{secrets.token_hex(4)}"
     tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
-    env = {**os.environ, "TOLLGATE_ENV": "test", "DATABASE_URL": f"{PG}/{db_name}",
-           "TOLLGATE_REDIS_PREFIX": prefix, "TOLLGATE_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "TOLLGATE_ENV": "test",
+        "DATABASE_URL": f"{PG}/{db_name}",
+        "TOLLGATE_REDIS_PREFIX": prefix,
+        "TOLLGATE_LOG_LEVEL": "WARNING",
+    }
     servers: list[Server] = []
     load: Load | None = None
     db_made = False
@@ -549,8 +805,15 @@ def bench_stack(db_name: str = DB_NAME) -> Iterator[Stack]:
         psql(f"CREATE DATABASE {db_name}")
         db_made = True
         sh([PY, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
-        key = json.loads(sh([PY, "bench/gateway_setup.py", *(f"{n}={p}" for n, p in ports.items())],
-                            cwd=ROOT, env=env).strip().splitlines()[-1])["key"]
+        key = json.loads(
+            sh(
+                [PY, "bench/gateway_setup.py", *(f"{n}={p}" for n, p in ports.items())],
+                cwd=ROOT,
+                env=env,
+            )
+            .strip()
+            .splitlines()[-1]
+        )["key"]
         load = Load()
         yield Stack(env, tmp, ports, key, load, servers)
     finally:
@@ -562,9 +825,11 @@ def bench_stack(db_name: str = DB_NAME) -> Iterator[Stack]:
             with contextlib.suppress(subprocess.CalledProcessError):
                 psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
         with contextlib.suppress(Exception):
-            keys = sh(["redis-cli", "--scan", "--pattern", f"{prefix}*"]).split()  # and the columns' own
+            keys = sh(
+                ["redis-cli", "--scan", "--pattern", f"{prefix}*"]
+            ).split()  # and the columns' own
             for i in range(0, len(keys), 500):
-                sh(["redis-cli", "del", *keys[i:i + 500]])
+                sh(["redis-cli", "del", *keys[i : i + 500]])
         if sys.exc_info()[0] is None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -572,13 +837,22 @@ def bench_stack(db_name: str = DB_NAME) -> Iterator[Stack]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help="replace the generated block in bench/RESULTS.md")
-    ap.add_argument("--columns", default="direct,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,LiteLLM w1,LiteLLM w2",
-                    help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--write", action="store_true", help="replace the generated block in bench/RESULTS.md"
+    )
+    ap.add_argument(
+        "--columns",
+        default="direct,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,LiteLLM w1,LiteLLM w2",
+        help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp",
+    )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
-    ap.add_argument("--hold-litellm", action="store_true", help="also hold the streams through LiteLLM")
+    ap.add_argument(
+        "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
+    )
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cols = [c.strip() for c in a.columns.split(",")]
@@ -591,22 +865,35 @@ def main() -> None:
         for col in cols:
             print(f"{col} …", file=sys.stderr, flush=True)
             if col == "direct":
-                column = Column(col, {n: f"http://127.0.0.1:{p}" for n, p in st.ports.items()}, None, None)
+                column = Column(
+                    col, {n: f"http://127.0.0.1:{p}" for n, p in st.ports.items()}, None, None
+                )
             elif col.startswith("Tollgate"):
                 # Each gateway column starts from empty Redis state, like a fresh appliance:
                 # otherwise the previous column's 60-s rate windows, still full of its
                 # thousands of requests per second, expire during this column and every
                 # admission here pays for pruning them (+4 ms per stream at c=1, measured).
-                env = {**st.env, "TOLLGATE_UPSTREAM_CLIENT": "aiohttp" if col.endswith("aiohttp") else "tollgate",
-                       "TOLLGATE_REDIS_PREFIX": f"{st.env['TOLLGATE_REDIS_PREFIX']}-{len(results)}"}
+                env = {
+                    **st.env,
+                    "TOLLGATE_UPSTREAM_CLIENT": "aiohttp"
+                    if col.endswith("aiohttp")
+                    else "tollgate",
+                    "TOLLGATE_REDIS_PREFIX": f"{st.env['TOLLGATE_REDIS_PREFIX']}-{len(results)}",
+                }
                 url, srv = start_tollgate(workers_of(col), env, st.key, st.tmp / "tollgate.log")
                 st.servers.append(srv)
                 column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
             else:
-                url, master, srv = start_litellm(workers_of(col), st.ports, st.tmp, st.tmp / "litellm.log")
+                url, master, srv = start_litellm(
+                    workers_of(col), st.ports, st.tmp, st.tmp / "litellm.log"
+                )
                 st.servers.append(srv)
                 column = Column(col, dict.fromkeys(SIMS, url), master, srv)
-            hold = a.hold if (col.startswith("Tollgate") or (col.startswith("LiteLLM") and a.hold_litellm)) else 0
+            hold = (
+                a.hold
+                if (col.startswith("Tollgate") or (col.startswith("LiteLLM") and a.hold_litellm))
+                else 0
+            )
             results[col] = run_column(st.load, column, a.scale, hold)
             if column.server:
                 column.server.stop()
@@ -615,8 +902,10 @@ def main() -> None:
     text, facts = table(cols, results)
     lines = verdicts(facts, a.hold)
     cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
-    machine = (f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}, "
-               f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after {load_after}")
+    machine = (
+        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}, "
+        f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after {load_after}"
+    )
     print(f"\n{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(lines))
     if a.write:
         write_section(render_section(cmd.strip(), machine, text, lines))
@@ -627,8 +916,10 @@ def workers_of(column: str) -> int:
 
 
 def render_section(cmd: str, machine: str, text: str, lines: list[str]) -> str:
-    return (f"Latest run: {machine}.\n\n```\n{cmd}\n```\n\n{text}\n\n"
-            "Targets:\n\n" + "\n".join(lines) + "\n")
+    return (
+        f"Latest run: {machine}.\n\n```\n{cmd}\n```\n\n{text}\n\n"
+        "Targets:\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ class Run:
         self.started_streams = 0
 
 
-async def one_whole(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run) -> None:
+async def one_whole(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run
+) -> None:
     t0 = time.perf_counter()
     async with session.post(url, data=body, headers=headers) as r:
         raw = await r.read()
@@ -59,7 +61,9 @@ async def one_whole(session: aiohttp.ClientSession, url: str, body: bytes, heade
     run.tokens += int(m.group(1)) if m else 0
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run) -> None:
+async def one_stream(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run
+) -> None:
     t0 = time.perf_counter()
     first = None
     frames = 0
@@ -94,8 +98,13 @@ async def one_stream(session: aiohttp.ClientSession, url: str, body: bytes, head
 
 async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
     stream = spec["stream"]
-    payload = {"model": spec["model"], "messages": [{"role": "user", "content": "Say something."}],
-               "max_tokens": spec["tokens"], "ignore_eos": True, "stream": stream}
+    payload = {
+        "model": spec["model"],
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": spec["tokens"],
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if stream:
         payload["stream_options"] = {"include_usage": True}
     body = orjson.dumps(payload)
@@ -127,15 +136,24 @@ async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
     done = len(run.latency)
     ms = 1000.0
     return {
-        "requests": done, "errors": run.errors, "first_error": run.first_error, "seconds": secs,
-        "rps": done / secs, "tok_s": run.tokens / secs, "tokens": run.tokens, "frames": run.frames,
+        "requests": done,
+        "errors": run.errors,
+        "first_error": run.first_error,
+        "seconds": secs,
+        "rps": done / secs,
+        "tok_s": run.tokens / secs,
+        "tokens": run.tokens,
+        "frames": run.frames,
         "lat_p50": percentile(run.latency, 0.5) * ms if done else None,
         "lat_p99": percentile(run.latency, 0.99) * ms if done else None,
         "ttft_p50": percentile(run.ttft, 0.5) * ms if run.ttft else None,
         "ttft_p99": percentile(run.ttft, 0.99) * ms if run.ttft else None,
         "client_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
-        **({"lat_all": [x * ms for x in run.latency], "ttft_all": [x * ms for x in run.ttft]}
-           if spec.get("raw") else {}),
+        **(
+            {"lat_all": [x * ms for x in run.latency], "ttft_all": [x * ms for x in run.ttft]}
+            if spec.get("raw")
+            else {}
+        ),
     }
 
 

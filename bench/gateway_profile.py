@@ -31,7 +31,13 @@ _profiler = cProfile.Profile()
 
 
 async def _plain(send: Any, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/plain")],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -96,8 +102,11 @@ def _phase_report() -> dict:
     for label, (a, b) in phases.items():
         values = [r[b] - r[a] for r in _records if a in r and b in r]
         out[label] = {"p50_ms": _pct(values, 0.5), "p99_ms": _pct(values, 0.99), "n": len(values)}
-    out["event-loop lag of a 1 ms sleep"] = {"p50_ms": _pct(_lag, 0.5), "p99_ms": _pct(_lag, 0.99),
-                                             "n": len(_lag)}
+    out["event-loop lag of a 1 ms sleep"] = {
+        "p50_ms": _pct(_lag, 0.5),
+        "p99_ms": _pct(_lag, 0.99),
+        "n": len(_lag),
+    }
     return out
 
 
@@ -159,33 +168,66 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gateway_bench import SIMS, Column, bench_stack, run_scenario, start_tollgate
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
     ap.add_argument("--duration", type=float, default=5.0)
-    ap.add_argument("--callers", default="", help="also print who calls functions matching this regex")
-    ap.add_argument("--cases", default="json:64,stream:64",
-                    help="kind:concurrency pairs to profile (kind json or stream)")
-    ap.add_argument("--phases", action="store_true",
-                    help="wall-clock time per request phase instead of cProfile (no profiler overhead)")
-    ap.add_argument("--workers", type=int, default=1, help="with --phases: gunicorn workers (1 reports all)")
+    ap.add_argument(
+        "--callers", default="", help="also print who calls functions matching this regex"
+    )
+    ap.add_argument(
+        "--cases",
+        default="json:64,stream:64",
+        help="kind:concurrency pairs to profile (kind json or stream)",
+    )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="wall-clock time per request phase instead of cProfile (no profiler overhead)",
+    )
+    ap.add_argument(
+        "--workers", type=int, default=1, help="with --phases: gunicorn workers (1 reports all)"
+    )
     a = ap.parse_args()
     cases = []
     for case in a.cases.split(","):
         kind, conc = case.split(":")
-        cases.append((f"{kind} c={conc}", {"model": "bench-stream" if kind == "stream" else "bench-model",
-                                           "stream": kind == "stream", "concurrency": int(conc),
-                                           "duration": a.duration, "requests": 100_000}))
+        cases.append(
+            (
+                f"{kind} c={conc}",
+                {
+                    "model": "bench-stream" if kind == "stream" else "bench-model",
+                    "stream": kind == "stream",
+                    "concurrency": int(conc),
+                    "duration": a.duration,
+                    "requests": 100_000,
+                },
+            )
+        )
     if a.phases:
-        cases = [(f"{kind} c={c}", {"model": "bench-stream" if kind == "stream" else "bench-model",
-                                     "stream": kind == "stream", "concurrency": c, "duration": a.duration,
-                                     "requests": 100_000})
-                 for kind in ("json", "stream") for c in (1, 16, 64)]
+        cases = [
+            (
+                f"{kind} c={c}",
+                {
+                    "model": "bench-stream" if kind == "stream" else "bench-model",
+                    "stream": kind == "stream",
+                    "concurrency": c,
+                    "duration": a.duration,
+                    "requests": 100_000,
+                },
+            )
+            for kind in ("json", "stream")
+            for c in (1, 16, 64)
+        ]
     with bench_stack() as st:
         out = st.tmp / "profile.prof"
         env = {**st.env, "BENCH_PROFILE_OUT": str(out)}
         workers = a.workers if a.phases else 1
-        url, srv = start_tollgate(workers, env, st.key, st.tmp / "tollgate.log", app="bench.gateway_profile:application")
+        url, srv = start_tollgate(
+            workers, env, st.key, st.tmp / "tollgate.log", app="bench.gateway_profile:application"
+        )
         st.servers.append(srv)
         col = Column("Tollgate w1 (profiled)", dict.fromkeys(SIMS, url), st.key, srv)
         run_scenario(st.load, col, {**cases[0][1], "duration": 2})  # warm-up
@@ -196,9 +238,11 @@ def main() -> None:
                 r = run_scenario(st.load, col, spec)
                 with urllib.request.urlopen(url + "/__phases/stop", timeout=30) as resp:
                     report = json.load(resp)
-                print(f"\n=== {name}: {r['requests']} requests, {r['errors']} errors, {r['rps']:.0f} req/s, "
-                      f"client p50 {r['lat_p50']:.2f} ms, TTFT p50 {r['ttft_p50'] or 0:.2f} ms "
-                      f"(phases of the {report.pop('requests')} requests one worker served)")
+                print(
+                    f"\n=== {name}: {r['requests']} requests, {r['errors']} errors, {r['rps']:.0f} req/s, "
+                    f"client p50 {r['lat_p50']:.2f} ms, TTFT p50 {r['ttft_p50'] or 0:.2f} ms "
+                    f"(phases of the {report.pop('requests')} requests one worker served)"
+                )
                 for label, v in report.items():
                     print(f"  {label:<60} p50 {v['p50_ms']} ms  p99 {v['p99_ms']} ms  (n={v['n']})")
                 continue
@@ -206,9 +250,11 @@ def main() -> None:
             r = run_scenario(st.load, col, spec)
             _get(url + "/__profile/stop")
             unit, count = ("chunk", r["frames"]) if spec["stream"] else ("request", r["requests"])
-            print(f"\n=== {name}: {r['requests']} requests, {r['frames']} chunks, {r['errors']} errors, "
-                  f"{r['rps']:.0f} req/s, worker CPU {r['server_cpu_s']:.2f} s "
-                  f"= {r['server_cpu_s'] / max(count, 1) * 1e6:.1f} µs per {unit} (profiler on)")
+            print(
+                f"\n=== {name}: {r['requests']} requests, {r['frames']} chunks, {r['errors']} errors, "
+                f"{r['rps']:.0f} req/s, worker CPU {r['server_cpu_s']:.2f} s "
+                f"= {r['server_cpu_s'] / max(count, 1) * 1e6:.1f} µs per {unit} (profiler on)"
+            )
             buf = io.StringIO()
             stats = pstats.Stats(str(out), stream=buf)
             total = stats.total_tt

@@ -32,26 +32,55 @@ def main(routes: dict[str, int]) -> None:
     from metering import services as metering_services
     from tenants import services as tenant_services
 
-    node = deployment_services.register_node(None, name="bench-node", docker_url="unix:///x",
-                                             engine_host="127.0.0.1")
+    node = deployment_services.register_node(
+        None, name="bench-node", docker_url="unix:///x", engine_host="127.0.0.1"
+    )
     tenant = tenant_services.create_tenant(
-        None, name="Bench", slug="bench", requests_per_minute=HIGH, tokens_per_minute=HIGH,
-        max_concurrent_requests=100_000, quota_tokens=10**15,
+        None,
+        name="Bench",
+        slug="bench",
+        requests_per_minute=HIGH,
+        tokens_per_minute=HIGH,
+        max_concurrent_requests=100_000,
+        quota_tokens=10**15,
     )
     for name, port in routes.items():
         model = deployment_services.create_model(
-            None, served_name=name, source=f"sim/{name}", task="generate", params_billions=Decimal("1"),
-            context_length=4096, visibility="public",
+            None,
+            served_name=name,
+            source=f"sim/{name}",
+            task="generate",
+            params_billions=Decimal("1"),
+            context_length=4096,
+            visibility="public",
         )
         metering_services.set_price(None, model, Decimal("1.00"), Decimal("0.50"), Decimal("2.00"))
         deployment = Deployment.objects.create(
-            name=f"{name}-dep", model=model, node=node, image="tollgate/engine-sim:latest",
-            engine_args={"max-num-seqs": 4096}, desired_state="running", state="ready",
+            name=f"{name}-dep",
+            model=model,
+            node=node,
+            image="tollgate/engine-sim:latest",
+            engine_args={"max-num-seqs": 4096},
+            desired_state="running",
+            state="ready",
         )
-        Replica.objects.create(deployment=deployment, index=0, node=node, host="127.0.0.1", port=port,
-                               state=ReplicaState.READY, healthy=True)
-    key = tenant_services.issue_api_key(None, tenant, name="bench", requests_per_minute=HIGH,
-                                        tokens_per_minute=HIGH, max_concurrent_requests=100_000)
+        Replica.objects.create(
+            deployment=deployment,
+            index=0,
+            node=node,
+            host="127.0.0.1",
+            port=port,
+            state=ReplicaState.READY,
+            healthy=True,
+        )
+    key = tenant_services.issue_api_key(
+        None,
+        tenant,
+        name="bench",
+        requests_per_minute=HIGH,
+        tokens_per_minute=HIGH,
+        max_concurrent_requests=100_000,
+    )
     print(json.dumps({"key": key.plaintext}))
 
 

@@ -30,8 +30,12 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def env() -> dict[str, str]:
     base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tollgate")
-    return {**os.environ, "DATABASE_URL": base.rsplit("/", 1)[0] + f"/{DB}",
-            "TOLLGATE_REDIS_PREFIX": PREFIX, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    return {
+        **os.environ,
+        "DATABASE_URL": base.rsplit("/", 1)[0] + f"/{DB}",
+        "TOLLGATE_REDIS_PREFIX": PREFIX,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+    }
 
 
 def setup_django() -> None:
@@ -67,9 +71,13 @@ def seed() -> tuple[list[int], list[int], int]:
     model = CatalogModel.objects.create(
         served_name="bench-8b", source="bench/8b", params_billions=Decimal("8"), context_length=8192
     )
-    Price.objects.create(model=model, input_per_mtok=Decimal("0.2"),
-                         cached_input_per_mtok=Decimal("0.1"), output_per_mtok=Decimal("0.6"),
-                         effective_from=T0 - timedelta(days=1))
+    Price.objects.create(
+        model=model,
+        input_per_mtok=Decimal("0.2"),
+        cached_input_per_mtok=Decimal("0.1"),
+        output_per_mtok=Decimal("0.6"),
+        effective_from=T0 - timedelta(days=1),
+    )
     return [k.pk for k in keys], [k.tenant_id for k in keys], model.pk
 
 
@@ -83,13 +91,30 @@ def produce(n: int, keys: list[int], tenants: list[int], model: int) -> float:
         pipe = client.pipeline(transaction=False)
         for i in range(chunk, min(chunk + 10_000, n)):
             k = i % KEYS
-            pipe.xadd(stream, {FIELD: UsageRecord(
-                request_id=f"bench-{i}", occurred_at=(T0 + timedelta(hours=i // KEYS)).timestamp(),
-                tenant_id=tenants[k], api_key_id=keys[k], model_id=model, deployment_id=None,
-                endpoint="chat", priority="P1", prompt_tokens=500 + i % 700,
-                cached_tokens=i % 100, completion_tokens=100 + i % 300, reasoning_tokens=0,
-                status="ok", http_status=200, latency_ms=300, ttft_ms=40, price_id=None,
-            ).encode()})
+            pipe.xadd(
+                stream,
+                {
+                    FIELD: UsageRecord(
+                        request_id=f"bench-{i}",
+                        occurred_at=(T0 + timedelta(hours=i // KEYS)).timestamp(),
+                        tenant_id=tenants[k],
+                        api_key_id=keys[k],
+                        model_id=model,
+                        deployment_id=None,
+                        endpoint="chat",
+                        priority="P1",
+                        prompt_tokens=500 + i % 700,
+                        cached_tokens=i % 100,
+                        completion_tokens=100 + i % 300,
+                        reasoning_tokens=0,
+                        status="ok",
+                        http_status=200,
+                        latency_ms=300,
+                        ttft_ms=40,
+                        price_id=None,
+                    ).encode()
+                },
+            )
         pipe.execute()
     return time.monotonic() - started
 
@@ -102,8 +127,11 @@ def ingest(n: int, consumers: int) -> float:
     metering_ingest.ensure_group()
     started = time.monotonic()
     procs = [
-        subprocess.Popen([sys.executable, "manage.py", "consume_usage", "--batch", "2000",
-                          "--block-ms", "100"], cwd=ROOT, env={**env(), "TOLLGATE_LOG_LEVEL": "WARNING"})
+        subprocess.Popen(
+            [sys.executable, "manage.py", "consume_usage", "--batch", "2000", "--block-ms", "100"],
+            cwd=ROOT,
+            env={**env(), "TOLLGATE_LOG_LEVEL": "WARNING"},
+        )
         for _ in range(consumers)
     ]
     client = get_redis()
@@ -136,8 +164,14 @@ def export_child(hours: int) -> None:
 
 
 def export(hours: int) -> tuple[float, int, float, int, float]:
-    out = subprocess.run([sys.executable, __file__, "--export-child", str(hours)], cwd=ROOT,
-                         env=env(), check=True, capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, __file__, "--export-child", str(hours)],
+        cwd=ROOT,
+        env=env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     base, rows, secs, size, rss = out[-5:]
     return float(base), int(rows), float(secs), int(size), float(rss)
 
@@ -166,14 +200,18 @@ def main() -> None:
         took = ingest(n, args.consumers)
         stored, rollups = UsageEvent.objects.count(), UsageRollup.objects.count()
         assert stored == n, (stored, n)
-        print(f"ingest: {n} events in {took:.1f}s = {n / took:,.0f} events/s "
-              f"({args.consumers} consumers, {rollups} rollup rows)")
+        print(
+            f"ingest: {n} events in {took:.1f}s = {n / took:,.0f} events/s "
+            f"({args.consumers} consumers, {rollups} rollup rows)"
+        )
         hours = n // KEYS
         for h in (hours // 10, hours):
             base, rows, secs, size, rss = export(h)
-            print(f"export: {rows} rows, {size / 1e6:.0f} MB in {secs:.1f}s = "
-                  f"{rows / secs:,.0f} rows/s, peak RSS {rss:.0f} MB "
-                  f"(process before exporting: {base:.0f} MB)")
+            print(
+                f"export: {rows} rows, {size / 1e6:.0f} MB in {secs:.1f}s = "
+                f"{rows / secs:,.0f} rows/s, peak RSS {rss:.0f} MB "
+                f"(process before exporting: {base:.0f} MB)"
+            )
         print(f"machine: nproc={os.cpu_count()} {platform.machine()} {datetime.now(UTC):%Y-%m-%d}")
     finally:
         connection.close()

@@ -285,8 +285,18 @@ TOLLGATE_ENGINE_SHM_SIZE = env_str("TOLLGATE_ENGINE_SHM_SIZE", "16g")
 # the names refused whatever this says.
 TOLLGATE_ENGINE_ENV_ALLOWED = env_list(
     "TOLLGATE_ENGINE_ENV_ALLOWED",
-    ["VLLM_*", "NCCL_*", "RAY_*", "CUDA_*", "HF_HUB_*", "TORCH_*", "PYTORCH_*",
-     "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "SIM_*"],
+    [
+        "VLLM_*",
+        "NCCL_*",
+        "RAY_*",
+        "CUDA_*",
+        "HF_HUB_*",
+        "TORCH_*",
+        "PYTORCH_*",
+        "OMP_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM",
+        "SIM_*",
+    ],
 )
 # How weights are staged: the engine image's Hugging Face CLI.
 TOLLGATE_STAGE_ENTRYPOINT = env_list("TOLLGATE_STAGE_ENTRYPOINT", ["hf", "download"])
@@ -317,7 +327,9 @@ from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
 from metering.schedule import BEAT_SCHEDULE as _metering_beat  # noqa: E402
 
 CELERY_BEAT_SCHEDULE = {
-    **_deployments_beat(TOLLGATE_RECONCILE_SECONDS), **_metering_beat, **_gateway_beat,
+    **_deployments_beat(TOLLGATE_RECONCILE_SECONDS),
+    **_metering_beat,
+    **_gateway_beat,
     **_batches_beat,
 }
 

@@ -26,9 +26,19 @@ from tenants.services import role_in, tenants_of
 View = Callable[..., HttpResponse]
 
 __all__ = [
-    "admin_tenant_ids", "admin_tenants", "audit_visible_to", "is_tenant_admin",
-    "keys_visible_to", "member_tenant_ids", "models_visible_to", "require_tenant_admin",
-    "role_in", "staff_required", "tenant_or_404", "tenants_of", "usage_events_visible_to",
+    "admin_tenant_ids",
+    "admin_tenants",
+    "audit_visible_to",
+    "is_tenant_admin",
+    "keys_visible_to",
+    "member_tenant_ids",
+    "models_visible_to",
+    "require_tenant_admin",
+    "role_in",
+    "staff_required",
+    "tenant_or_404",
+    "tenants_of",
+    "usage_events_visible_to",
     "usage_rollups_visible_to",
 ]
 

@@ -28,13 +28,24 @@ class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
         fields = [
-            "name", "slug", "priority", *LIMIT_FIELDS, "quota_period", "quota_tokens",
-            "quota_amount", "currency", "model_access", "allowed_models",
+            "name",
+            "slug",
+            "priority",
+            *LIMIT_FIELDS,
+            "quota_period",
+            "quota_tokens",
+            "quota_amount",
+            "currency",
+            "model_access",
+            "allowed_models",
         ]
         labels = {
-            **LIMIT_LABELS, "quota_tokens": "Token quota per period (tokens)",
-            "quota_amount": "Money quota per period", "priority": "Priority class",
-            "model_access": "Model access", "allowed_models": "Listed models",
+            **LIMIT_LABELS,
+            "quota_tokens": "Token quota per period (tokens)",
+            "quota_amount": "Money quota per period",
+            "priority": "Priority class",
+            "model_access": "Model access",
+            "allowed_models": "Listed models",
         }
         help_texts = {
             **{f: UNLIMITED for f in LIMIT_FIELDS},
@@ -60,24 +71,43 @@ class TenantForm(forms.ModelForm):
 
 class KeyForm(forms.Form):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
-    name = forms.CharField(max_length=100, help_text="What the key is for, e.g. “notebook” or “CI”.")
+    name = forms.CharField(
+        max_length=100, help_text="What the key is for, e.g. “notebook” or “CI”."
+    )
     expires_at = forms.DateTimeField(
-        required=False, widget=DateTimeInput(), label="Expires at (UTC)",
+        required=False,
+        widget=DateTimeInput(),
+        label="Expires at (UTC)",
         help_text="Empty: never expires. Revoke a key to end it now.",
     )
-    requests_per_minute = forms.IntegerField(required=False, min_value=1, label=LIMIT_LABELS["requests_per_minute"],
-                                             help_text="Empty: the tenant's limit.")
-    tokens_per_minute = forms.IntegerField(required=False, min_value=1, label=LIMIT_LABELS["tokens_per_minute"],
-                                           help_text="Empty: the tenant's limit.")
-    max_concurrent_requests = forms.IntegerField(required=False, min_value=1,
-                                                 label=LIMIT_LABELS["max_concurrent_requests"],
-                                                 help_text="Empty: the tenant's limit.")
+    requests_per_minute = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label=LIMIT_LABELS["requests_per_minute"],
+        help_text="Empty: the tenant's limit.",
+    )
+    tokens_per_minute = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label=LIMIT_LABELS["tokens_per_minute"],
+        help_text="Empty: the tenant's limit.",
+    )
+    max_concurrent_requests = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label=LIMIT_LABELS["max_concurrent_requests"],
+        help_text="Empty: the tenant's limit.",
+    )
     allowed_models = forms.ModelMultipleChoiceField(
-        queryset=CatalogModel.objects.none(), required=False, label="Restrict to models",
+        queryset=CatalogModel.objects.none(),
+        required=False,
+        label="Restrict to models",
         help_text="Empty: every model the tenant may use.",
     )
 
-    def __init__(self, *args: Any, tenants: Any, models: Any, editing: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, tenants: Any, models: Any, editing: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.fields["tenant"].queryset = tenants
         self.fields["allowed_models"].queryset = models
@@ -93,7 +123,8 @@ class KeyForm(forms.Form):
     @classmethod
     def initial_for(cls, key: ApiKey) -> dict[str, Any]:
         return {
-            "name": key.name, "expires_at": key.expires_at,
+            "name": key.name,
+            "expires_at": key.expires_at,
             **{f: getattr(key, f) for f in LIMIT_FIELDS},
             "allowed_models": list(key.allowed_models.all()),
         }
@@ -103,14 +134,25 @@ class CatalogModelForm(forms.ModelForm):
     class Meta:
         model = CatalogModel
         fields = [
-            "served_name", "source", "revision", "task", "params_billions",
-            "active_params_billions", "quantization", "context_length", "visibility",
-            "trust_remote_code", "kv_bytes_per_token", "description",
+            "served_name",
+            "source",
+            "revision",
+            "task",
+            "params_billions",
+            "active_params_billions",
+            "quantization",
+            "context_length",
+            "visibility",
+            "trust_remote_code",
+            "kv_bytes_per_token",
+            "description",
         ]
         labels = {
-            "served_name": "Served name", "params_billions": "Parameters (billions)",
+            "served_name": "Served name",
+            "params_billions": "Parameters (billions)",
             "active_params_billions": "Active parameters (billions)",
-            "context_length": "Context length (tokens)", "kv_bytes_per_token": "KV cache (bytes per token)",
+            "context_length": "Context length (tokens)",
+            "kv_bytes_per_token": "KV cache (bytes per token)",
         }
         help_texts = {
             "served_name": "The name tenants pass as `model`.",
@@ -121,16 +163,26 @@ class CatalogModelForm(forms.ModelForm):
 
 class PriceForm(forms.Form):
     currency = forms.CharField(max_length=3, initial="USD", help_text="ISO 4217, e.g. USD.")
-    input_per_mtok = forms.DecimalField(min_value=0, decimal_places=6, max_digits=14,
-                                        label="Input, per 1M tokens")
-    cached_input_per_mtok = forms.DecimalField(
-        min_value=0, decimal_places=6, max_digits=14, required=False,
-        label="Cached input, per 1M tokens", help_text="Empty: same as input.",
+    input_per_mtok = forms.DecimalField(
+        min_value=0, decimal_places=6, max_digits=14, label="Input, per 1M tokens"
     )
-    output_per_mtok = forms.DecimalField(min_value=0, decimal_places=6, max_digits=14,
-                                         label="Output, per 1M tokens")
-    effective_from = forms.DateTimeField(required=False, widget=DateTimeInput(), label="Effective from (UTC)",
-                                         help_text="Empty: now. Prices are never backdated.")
+    cached_input_per_mtok = forms.DecimalField(
+        min_value=0,
+        decimal_places=6,
+        max_digits=14,
+        required=False,
+        label="Cached input, per 1M tokens",
+        help_text="Empty: same as input.",
+    )
+    output_per_mtok = forms.DecimalField(
+        min_value=0, decimal_places=6, max_digits=14, label="Output, per 1M tokens"
+    )
+    effective_from = forms.DateTimeField(
+        required=False,
+        widget=DateTimeInput(),
+        label="Effective from (UTC)",
+        help_text="Empty: now. Prices are never backdated.",
+    )
 
     def clean_currency(self) -> str:
         return self.cleaned_data["currency"].upper()
@@ -142,16 +194,31 @@ class GrantForm(forms.Form):
 
 class NodeForm(forms.ModelForm):
     total_memory_gb = forms.DecimalField(
-        required=False, min_value=0, label="Total memory (GB)",
+        required=False,
+        min_value=0,
+        label="Total memory (GB)",
         help_text="Filled in by the node's heartbeat; set it now to check memory fit before the first one.",
     )
-    gpu_memory_gb = forms.DecimalField(required=False, min_value=0, label="Dedicated GPU memory (GB)",
-                                       help_text="0 on unified-memory nodes such as the DGX Spark.")
+    gpu_memory_gb = forms.DecimalField(
+        required=False,
+        min_value=0,
+        label="Dedicated GPU memory (GB)",
+        help_text="0 on unified-memory nodes such as the DGX Spark.",
+    )
 
     class Meta:
         model = Node
-        fields = ["name", "docker_url", "queue", "engine_host", "arch", "gpu_description",
-                  "gpu_count", "unified_memory", "status"]
+        fields = [
+            "name",
+            "docker_url",
+            "queue",
+            "engine_host",
+            "arch",
+            "gpu_description",
+            "gpu_count",
+            "unified_memory",
+            "status",
+        ]
         labels = {"docker_url": "Docker URL", "gpu_count": "GPUs", "gpu_description": "GPU"}
         help_texts = {"queue": "Celery queue of the node's worker; empty: node.<name>."}
 
@@ -163,7 +230,10 @@ class NodeForm(forms.ModelForm):
 
     def service_data(self) -> dict[str, Any]:
         data = dict(self.cleaned_data)
-        for name, target in (("total_memory_gb", "total_memory_bytes"), ("gpu_memory_gb", "gpu_memory_bytes")):
+        for name, target in (
+            ("total_memory_gb", "total_memory_bytes"),
+            ("gpu_memory_gb", "gpu_memory_bytes"),
+        ):
             value = data.pop(name, None)
             if value is not None:
                 data[target] = int(value * 10**9)
@@ -219,23 +289,39 @@ def flags_text(flags: dict[str, Any]) -> str:
 
 
 class DeploymentForm(forms.Form):
-    name = forms.SlugField(max_length=64, help_text="Letters, digits and hyphens, e.g. qwen3-8b-main.")
+    name = forms.SlugField(
+        max_length=64, help_text="Letters, digits and hyphens, e.g. qwen3-8b-main."
+    )
     model = forms.ModelChoiceField(queryset=CatalogModel.objects.all())
-    node = forms.ModelChoiceField(queryset=Node.objects.all(), required=False,
-                                  help_text="Empty: the node with the most free memory.")
-    profile = forms.ModelChoiceField(queryset=EngineProfile.objects.all(), required=False,
-                                     help_text="Known-good defaults (image, flags); your flags override them.")
-    image = forms.CharField(required=False, max_length=255,
-                            help_text="Empty: the profile's image. Must match the allowed images.")
+    node = forms.ModelChoiceField(
+        queryset=Node.objects.all(),
+        required=False,
+        help_text="Empty: the node with the most free memory.",
+    )
+    profile = forms.ModelChoiceField(
+        queryset=EngineProfile.objects.all(),
+        required=False,
+        help_text="Known-good defaults (image, flags); your flags override them.",
+    )
+    image = forms.CharField(
+        required=False,
+        max_length=255,
+        help_text="Empty: the profile's image. Must match the allowed images.",
+    )
     engine_args = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 4, "class": "mono",
-                                                     "placeholder": "max-num-seqs=4\nmax-model-len=32k"}),
-        label="Engine flags", help_text="One vllm serve flag per line (name=value), or a JSON object. "
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 4, "class": "mono", "placeholder": "max-num-seqs=4\nmax-model-len=32k"}
+        ),
+        label="Engine flags",
+        help_text="One vllm serve flag per line (name=value), or a JSON object. "
         "Only allow-listed flags are accepted.",
     )
     env = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
-        label="Engine environment", help_text="NAME=value per line; allow-listed names only (VLLM_*, NCCL_*, …).",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+        label="Engine environment",
+        help_text="NAME=value per line; allow-listed names only (VLLM_*, NCCL_*, …).",
     )
     replicas = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Replicas (engines)")
 
@@ -254,16 +340,28 @@ class ScaleForm(forms.Form):
 
 
 class UsageFilterForm(forms.Form):
-    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC)")
-    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
-                          label="To (UTC, inclusive)")
-    tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, to_field_name="slug",
-                                    empty_label="All tenants")
-    model = forms.ModelChoiceField(queryset=CatalogModel.objects.none(), required=False,
-                                   to_field_name="served_name", empty_label="All models")
+    start = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC)"
+    )
+    end = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}), label="To (UTC, inclusive)"
+    )
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.none(),
+        required=False,
+        to_field_name="slug",
+        empty_label="All tenants",
+    )
+    model = forms.ModelChoiceField(
+        queryset=CatalogModel.objects.none(),
+        required=False,
+        to_field_name="served_name",
+        empty_label="All models",
+    )
     key = forms.CharField(required=False, max_length=16, label="Key prefix")
-    group = forms.ChoiceField(choices=[("tenant", "Tenant"), ("model", "Model")], required=False,
-                              label="Chart by")
+    group = forms.ChoiceField(
+        choices=[("tenant", "Tenant"), ("model", "Model")], required=False, label="Chart by"
+    )
     granularity = forms.ChoiceField(choices=[("day", "Day"), ("hour", "Hour")], required=False)
 
     def __init__(self, *args: Any, tenants: Any, models: Any, **kwargs: Any) -> None:
@@ -273,9 +371,14 @@ class UsageFilterForm(forms.Form):
 
 
 class JoinNodeForm(forms.Form):
-    node_name = forms.CharField(max_length=63, label="New node's name",
-                                help_text="Lower-case letters, digits and -, e.g. spark-2.")
+    node_name = forms.CharField(
+        max_length=63,
+        label="New node's name",
+        help_text="Lower-case letters, digits and -, e.g. spark-2.",
+    )
     control_plane = forms.CharField(
-        max_length=255, required=False, label="Control plane address",
+        max_length=255,
+        required=False,
+        label="Control plane address",
         help_text="The address the new box reaches this box's PostgreSQL and Redis at (its private link).",
     )

@@ -69,7 +69,9 @@ class ListPage:
     def render(self, request: HttpRequest, extra: dict | None = None) -> HttpResponse:
         queryset, filter_form = self.queryset, None
         if self.filterset_class is not None:
-            filterset = self.filterset_class(request.GET or None, queryset=queryset, request=request)
+            filterset = self.filterset_class(
+                request.GET or None, queryset=queryset, request=request
+            )
             filter_form = filterset.form
             queryset = filterset.qs if filterset.is_bound and filterset.is_valid() else queryset
         sort = request.GET.get("sort") or self.default_sort
@@ -79,13 +81,18 @@ class ListPage:
         else:
             sort = ""
         page = Paginator(queryset, self.per_page).get_page(request.GET.get("page"))
-        filtered = bool(filter_form is not None and any(
-            v for k, v in request.GET.items() if k not in ("page", "sort")
-        ))
+        filtered = bool(
+            filter_form is not None
+            and any(v for k, v in request.GET.items() if k not in ("page", "sort"))
+        )
         context = {
-            "page": self, "page_obj": page, "filter_form": filter_form, "sort": sort,
+            "page": self,
+            "page_obj": page,
+            "filter_form": filter_form,
+            "sort": sort,
             "rows": [[_cell(c, obj) for c in self.columns] for obj in page.object_list],
-            "filtered": filtered, "nav": self.nav,
+            "filtered": filtered,
+            "nav": self.nav,
             "query": _query_without(request, "page"),
             "sort_query": _query_without(request, "page", "sort"),
             **(extra or {}),
@@ -97,8 +104,11 @@ def _cell(column: Column, obj: Any) -> dict[str, Any]:
     value = column.value(obj)
     if value is None or value == "":
         value = format_html('<span class="muted">—</span>')
-    return {"value": value, "href": column.href(obj) if column.href else "",
-            "numeric": column.numeric}
+    return {
+        "value": value,
+        "href": column.href(obj) if column.href else "",
+        "numeric": column.numeric,
+    }
 
 
 def _query_without(request: HttpRequest, *names: str) -> str:
@@ -121,21 +131,42 @@ def apply_errors(form: forms.BaseForm, exc: ValidationError) -> None:
 
 
 def render_form(
-    request: HttpRequest, form: forms.BaseForm, title: str, *, cancel: str, submit: str = "Save",
-    nav: str = "", intro: str = "", template: str = "console/generic/form.html",
-    extra: dict | None = None, status: int | None = None,
+    request: HttpRequest,
+    form: forms.BaseForm,
+    title: str,
+    *,
+    cancel: str,
+    submit: str = "Save",
+    nav: str = "",
+    intro: str = "",
+    template: str = "console/generic/form.html",
+    extra: dict | None = None,
+    status: int | None = None,
 ) -> HttpResponse:
-    context = {"form": form, "title": title, "cancel": cancel, "submit": submit, "nav": nav,
-               "intro": intro, **(extra or {})}
+    context = {
+        "form": form,
+        "title": title,
+        "cancel": cancel,
+        "submit": submit,
+        "nav": nav,
+        "intro": intro,
+        **(extra or {}),
+    }
     if status is None:
         status = 400 if form.is_bound and form.errors else 200
     return render(request, template, context, status=status)
 
 
 def service_form(
-    request: HttpRequest, form: forms.BaseForm, save: Callable[[Any], Result],
-    done: Callable[[Result], HttpResponse], title: str, *, cancel: str,
-    extra: Callable[[], dict] | None = None, **page: Any,
+    request: HttpRequest,
+    form: forms.BaseForm,
+    save: Callable[[Any], Result],
+    done: Callable[[Result], HttpResponse],
+    title: str,
+    *,
+    cancel: str,
+    extra: Callable[[], dict] | None = None,
+    **page: Any,
 ) -> HttpResponse:
     """A create/edit page: on a valid POST, ``save(form)`` calls the service and ``done``
     turns its result into the answer; otherwise (or when the service refuses) the form is
@@ -147,8 +178,9 @@ def service_form(
             apply_errors(form, exc)
         else:
             return done(result)
-    return render_form(request, form, title, cancel=cancel, extra=extra() if extra else None,
-                       **page)
+    return render_form(
+        request, form, title, cancel=cancel, extra=extra() if extra else None, **page
+    )
 
 
 def saved(request: HttpRequest, message: str, to: str, **kwargs: Any) -> HttpResponse:
@@ -157,8 +189,13 @@ def saved(request: HttpRequest, message: str, to: str, **kwargs: Any) -> HttpRes
     return redirect(to, **kwargs)
 
 
-def service_action(request: HttpRequest, act: Callable[[], Any], success: str,
-                   back: HttpResponse, onward: HttpResponse | None = None) -> HttpResponse:
+def service_action(
+    request: HttpRequest,
+    act: Callable[[], Any],
+    success: str,
+    back: HttpResponse,
+    onward: HttpResponse | None = None,
+) -> HttpResponse:
     """A POST button: run the service. Its ValidationError becomes the error message and
     the user goes ``back``; otherwise ``success`` is said and the user goes ``onward``
     (``back`` when not given)."""

@@ -31,7 +31,9 @@ def live_rates(window: int = LIVE_WINDOW_SECONDS) -> dict[str, Any]:
     only below what metering acknowledged, and never within minutes.)
     """
     since_ms = int((time.time() - window) * 1000)
-    entries = get_redis().xrange(usage_stream(), min=f"{since_ms}-0", max="+", count=LIVE_MAX_EVENTS)
+    entries = get_redis().xrange(
+        usage_stream(), min=f"{since_ms}-0", max="+", count=LIVE_MAX_EVENTS
+    )
     requests = tokens = errors = 0
     for _, fields in entries:
         try:
@@ -42,8 +44,12 @@ def live_rates(window: int = LIVE_WINDOW_SECONDS) -> dict[str, Any]:
         tokens += int(event.get("prompt_tokens", 0)) + int(event.get("completion_tokens", 0))
         errors += event.get("status") == "error"
     return {
-        "window": window, "requests": requests, "tokens": tokens, "errors": errors,
-        "requests_per_s": requests / window, "tokens_per_s": tokens / window,
+        "window": window,
+        "requests": requests,
+        "tokens": tokens,
+        "errors": errors,
+        "requests_per_s": requests / window,
+        "tokens_per_s": tokens / window,
         "capped": len(entries) >= LIVE_MAX_EVENTS,
     }
 
@@ -54,14 +60,19 @@ def nodes_with_memory() -> list[dict[str, Any]]:
         ready=Count("replicas", filter=Q(replicas__state="ready"))
     ).order_by("name"):
         total, available = node.total_memory_bytes, node.available_memory_bytes
-        rows.append({"node": node, "total": total, "used": max(total - available, 0) if available else None})
+        rows.append(
+            {"node": node, "total": total, "used": max(total - available, 0) if available else None}
+        )
     return rows
 
 
 def deployments_by_state() -> list[dict[str, Any]]:
     counts = dict(Deployment.objects.values_list("state").annotate(n=Count("id")))
-    return [{"state": s, "label": s.label, "count": counts.get(s.value, 0)}
-            for s in DeploymentState if counts.get(s.value)]
+    return [
+        {"state": s, "label": s.label, "count": counts.get(s.value, 0)}
+        for s in DeploymentState
+        if counts.get(s.value)
+    ]
 
 
 def top_tenants_today(limit: int = 5) -> list[dict[str, Any]]:
@@ -69,8 +80,12 @@ def top_tenants_today(limit: int = 5) -> list[dict[str, Any]]:
     rows = (
         UsageRollup.objects.filter(hour__gte=start)
         .values("tenant__slug", "tenant__name", "currency")
-        .annotate(requests=Sum("requests"), prompt=Sum("prompt_tokens"),
-                  completion=Sum("completion_tokens"), cost=Sum("cost"))
+        .annotate(
+            requests=Sum("requests"),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            cost=Sum("cost"),
+        )
     )
     out = [{**r, "tokens": (r["prompt"] or 0) + (r["completion"] or 0)} for r in rows]
     return sorted(out, key=lambda r: r["tokens"], reverse=True)[:limit]
@@ -81,12 +96,24 @@ def recent_problems(limit: int = 8) -> dict[str, Any]:
     failed_events = UsageEvent.objects.filter(occurred_at__gte=since).exclude(status="ok")
     return {
         "failed_requests": failed_events.count(),
-        "by_status": list(failed_events.values("http_status", "status").annotate(n=Count("id")).order_by("-n")[:5]),
-        "operations": list(Operation.objects.filter(status=OperationStatus.FAILED, created_at__gte=since)
-                           .select_related("deployment")[:limit]),
-        "deployments": list(Deployment.objects.filter(
-            state__in=[DeploymentState.FAILED, DeploymentState.DEGRADED]).select_related("model")),
-        "crashed": list(Replica.objects.filter(state__in=["crashed", "failed"]).select_related("deployment")[:limit]),
+        "by_status": list(
+            failed_events.values("http_status", "status").annotate(n=Count("id")).order_by("-n")[:5]
+        ),
+        "operations": list(
+            Operation.objects.filter(
+                status=OperationStatus.FAILED, created_at__gte=since
+            ).select_related("deployment")[:limit]
+        ),
+        "deployments": list(
+            Deployment.objects.filter(
+                state__in=[DeploymentState.FAILED, DeploymentState.DEGRADED]
+            ).select_related("model")
+        ),
+        "crashed": list(
+            Replica.objects.filter(state__in=["crashed", "failed"]).select_related("deployment")[
+                :limit
+            ]
+        ),
         "dead_letters": DeadLetter.objects.filter(received_at__gte=since).count(),
         "unreachable_nodes": list(Node.objects.filter(status="unreachable")),
     }
@@ -105,14 +132,17 @@ def replica_metrics(replica: Replica) -> dict[str, Any] | None:
     }
 
 
-def usage_series(rollups: QuerySet[UsageRollup], group: str, granularity: str,
-                 start: datetime, end: datetime) -> dict[str, Any]:
+def usage_series(
+    rollups: QuerySet[UsageRollup], group: str, granularity: str, start: datetime, end: datetime
+) -> dict[str, Any]:
     """Tokens and cost per time bucket and per tenant/model, shaped for Chart.js."""
     field = {"tenant": "tenant__slug", "model": "model__served_name"}[group]
     rows = (
         rollups.annotate(bucket=Trunc("hour", granularity, tzinfo=UTC))
         .values("bucket", field, "currency")
-        .annotate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost"))
+        .annotate(
+            prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost")
+        )
         .order_by("bucket")
     )
     step = timedelta(hours=1) if granularity == "hour" else timedelta(days=1)
@@ -145,8 +175,14 @@ def totals_by(rollups: QuerySet[UsageRollup], group: str) -> list[dict[str, Any]
     field = {"tenant": "tenant__slug", "model": "model__served_name"}[group]
     return list(
         rollups.values(field, "currency")
-        .annotate(requests=Sum("requests"), errors=Sum("errors"), prompt=Sum("prompt_tokens"),
-                  cached=Sum("cached_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost"))
+        .annotate(
+            requests=Sum("requests"),
+            errors=Sum("errors"),
+            prompt=Sum("prompt_tokens"),
+            cached=Sum("cached_tokens"),
+            completion=Sum("completion_tokens"),
+            cost=Sum("cost"),
+        )
         .order_by(field, "currency")
     )
 

@@ -40,7 +40,9 @@ urlpatterns = [
     path("models/<int:pk>/edit/", catalog.model_edit, name="model-edit"),
     path("models/<int:pk>/price/", catalog.price_new, name="price-new"),
     path("models/<int:pk>/grant/", catalog.model_grant, name="model-grant"),
-    path("models/<int:pk>/grants/<int:grant_id>/remove/", catalog.model_ungrant, name="model-ungrant"),
+    path(
+        "models/<int:pk>/grants/<int:grant_id>/remove/", catalog.model_ungrant, name="model-ungrant"
+    ),
     path("nodes/", catalog.node_list, name="node-list"),
     path("nodes/new/", catalog.node_new, name="node-new"),
     path("nodes/join/", catalog.node_join, name="node-join"),
@@ -49,10 +51,16 @@ urlpatterns = [
     path("deployments/new/", deployments.deployment_new, name="deployment-new"),
     path("deployments/fit/", deployments.deployment_fit, name="deployment-fit"),
     path("deployments/<slug:name>/", deployments.deployment_detail, name="deployment-detail"),
-    path("deployments/<slug:name>/live/", deployments.deployment_progress, name="deployment-progress"),
+    path(
+        "deployments/<slug:name>/live/", deployments.deployment_progress, name="deployment-progress"
+    ),
     path("deployments/<slug:name>/logs/", deployments.deployment_logs, name="deployment-logs"),
     path("deployments/<slug:name>/scale/", deployments.deployment_scale, name="deployment-scale"),
-    path("deployments/<slug:name>/<str:action>/", deployments.deployment_action, name="deployment-action"),
+    path(
+        "deployments/<slug:name>/<str:action>/",
+        deployments.deployment_action,
+        name="deployment-action",
+    ),
     path("usage/", usage.usage, name="usage"),
     path("usage/export.csv", usage.usage_export, name="usage-export"),
     path("audit/", audit.audit_list, name="audit-list"),

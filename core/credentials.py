@@ -27,13 +27,17 @@ from django.db.models import Q
 
 MAX_PRESENTED_KEY = 256  # longer is no key of ours; the cap bounds the hashing work
 
-INVALID_KEY = orjson.dumps({
-    "error": {
-        "message": "Incorrect API key provided. Check the key, or ask your tenant admin for a "
-                   "new one.",
-        "type": "invalid_request_error", "param": None, "code": "invalid_api_key",
+INVALID_KEY = orjson.dumps(
+    {
+        "error": {
+            "message": "Incorrect API key provided. Check the key, or ask your tenant admin for a "
+            "new one.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
     }
-})
+)
 
 Moment = TypeVar("Moment", float, datetime)
 
@@ -60,7 +64,8 @@ def usable_filter(now: datetime, tenant_active: str) -> Q:
     """Inference keys usable at ``now`` (``tenant_active``: the active tenant status)."""
     parent_live = Q(parent__revoked_at__isnull=True) & unexpired_filter(now, "parent__expires_at")
     return (
-        Q(revoked_at__isnull=True) & unexpired_filter(now)
+        Q(revoked_at__isnull=True)
+        & unexpired_filter(now)
         & (Q(parent__isnull=True) | parent_live)
         & Q(tenant__status=tenant_active)
     )

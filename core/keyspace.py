@@ -66,9 +66,12 @@ def rate_keys(key_id: int, tenant_id: int) -> tuple[str, str, str, str, str, str
     """(key requests, key tokens, tenant requests, tenant tokens, key in flight, tenant in
     flight): the order of limiter.lua's KEYS 1-6."""
     return (
-        rkey("rl", "k", key_id), rkey("rl", "k", key_id, "t"),
-        rkey("rl", "t", tenant_id), rkey("rl", "t", tenant_id, "t"),
-        rkey("cc", "k", key_id), rkey("cc", "t", tenant_id),
+        rkey("rl", "k", key_id),
+        rkey("rl", "k", key_id, "t"),
+        rkey("rl", "t", tenant_id),
+        rkey("rl", "t", tenant_id, "t"),
+        rkey("cc", "k", key_id),
+        rkey("cc", "t", tenant_id),
     )
 
 
@@ -105,8 +108,13 @@ def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
 @lru_cache(maxsize=4096)
 def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
     base = ("adm", model_id)
-    return (rkey(*base, "run"), rkey(*base, "q"), rkey(*base, "qexp"), rkey(*base, "vft"),
-            rkey(*base, "ceiling"))
+    return (
+        rkey(*base, "run"),
+        rkey(*base, "q"),
+        rkey(*base, "qexp"),
+        rkey(*base, "vft"),
+        rkey(*base, "ceiling"),
+    )
 
 
 def controller_key(model_id: int) -> str:

@@ -35,21 +35,32 @@ class Rates:
     output_nano_per_mtok: int
 
     @classmethod
-    def of(cls, input_per_mtok: Decimal | None, cached_per_mtok: Decimal | None,
-           output_per_mtok: Decimal | None) -> "Rates":
+    def of(
+        cls,
+        input_per_mtok: Decimal | None,
+        cached_per_mtok: Decimal | None,
+        output_per_mtok: Decimal | None,
+    ) -> "Rates":
         """From decimal prices per 1M tokens; None (no price) counts as 0."""
-        return cls(_nano_or_zero(input_per_mtok), _nano_or_zero(cached_per_mtok),
-                   _nano_or_zero(output_per_mtok))
+        return cls(
+            _nano_or_zero(input_per_mtok),
+            _nano_or_zero(cached_per_mtok),
+            _nano_or_zero(output_per_mtok),
+        )
 
 
-def cost_nano(rates: NanoRates, prompt: int, cached: int, completion: int,
-              half_even: bool = False) -> int:
+def cost_nano(
+    rates: NanoRates, prompt: int, cached: int, completion: int, half_even: bool = False
+) -> int:
     """What ``prompt`` tokens (``cached`` of them at the cached rate) and ``completion``
     tokens cost, in nano-units, rounded up; ``half_even`` rounds half to even instead.
     An admission estimate has no cached tokens."""
     uncached = prompt - cached if prompt > cached else 0
-    scaled = (uncached * rates.input_nano_per_mtok + cached * rates.cached_nano_per_mtok
-              + completion * rates.output_nano_per_mtok)
+    scaled = (
+        uncached * rates.input_nano_per_mtok
+        + cached * rates.cached_nano_per_mtok
+        + completion * rates.output_nano_per_mtok
+    )
     if half_even:
         units, rest = divmod(scaled, PRICE_TOKENS)
         up = 2 * rest > PRICE_TOKENS or (2 * rest == PRICE_TOKENS and units % 2 == 1)

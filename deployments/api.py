@@ -90,7 +90,10 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
         body = StageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         op = staging.stage_weights(
-            request.user, self.get_object(), body.validated_data["node"], body.validated_data["image"]
+            request.user,
+            self.get_object(),
+            body.validated_data["node"],
+            body.validated_data["image"],
         )
         return Response(OperationSerializer(op).data, status=status.HTTP_202_ACCEPTED)
 
@@ -128,8 +131,12 @@ class NodeViewSet(viewsets.ModelViewSet):
         body = JoinTokenRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         issued = joining.create_join_token(request.user, **body.validated_data)
-        data = {"node_name": issued.node_name, "token": issued.token,
-                "expires_at": issued.expires_at, "command": issued.command}
+        data = {
+            "node_name": issued.node_name,
+            "token": issued.token,
+            "expires_at": issued.expires_at,
+            "command": issued.command,
+        }
         return Response(JoinTokenSerializer(data).data, status=status.HTTP_201_CREATED)
 
 

@@ -40,9 +40,11 @@ def node_env(node: Node) -> dict[str, str]:
     unified memory (Ray would count GPU memory as host memory and kill workers)."""
     env = {"VLLM_HOST_IP": node.cluster_address}
     if node.high_speed_interface:
-        env.update(NCCL_SOCKET_IFNAME=node.high_speed_interface,
-                   GLOO_SOCKET_IFNAME=node.high_speed_interface,
-                   UCX_NET_DEVICES=node.high_speed_interface)
+        env.update(
+            NCCL_SOCKET_IFNAME=node.high_speed_interface,
+            GLOO_SOCKET_IFNAME=node.high_speed_interface,
+            UCX_NET_DEVICES=node.high_speed_interface,
+        )
     if node.unified_memory:
         env["RAY_memory_usage_threshold"] = "1.0"
     return env
@@ -55,8 +57,13 @@ def _fill(parts: list[str], **values: Any) -> list[str]:
 def head_entrypoint(deployment: Deployment) -> list[str]:
     cluster = settings_for(deployment)
     timeout = int(settings.TOLLGATE_RAY_JOIN_TIMEOUT)
-    return _fill(cluster["head_entrypoint"], ray_port=cluster["ray_port"], workers=1, nodes=2,
-                 timeout=timeout)
+    return _fill(
+        cluster["head_entrypoint"],
+        ray_port=cluster["ray_port"],
+        workers=1,
+        nodes=2,
+        timeout=timeout,
+    )
 
 
 def head_command(argv: list[str]) -> list[str]:
@@ -81,8 +88,11 @@ def worker_name(replica: Replica) -> str:
 def queue_worker(replica: Replica) -> Operation:
     """Ask the worker node's own worker to start this replica's Ray worker container."""
     return queue_operation(
-        OperationKind.WORKER_START, replica.deployment, node=replica.worker_node,
-        replica_id=replica.pk, head=head_address(replica.deployment, replica),
+        OperationKind.WORKER_START,
+        replica.deployment,
+        node=replica.worker_node,
+        replica_id=replica.pk,
+        head=head_address(replica.deployment, replica),
     )
 
 
@@ -103,8 +113,13 @@ def start_worker(op: Operation) -> None:
     A worker that exits (it could not reach the head: wrong interface, address or
     firewall) fails this operation with its log tail; the head's start reports it.
     """
-    replica = Replica.objects.select_related("deployment__model", "deployment__profile", "node",
-                                             "worker_node").filter(pk=op.detail["replica_id"]).first()
+    replica = (
+        Replica.objects.select_related(
+            "deployment__model", "deployment__profile", "node", "worker_node"
+        )
+        .filter(pk=op.detail["replica_id"])
+        .first()
+    )
     if replica is None or replica.worker_node_id != op.node_id:
         update_op(op, message="the replica moved or is gone; nothing to start")
         return
@@ -113,22 +128,32 @@ def start_worker(op: Operation) -> None:
     stack, name = settings.TOLLGATE_STACK_ID, worker_name(replica)
     _remove_stale(dc, name, node)
     cluster = settings_for(deployment)
-    entrypoint = _fill(cluster["worker_entrypoint"], head_address=op.detail["head"],
-                       ray_port=cluster["ray_port"],
-                       timeout=int(settings.TOLLGATE_RAY_JOIN_TIMEOUT))
+    entrypoint = _fill(
+        cluster["worker_entrypoint"],
+        head_address=op.detail["head"],
+        ray_port=cluster["ray_port"],
+        timeout=int(settings.TOLLGATE_RAY_JOIN_TIMEOUT),
+    )
     spec = runtime.engine_spec(
-        name=name, image=deployment.image, command=[], entrypoint=entrypoint,
+        name=name,
+        image=deployment.image,
+        command=[],
+        entrypoint=entrypoint,
         env={**node_env(node), **engine_environment(deployment, node), **_own(node)},
-        labels=runtime.labels_for(stack, node.name, deployment.pk, replica.index,
-                                  role=ContainerRole.WORKER),
-        gpus=node.gpu_count > 0, engine_host=node.engine_host, ports=(),
+        labels=runtime.labels_for(
+            stack, node.name, deployment.pk, replica.index, role=ContainerRole.WORKER
+        ),
+        gpus=node.gpu_count > 0,
+        engine_host=node.engine_host,
+        ports=(),
         host_network=cluster["network"] == HOST_NETWORK,
         join_network=cluster["network"] != HOST_NETWORK,
     )
     update_op(op, phase="create", message=f"starting the Ray worker of {replica} on {node.name}")
     container = runtime.create_engine(dc, spec)
-    Replica.objects.filter(pk=replica.pk).update(worker_container_name=name,
-                                                 updated_at=timezone.now())
+    Replica.objects.filter(pk=replica.pk).update(
+        worker_container_name=name, updated_at=timezone.now()
+    )
     runtime.start(container)
     update_op(op, phase="joined", message=f"Ray worker {name} running on {node.name}")
     deadline = time.monotonic() + settings.TOLLGATE_ENGINE_READY_TIMEOUT
@@ -161,9 +186,10 @@ def _remove_stale(dc: Any, name: str, node: Node) -> None:
     if stale is None:
         return
     labels = stale.labels or {}
-    if labels.get(runtime.LABEL_STACK) != settings.TOLLGATE_STACK_ID or labels.get(
-        runtime.LABEL_NODE
-    ) != node.name:
+    if (
+        labels.get(runtime.LABEL_STACK) != settings.TOLLGATE_STACK_ID
+        or labels.get(runtime.LABEL_NODE) != node.name
+    ):
         raise runtime.RuntimeFailure(f"a container named {name} exists and is not Tollgate's")
     runtime.stop_and_remove(stale, 0)
 
@@ -174,11 +200,14 @@ def stop_worker(op: Operation) -> None:
     dc = runtime.client(node.docker_url)
     container = runtime.find(dc, op.detail["container"])
     labels = (container.labels or {}) if container is not None else {}
-    ours = (labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID
-            and labels.get(runtime.LABEL_NODE) == node.name
-            and labels.get(runtime.LABEL_ROLE) == ContainerRole.WORKER)
+    ours = (
+        labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID
+        and labels.get(runtime.LABEL_NODE) == node.name
+        and labels.get(runtime.LABEL_ROLE) == ContainerRole.WORKER
+    )
     if container is not None and ours:
         runtime.stop_and_remove(container, settings.TOLLGATE_STOP_GRACE_SECONDS)
-    Replica.objects.filter(pk=op.detail["replica_id"], worker_container_name=op.detail["container"]
-                           ).update(worker_container_name="")
+    Replica.objects.filter(
+        pk=op.detail["replica_id"], worker_container_name=op.detail["container"]
+    ).update(worker_container_name="")
     update_op(op, message=f"Ray worker {op.detail['container']} removed from {node.name}")

@@ -73,7 +73,9 @@ class Starter:
         self.timed("start", runtime.start, self.container)
         if self.group:
             self.worker_op_id = cluster.queue_worker(self.replica).pk
-            self.report("start", None, f"Ray head started; worker queued on {self.replica.worker_node}")
+            self.report(
+                "start", None, f"Ray head started; worker queued on {self.replica.worker_node}"
+            )
         self.locate()
         self.set_replica(state=ReplicaState.LOADING, started_at=timezone.now())
         self.timed("load", self.wait_listening)
@@ -108,15 +110,25 @@ class Starter:
         stale = runtime.find(self.dc, name)
         if stale is not None:
             labels = stale.labels or {}
-            if labels.get(runtime.LABEL_STACK) != stack or labels.get(runtime.LABEL_NODE) != self.node.name:
-                raise runtime.RuntimeFailure(f"a container named {name} exists and is not Tollgate's")
+            if (
+                labels.get(runtime.LABEL_STACK) != stack
+                or labels.get(runtime.LABEL_NODE) != self.node.name
+            ):
+                raise runtime.RuntimeFailure(
+                    f"a container named {name} exists and is not Tollgate's"
+                )
             # Our own leftover (a crashed run): we hold the replica, so it is safe to replace.
             runtime.stop_and_remove(stale, 0)
         fields: dict[str, Any] = dict(
-            name=name, image=self.deployment.image, command=engine_command(self.deployment),
+            name=name,
+            image=self.deployment.image,
+            command=engine_command(self.deployment),
             env=engine_environment(self.deployment, self.node),
-            labels=runtime.labels_for(stack, self.node.name, self.deployment.pk, self.replica.index),
-            gpus=self.node.gpu_count > 0, engine_host=self.node.engine_host,
+            labels=runtime.labels_for(
+                stack, self.node.name, self.deployment.pk, self.replica.index
+            ),
+            gpus=self.node.gpu_count > 0,
+            engine_host=self.node.engine_host,
         )
         spec = runtime.engine_spec(**{**fields, **self.group_spec()})
         self.container = runtime.create_engine(self.dc, spec)
@@ -128,16 +140,24 @@ class Starter:
             return {}
         recipe = cluster.settings_for(self.deployment)
         host = recipe["network"] == cluster.HOST_NETWORK
-        env = {**cluster.node_env(self.node), **engine_environment(self.deployment, self.node),
-               "VLLM_HOST_IP": self.node.cluster_address}
+        env = {
+            **cluster.node_env(self.node),
+            **engine_environment(self.deployment, self.node),
+            "VLLM_HOST_IP": self.node.cluster_address,
+        }
         return {
             "entrypoint": cluster.head_entrypoint(self.deployment),
             "command": cluster.head_command(engine_command(self.deployment)),
             "env": env,
-            "labels": runtime.labels_for(settings.TOLLGATE_STACK_ID, self.node.name,
-                                         self.deployment.pk, self.replica.index,
-                                         role=ContainerRole.HEAD),
-            "host_network": host, "join_network": not host,
+            "labels": runtime.labels_for(
+                settings.TOLLGATE_STACK_ID,
+                self.node.name,
+                self.deployment.pk,
+                self.replica.index,
+                role=ContainerRole.HEAD,
+            ),
+            "host_network": host,
+            "join_network": not host,
         }
 
     def container_name(self) -> str:
@@ -148,8 +168,9 @@ class Starter:
 
     def locate(self) -> None:
         if self.group and cluster.settings_for(self.deployment)["network"] == cluster.HOST_NETWORK:
-            self.set_replica(host=self.node.engine_host or self.node.cluster_address,
-                             port=runtime.ENGINE_PORT)
+            self.set_replica(
+                host=self.node.engine_host or self.node.cluster_address, port=runtime.ENGINE_PORT
+            )
         elif self.node.engine_host:
             runtime.refresh(self.container)
             port = runtime.published_port(self.container)
@@ -168,14 +189,19 @@ class Starter:
         if self.worker_op_id is not None:
             failure = cluster.worker_failure(self.worker_op_id)
             if failure:
-                raise EngineFailed(f"the Ray worker on {self.replica.worker_node} failed: "
-                                   f"{failure}", None, self.tail())
+                raise EngineFailed(
+                    f"the Ray worker on {self.replica.worker_node} failed: {failure}",
+                    None,
+                    self.tail(),
+                )
         container = runtime.refresh(self.container)
         if container is None:
             raise EngineFailed("the engine container disappeared while starting")
         if container.status != "running":
             code = runtime.exit_code(container)
-            raise EngineFailed(f"the engine exited with code {code} while starting", code, self.tail())
+            raise EngineFailed(
+                f"the engine exited with code {code} while starting", code, self.tail()
+            )
 
     def wait_listening(self) -> None:
         deadline = time.monotonic() + settings.TOLLGATE_ENGINE_READY_TIMEOUT
@@ -206,7 +232,10 @@ class Starter:
     def mark_ready(self) -> None:
         now = timezone.now()
         updated = Replica.objects.filter(pk=self.replica.pk, state=ReplicaState.WARMING).update(
-            state=ReplicaState.READY, healthy=True, ready_at=now, last_health_at=now,
+            state=ReplicaState.READY,
+            healthy=True,
+            ready_at=now,
+            last_health_at=now,
             restart_count=self.replica.restart_count + (1 if self.replica.started_at else 0),
         )
         if updated:
@@ -219,8 +248,15 @@ class Starter:
 def engine_command(deployment: Deployment) -> list[str]:
     """``vllm serve`` argv after the image's entrypoint: the model, then the flags."""
     model = deployment.model
-    argv = [model.source, "--served-model-name", model.served_name,
-            "--host", "0.0.0.0", "--port", str(runtime.ENGINE_PORT)]
+    argv = [
+        model.source,
+        "--served-model-name",
+        model.served_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(runtime.ENGINE_PORT),
+    ]
     if model.revision:
         argv += ["--revision", model.revision]
     if model.task == Task.EMBED and "runner" not in deployment.effective_args:
@@ -238,7 +274,9 @@ def _headers(key: str = "") -> dict[str, str]:
 def probe_health(base_url: str, key: str = "") -> int | None:
     """``/health``'s status code, or None when nothing answers (still loading, or gone)."""
     try:
-        return httpx.get(f"{base_url}/health", timeout=PROBE_TIMEOUT, headers=_headers(key)).status_code
+        return httpx.get(
+            f"{base_url}/health", timeout=PROBE_TIMEOUT, headers=_headers(key)
+        ).status_code
     except httpx.HTTPError:
         return None
 
@@ -257,12 +295,20 @@ def warm_up(base_url: str, deployment: Deployment) -> None:
     if model.task == Task.EMBED:
         path, body = "/v1/embeddings", {"model": model.served_name, "input": "warm-up"}
     else:
-        path, body = "/v1/chat/completions", {
-            "model": model.served_name, "max_tokens": 1,
-            "messages": [{"role": "user", "content": "Hi"}],
-        }
-    answer = httpx.post(f"{base_url}{path}", json=body, timeout=settings.TOLLGATE_WARMUP_TIMEOUT,
-                        headers={"X-Request-Id": "tollgate-warmup"})
+        path, body = (
+            "/v1/chat/completions",
+            {
+                "model": model.served_name,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "Hi"}],
+            },
+        )
+    answer = httpx.post(
+        f"{base_url}{path}",
+        json=body,
+        timeout=settings.TOLLGATE_WARMUP_TIMEOUT,
+        headers={"X-Request-Id": "tollgate-warmup"},
+    )
     answer.raise_for_status()
 
 

@@ -17,9 +17,22 @@ from deployments.models import Deployment, Node
 
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 # Refused whatever the allow-list says: code loading, credentials, listening address.
-DENIED = ["LD_*", "PYTHON*", "PATH", "HOME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
-          "VLLM_API_KEY", "VLLM_PLUGINS", "VLLM_PORT", "VLLM_HOST", "VLLM_ALLOW_INSECURE_*",
-          "VLLM_USE_MODELSCOPE", "*_PROXY", "*_proxy"]
+DENIED = [
+    "LD_*",
+    "PYTHON*",
+    "PATH",
+    "HOME",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "VLLM_API_KEY",
+    "VLLM_PLUGINS",
+    "VLLM_PORT",
+    "VLLM_HOST",
+    "VLLM_ALLOW_INSECURE_*",
+    "VLLM_USE_MODELSCOPE",
+    "*_PROXY",
+    "*_proxy",
+]
 
 
 def validate_engine_env(env: Any) -> dict[str, str]:

@@ -59,8 +59,9 @@ def heartbeat(node: Node) -> Node:
         mark_unreachable(node, f"its Docker Engine does not answer: {exc}")
         return node
     gpus, description = gpu_facts()
-    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(facts.get("Architecture", ""),
-                                                         nodes.local_arch())
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(
+        facts.get("Architecture", ""), nodes.local_arch()
+    )
     fields = {
         "arch": arch,
         "cpu_count": facts.get("NCPU") or 0,
@@ -96,9 +97,11 @@ def mark_unreachable(node: Node, reason: str) -> int:
     Unpinned replicas are then placed on other nodes by the next placement pass; when the
     node comes back, its reconcile removes what now runs elsewhere and re-admits the rest.
     """
-    flipped = Node.objects.filter(pk=node.pk).exclude(
-        status__in=[NodeStatus.DISABLED, NodeStatus.UNREACHABLE]
-    ).update(status=NodeStatus.UNREACHABLE)
+    flipped = (
+        Node.objects.filter(pk=node.pk)
+        .exclude(status__in=[NodeStatus.DISABLED, NodeStatus.UNREACHABLE])
+        .update(status=NodeStatus.UNREACHABLE)
+    )
     if not flipped:
         return 0
     log.warning("node %s is unreachable: %s", node.name, reason)
@@ -129,8 +132,10 @@ def check_external(deployment: Deployment) -> Replica:
         replica.external_url = deployment.external_url
     now = timezone.now()
     if deployment.desired_state != DesiredState.RUNNING:
-        changed = Replica.objects.filter(pk=replica.pk).exclude(state=ReplicaState.STOPPED).update(
-            state=ReplicaState.STOPPED, healthy=False
+        changed = (
+            Replica.objects.filter(pk=replica.pk)
+            .exclude(state=ReplicaState.STOPPED)
+            .update(state=ReplicaState.STOPPED, healthy=False)
         )
         Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPED)
     else:
@@ -139,13 +144,21 @@ def check_external(deployment: Deployment) -> Replica:
         served = engine.served_models(deployment.external_url, key) if status == 200 else []
         ok = deployment.model.served_name in served
         new_state = ReplicaState.READY if ok else ReplicaState.CRASHED
-        error = "" if ok else (
-            f"/health answered {status}" if status not in (None, 200) else
-            "not reachable" if status is None else
-            f"/v1/models does not list {deployment.model.served_name!r} (it lists {served})"
+        error = (
+            ""
+            if ok
+            else (
+                f"/health answered {status}"
+                if status not in (None, 200)
+                else "not reachable"
+                if status is None
+                else f"/v1/models does not list {deployment.model.served_name!r} (it lists {served})"
+            )
         )
-        changed = Replica.objects.filter(pk=replica.pk).exclude(state=new_state, healthy=ok).update(
-            state=new_state, healthy=ok, ready_at=now if ok else None, last_error=error
+        changed = (
+            Replica.objects.filter(pk=replica.pk)
+            .exclude(state=new_state, healthy=ok)
+            .update(state=new_state, healthy=ok, ready_at=now if ok else None, last_error=error)
         )
         Replica.objects.filter(pk=replica.pk).update(last_health_at=now)
         Deployment.objects.filter(pk=deployment.pk).update(
@@ -181,8 +194,9 @@ def scrape_replica(replica: Replica) -> dict[str, float] | None:
         return None
     figures["scraped_at"] = timezone.now().timestamp()
     figures["deployment_id"] = replica.deployment_id
-    get_redis().set(telemetry_key(replica.pk), orjson.dumps(figures),
-                    ex=settings.TOLLGATE_TELEMETRY_TTL_SECONDS)
+    get_redis().set(
+        telemetry_key(replica.pk), orjson.dumps(figures), ex=settings.TOLLGATE_TELEMETRY_TTL_SECONDS
+    )
     return figures
 
 
@@ -193,9 +207,11 @@ def read_telemetry(replica_id: int) -> dict[str, float] | None:
 
 def scrape_all() -> int:
     count = 0
-    ready = Replica.objects.filter(state=ReplicaState.READY).filter(
-        Q(deployment__external=True) | Q(port__isnull=False)
-    ).select_related("deployment")
+    ready = (
+        Replica.objects.filter(state=ReplicaState.READY)
+        .filter(Q(deployment__external=True) | Q(port__isnull=False))
+        .select_related("deployment")
+    )
     for replica in ready:
         if scrape_replica(replica) is not None:
             count += 1

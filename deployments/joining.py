@@ -67,15 +67,26 @@ def create_join_token(actor: Actor, node_name: str, control_plane: str = "") -> 
     token = f"{KIND}-{prefix}-{secret}"
     expires_at = timezone.now() + timedelta(hours=settings.TOLLGATE_JOIN_TOKEN_HOURS)
     user = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
-    row = JoinToken.objects.create(prefix=prefix, secret_hash=hash_key(token), node_name=node_name,
-                                   expires_at=expires_at, created_by=user)
+    row = JoinToken.objects.create(
+        prefix=prefix,
+        secret_hash=hash_key(token),
+        node_name=node_name,
+        expires_at=expires_at,
+        created_by=user,
+    )
     record(actor, AuditAction.CREATE, row, changes={"node_name": node_name, "prefix": prefix})
-    return IssuedJoinToken(token, node_name, expires_at, join_command(token, node_name, control_plane))
+    return IssuedJoinToken(
+        token, node_name, expires_at, join_command(token, node_name, control_plane)
+    )
 
 
 def _verify(token: str) -> JoinToken | None:
     match = _TOKEN_RE.match(token.strip())
-    row = JoinToken.objects.select_for_update().filter(prefix=match.group(1)).first() if match else None
+    row = (
+        JoinToken.objects.select_for_update().filter(prefix=match.group(1)).first()
+        if match
+        else None
+    )
     # Same work whether or not the prefix exists: timing tells nothing.
     ok = hmac.compare_digest(hash_key(token.strip()), row.secret_hash if row else "0" * 64)
     return row if ok and row is not None else None

@@ -24,8 +24,13 @@ from deployments.runtime import RuntimeFailure
 log = logging.getLogger(__name__)
 
 STARTABLE = [ReplicaState.PENDING, ReplicaState.STOPPED, ReplicaState.CRASHED, ReplicaState.FAILED]
-ACTIVE = [ReplicaState.PULLING, ReplicaState.STARTING, ReplicaState.LOADING,
-          ReplicaState.WARMING, ReplicaState.READY]
+ACTIVE = [
+    ReplicaState.PULLING,
+    ReplicaState.STARTING,
+    ReplicaState.LOADING,
+    ReplicaState.WARMING,
+    ReplicaState.READY,
+]
 
 
 def on_node(deployment: Deployment, node: Node) -> Any:
@@ -61,8 +66,11 @@ def _indexes(deployment: Deployment, node: Node) -> list[int]:
     """Replica indexes this node should run: every one when pinned here, else those placed here."""
     if deployment.node_id == node.pk and not placement.spans_nodes(deployment):
         return list(range(deployment.replicas))
-    return sorted(on_node(deployment, node).filter(index__lt=deployment.replicas)
-                  .values_list("index", flat=True))
+    return sorted(
+        on_node(deployment, node)
+        .filter(index__lt=deployment.replicas)
+        .values_list("index", flat=True)
+    )
 
 
 def restart(op: Operation) -> None:
@@ -86,9 +94,11 @@ def start_replica(deployment: Deployment, index: int, op: Operation) -> Replica:
         deployment=deployment, index=index, defaults={"node": node}
     )
     # Only the node the replica is placed on starts it (it may have moved meanwhile).
-    claimed = Replica.objects.filter(pk=replica.pk, state__in=STARTABLE).filter(
-        Q(node=node) | Q(node__isnull=True)
-    ).update(state=ReplicaState.PULLING, healthy=False, node=node, last_error="")
+    claimed = (
+        Replica.objects.filter(pk=replica.pk, state__in=STARTABLE)
+        .filter(Q(node=node) | Q(node__isnull=True))
+        .update(state=ReplicaState.PULLING, healthy=False, node=node, last_error="")
+    )
     if not claimed:
         # Another worker (or an earlier delivery of this task) has it in hand.
         replica.refresh_from_db()
@@ -98,8 +108,9 @@ def start_replica(deployment: Deployment, index: int, op: Operation) -> Replica:
     try:
         starter.run()
     except (EngineFailed, RuntimeFailure) as exc:
-        record_crash(replica, str(exc), getattr(exc, "exit_code", None),
-                     getattr(exc, "log_tail", ""))
+        record_crash(
+            replica, str(exc), getattr(exc, "exit_code", None), getattr(exc, "log_tail", "")
+        )
         raise
     return replica
 
@@ -128,8 +139,11 @@ def record_crash(replica: Replica, reason: str, exit_code: int | None, log_tail:
     """Mark a replica crashed, schedule its restart, or fail the deployment after too many."""
     with transaction.atomic():
         Replica.objects.filter(pk=replica.pk).update(
-            state=ReplicaState.CRASHED, healthy=False, exit_code=exit_code,
-            crash_count=F("crash_count") + 1, last_error=f"{reason}\n{log_tail}".strip()[-8000:],
+            state=ReplicaState.CRASHED,
+            healthy=False,
+            exit_code=exit_code,
+            crash_count=F("crash_count") + 1,
+            last_error=f"{reason}\n{log_tail}".strip()[-8000:],
         )
         replica.refresh_from_db()
         delay = backoff_seconds(replica.crash_count)
@@ -172,16 +186,23 @@ def drain_and_remove(replica: Replica, op: Operation | None, stop_worker: bool =
         state=ReplicaState.STOPPED, healthy=False, container_id="", port=None, ready_at=None
     )
     if stop_worker and replica.worker_node_id and replica.worker_container_name:
-        queue_operation(OperationKind.WORKER_STOP, None, node=replica.worker_node,
-                        replica_id=replica.pk, container=replica.worker_container_name,
-                        deployment_name=replica.deployment.name)
+        queue_operation(
+            OperationKind.WORKER_STOP,
+            None,
+            node=replica.worker_node,
+            replica_id=replica.pk,
+            container=replica.worker_container_name,
+            deployment_name=replica.deployment.name,
+        )
 
 
 def _is_ours(container: Any, node: Node) -> bool:
     labels = container.labels or {}
-    return (labels.get(runtime.LABEL_MANAGED) == "true"
-            and labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID
-            and labels.get(runtime.LABEL_NODE) == node.name)
+    return (
+        labels.get(runtime.LABEL_MANAGED) == "true"
+        and labels.get(runtime.LABEL_STACK) == settings.TOLLGATE_STACK_ID
+        and labels.get(runtime.LABEL_NODE) == node.name
+    )
 
 
 def stop(op: Operation) -> None:
@@ -213,7 +234,10 @@ def remove(op: Operation) -> None:
 def refresh_deployment_state(deployment: Deployment) -> None:
     """Ready when every replica is, degraded when some are; failed stays failed."""
     deployment.refresh_from_db()
-    if deployment.desired_state != DesiredState.RUNNING or deployment.state == DeploymentState.FAILED:
+    if (
+        deployment.desired_state != DesiredState.RUNNING
+        or deployment.state == DeploymentState.FAILED
+    ):
         return
     states = list(deployment.replica_set.values_list("state", flat=True))
     ready = states.count(ReplicaState.READY)
@@ -227,5 +251,6 @@ def refresh_deployment_state(deployment: Deployment) -> None:
         new = DeploymentState.DEGRADED if states else DeploymentState.PENDING
     Deployment.objects.filter(pk=deployment.pk).exclude(state=DeploymentState.FAILED).exclude(
         state=new
-    ).update(state=new, state_message="" if new == DeploymentState.READY else deployment.state_message)
-
+    ).update(
+        state=new, state_message="" if new == DeploymentState.READY else deployment.state_message
+    )

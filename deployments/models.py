@@ -122,11 +122,14 @@ class Node(models.Model):
         default=0, help_text="At most this much memory for engines on this node (0: no limit)."
     )
     high_speed_interface = models.CharField(
-        max_length=32, blank=True, validators=[RegexValidator(r"^[A-Za-z0-9_.:-]*$")],
+        max_length=32,
+        blank=True,
+        validators=[RegexValidator(r"^[A-Za-z0-9_.:-]*$")],
         help_text="Interconnect NIC for multi-node engines (NCCL_SOCKET_IFNAME), e.g. enp1s0f1np1.",
     )
     high_speed_address = models.GenericIPAddressField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="This node's IP on the interconnect (VLLM_HOST_IP); empty: engine_host.",
     )
     docker_version = models.CharField(max_length=64, blank=True)
@@ -209,7 +212,8 @@ class Deployment(models.Model):
     )
     external_url = models.URLField(blank=True, help_text="Base URL of an external engine.")
     upstream_key = EncryptedTextField(
-        blank=True, help_text="Bearer key the external engine expects (write-only, encrypted at rest)."
+        blank=True,
+        help_text="Bearer key the external engine expects (write-only, encrypted at rest).",
     )
     replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(16)])
     desired_state = models.CharField(
@@ -259,7 +263,11 @@ class Replica(models.Model):
     container_id = models.CharField(max_length=64, blank=True)
     container_name = models.CharField(max_length=128, blank=True)
     worker_node = models.ForeignKey(
-        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="worker_replicas",
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="worker_replicas",
         help_text="Tensor parallelism over two nodes: where the Ray worker container runs.",
     )
     worker_container_name = models.CharField(max_length=128, blank=True)
@@ -343,7 +351,9 @@ class EngineProfile(models.Model):
     engine_args = models.JSONField(default=dict, blank=True)
     env = models.JSONField(default=dict, blank=True)
     cluster = models.JSONField(
-        default=dict, blank=True, editable=False,
+        default=dict,
+        blank=True,
+        editable=False,
         help_text="How the image runs a multi-node (Ray) group: network, Ray port, head and "
         "worker entrypoints. Built-in profiles only: never from user input.",
     )
@@ -360,7 +370,9 @@ class EngineProfile(models.Model):
 class AllowedImage(models.Model):
     """An engine image pattern an admin allowed, in addition to TOLLGATE_ENGINE_IMAGES."""
 
-    pattern = models.CharField(max_length=255, unique=True, help_text="fnmatch, e.g. vllm/vllm-openai:v0.33*")
+    pattern = models.CharField(
+        max_length=255, unique=True, help_text="fnmatch, e.g. vllm/vllm-openai:v0.33*"
+    )
     note = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

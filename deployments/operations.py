@@ -53,13 +53,23 @@ class EngineFailed(Exception):
 EXPECTED_FAILURES = (EngineFailed, RuntimeFailure, httpx.HTTPError)
 
 
-def queue_operation(kind: str, deployment: Deployment | None, actor: Actor = None,
-                    node: Node | None = None, model: Any = None, **detail: Any) -> Operation:
+def queue_operation(
+    kind: str,
+    deployment: Deployment | None,
+    actor: Actor = None,
+    node: Node | None = None,
+    model: Any = None,
+    **detail: Any,
+) -> Operation:
     """Record an operation and queue its task on the node's queue once this commits."""
     user = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     node = node or (deployment.node if deployment else None)
     op = Operation.objects.create(
-        kind=kind, deployment=deployment, node=node, model=model, requested_by=user,
+        kind=kind,
+        deployment=deployment,
+        node=node,
+        model=model,
+        requested_by=user,
         detail=detail,
     )
     queue = node.queue if node else CONTROL_QUEUE
@@ -88,15 +98,19 @@ def claim(op_id: int, kind: str) -> Operation | None:
     if not taken:
         log.info("operation %s already taken or finished: duplicate delivery ignored", op_id)
         return None
-    return Operation.objects.select_related("deployment__model", "deployment__node",
-                                            "deployment__profile", "node", "model").get(pk=op_id)
+    return Operation.objects.select_related(
+        "deployment__model", "deployment__node", "deployment__profile", "node", "model"
+    ).get(pk=op_id)
 
 
 def finish(op: Operation, error: str = "") -> None:
     """Mark the operation succeeded, or failed with ``error``."""
     status = OperationStatus.FAILED if error else OperationStatus.SUCCEEDED
-    fields: dict[str, Any] = {"status": status, "error": error[:20000],
-                              "finished_at": timezone.now()}
+    fields: dict[str, Any] = {
+        "status": status,
+        "error": error[:20000],
+        "finished_at": timezone.now(),
+    }
     if not error:
         fields["progress"] = 100.0
     update_op(op, **fields)

@@ -62,13 +62,16 @@ def rank_bytes(deployment: Deployment, node: Node) -> int:
     share = nodes_per_replica(deployment)
     active = model.active_params_billions
     return planner.footprint(
-        float(model.params_billions) / share, model.quantization,
+        float(model.params_billions) / share,
+        model.quantization,
         int(args.get("max-model-len") or model.context_length),
         int(args.get("max-num-seqs") or planner.DEFAULT_MAX_NUM_SEQS),
         # Weights and KV heads are sharded over the ranks.
         (model.kv_bytes_per_token // share) if model.kv_bytes_per_token else None,
-        str(args.get("kv-cache-dtype", "auto")), args.get("gpu-memory-utilization"),
-        pool_bytes(node), float(active) / share if active is not None else None,
+        str(args.get("kv-cache-dtype", "auto")),
+        args.get("gpu-memory-utilization"),
+        pool_bytes(node),
+        float(active) / share if active is not None else None,
     ).per_replica
 
 
@@ -95,8 +98,13 @@ def free_bytes(node: Node, exclude: Deployment | None = None) -> tuple[int, int]
 
 def capacity(node: Node, held: int) -> planner.Capacity:
     """The node's capacity for engines, capped by its memory limit when the admin set one."""
-    cap = planner.capacity(node.total_memory_bytes, node.available_memory_bytes,
-                           node.gpu_memory_bytes, node.unified_memory, held)
+    cap = planner.capacity(
+        node.total_memory_bytes,
+        node.available_memory_bytes,
+        node.gpu_memory_bytes,
+        node.unified_memory,
+        held,
+    )
     limit = node.memory_limit_bytes
     if limit and (not cap.usable or limit < cap.usable):
         return planner.Capacity(limit, f"the node's engine memory limit {planner.gb(limit)}")
@@ -119,7 +127,9 @@ def choose(deployment: Deployment, planned: dict[int, int], avoid: set[int]) -> 
         need = rank_bytes(deployment, node)
         free = usable - taken - planned.get(node.pk, 0)
         if usable and free < need:
-            refused.append(f"{node.name}: needs {planner.gb(need)}, {planner.gb(max(free, 0))} free")
+            refused.append(
+                f"{node.name}: needs {planner.gb(need)}, {planner.gb(max(free, 0))} free"
+            )
             continue
         if free > best_free:
             best, best_free = node, free
@@ -164,9 +174,17 @@ def place(deployment: Deployment) -> list[Replica]:
         fields = {"node": head, "worker_node": worker}
         if old[0] is not None:
             # Moving: the replica starts afresh on its new node.
-            fields.update(state=ReplicaState.PENDING, healthy=False, container_id="",
-                          container_name="", worker_container_name="", host="", port=None,
-                          ready_at=None, next_restart_at=None)
+            fields.update(
+                state=ReplicaState.PENDING,
+                healthy=False,
+                container_id="",
+                container_name="",
+                worker_container_name="",
+                host="",
+                port=None,
+                ready_at=None,
+                next_restart_at=None,
+            )
         updated = Replica.objects.filter(
             pk=replica.pk, node_id=old[0], worker_node_id=old[1]
         ).update(**fields)
@@ -177,8 +195,9 @@ def place(deployment: Deployment) -> list[Replica]:
     return moved
 
 
-def _target(deployment: Deployment, replica: Replica, group: bool,
-            planned: dict[int, int]) -> tuple[Node | None, Node | None]:
+def _target(
+    deployment: Deployment, replica: Replica, group: bool, planned: dict[int, int]
+) -> tuple[Node | None, Node | None]:
     if deployment.node_id:
         head = deployment.node
         if not group:

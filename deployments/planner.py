@@ -17,8 +17,16 @@ KIB = 2**10
 
 # Bytes per parameter, scales included for the block-quantized formats.
 BYTES_PER_PARAM: dict[str, float] = {
-    "": 2.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
-    "nvfp4": 0.5625, "mxfp4": 0.53125, "awq": 0.5625, "gptq": 0.5625, "gguf": 0.5625,
+    "": 2.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "nvfp4": 0.5625,
+    "mxfp4": 0.53125,
+    "awq": 0.5625,
+    "gptq": 0.5625,
+    "gguf": 0.5625,
 }
 KV_DTYPE_BYTES = {"auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 MIN_OVERHEAD = 1 * GIB
@@ -78,7 +86,9 @@ def footprint(
         per_token, source = kv_bytes_per_token * kv_bytes // 2, "from the model"
     else:
         # Mixture-of-experts models' attention scales with the active parameters.
-        per_token = estimated_kv_bytes_per_token(active_params_billions or params_billions, kv_bytes)
+        per_token = estimated_kv_bytes_per_token(
+            active_params_billions or params_billions, kv_bytes
+        )
         source = "estimated"
     tokens = max_model_len * max_num_seqs
     kv_cache = tokens * per_token
@@ -118,8 +128,10 @@ def capacity(
         return Capacity(gpu_memory, f"GPU memory {gb(gpu_memory)}")
     if available_memory:
         # MemAvailable already lacks what running engines hold; count it back once.
-        usable = min(total_memory or available_memory + held_by_running_engines,
-                     available_memory + held_by_running_engines)
+        usable = min(
+            total_memory or available_memory + held_by_running_engines,
+            available_memory + held_by_running_engines,
+        )
         return Capacity(
             usable,
             f"available host memory {gb(available_memory)} + {gb(held_by_running_engines)} "
@@ -134,15 +146,16 @@ class FitResult:
     message: str
 
 
-def check_fit(
-    need: Footprint, replicas: int, others: int, node: str, cap: Capacity
-) -> FitResult:
+def check_fit(need: Footprint, replicas: int, others: int, node: str, cap: Capacity) -> FitResult:
     """Whether ``replicas`` × ``need`` plus what other engines hold fits ``cap``."""
     if need.reserved and need.estimate > need.reserved:
-        return FitResult(False, (
-            f"Does not fit: {need.explanation}; the engine needs {gb(need.estimate)} but its "
-            f"--gpu-memory-utilization gives it only {gb(need.reserved)}."
-        ))
+        return FitResult(
+            False,
+            (
+                f"Does not fit: {need.explanation}; the engine needs {gb(need.estimate)} but its "
+                f"--gpu-memory-utilization gives it only {gb(need.reserved)}."
+            ),
+        )
     total = need.per_replica * replicas + others
     sums = (
         f"{need.explanation}; {gb(need.per_replica)} per replica × {replicas} = "

@@ -69,8 +69,12 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
             "Tollgate's vLLM-API simulator: no GPU, no weights; for demos, CI and benchmarks."
         ),
         "image": SIMULATOR_IMAGE,
-        "engine_args": {"max-num-seqs": 8, "max-model-len": 8192, "enable-prefix-caching": True,
-                        "scheduling-policy": "priority"},
+        "engine_args": {
+            "max-num-seqs": 8,
+            "max-model-len": 8192,
+            "enable-prefix-caching": True,
+            "scheduling-policy": "priority",
+        },
         "env": {},
         # A stand-in for the Ray runtime (engine_sim/ray.py): the head listens on the Ray
         # port and waits for its workers, each worker joins and blocks. Bridge networking:
@@ -78,12 +82,26 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
         "cluster": {
             "network": "bridge",
             "ray_port": 6379,
-            "head_entrypoint": ["python3", "-m", "engine_sim.ray", "start", "--head",
-                                "--port={ray_port}", "--num-workers={workers}",
-                                "--timeout={timeout}", "--"],
-            "worker_entrypoint": ["python3", "-m", "engine_sim.ray", "start",
-                                  "--address={head_address}:{ray_port}", "--block",
-                                  "--timeout={timeout}"],
+            "head_entrypoint": [
+                "python3",
+                "-m",
+                "engine_sim.ray",
+                "start",
+                "--head",
+                "--port={ray_port}",
+                "--num-workers={workers}",
+                "--timeout={timeout}",
+                "--",
+            ],
+            "worker_entrypoint": [
+                "python3",
+                "-m",
+                "engine_sim.ray",
+                "start",
+                "--address={head_address}:{ray_port}",
+                "--block",
+                "--timeout={timeout}",
+            ],
         },
     },
 ]

@@ -31,8 +31,13 @@ from deployments.models import Deployment, Node, Operation, Replica
 from deployments.operations import lease_key, queue_operation
 
 log = logging.getLogger(__name__)
-IN_FLIGHT = [ReplicaState.PULLING, ReplicaState.STARTING, ReplicaState.LOADING,
-             ReplicaState.WARMING, ReplicaState.DRAINING]
+IN_FLIGHT = [
+    ReplicaState.PULLING,
+    ReplicaState.STARTING,
+    ReplicaState.LOADING,
+    ReplicaState.WARMING,
+    ReplicaState.DRAINING,
+]
 
 
 def reconcile_node(node: Node) -> dict[str, int]:
@@ -52,9 +57,11 @@ def reconcile_node(node: Node) -> dict[str, int]:
     online = Node.objects.filter(pk=node.pk, status=NodeStatus.ONLINE).exists()
     expected: set[tuple[str, str]] = set()
     expected_workers: set[tuple[str, str]] = set()
-    deployments = Deployment.objects.filter(
-        Q(node=node) | Q(replica_set__node=node), external=False
-    ).distinct().select_related("model", "node", "profile")
+    deployments = (
+        Deployment.objects.filter(Q(node=node) | Q(replica_set__node=node), external=False)
+        .distinct()
+        .select_related("model", "node", "profile")
+    )
     for deployment in deployments:
         for replica in lifecycle.on_node(deployment, node).select_related("worker_node"):
             key = (str(deployment.pk), str(replica.index))
@@ -84,9 +91,13 @@ def _observe_worker(replica: Replica, container: object | None, done: dict[str, 
         return
     code = runtime.exit_code(container) if container is not None else None
     tail = _tail(container)
-    lifecycle.record_crash(replica, f"the Ray worker on {replica.worker_node_id and replica.worker_node}"
-                           f" {'exited with code ' + str(code) if code is not None else 'disappeared'}",
-                           code, tail)
+    lifecycle.record_crash(
+        replica,
+        f"the Ray worker on {replica.worker_node_id and replica.worker_node}"
+        f" {'exited with code ' + str(code) if code is not None else 'disappeared'}",
+        code,
+        tail,
+    )
     done["crashed"] += 1
 
 
@@ -99,8 +110,9 @@ def _older_than(container: object, seconds: float) -> bool:
     return runtime.created_at(container) < timezone.now() - timedelta(seconds=seconds)
 
 
-def _observe(replica: Replica, container: object | None, done: dict[str, int],
-             online: bool = True) -> None:
+def _observe(
+    replica: Replica, container: object | None, done: dict[str, int], online: bool = True
+) -> None:
     """Compare one replica's row with its container; record a crash when the engine died."""
     if replica.state == ReplicaState.READY:
         health = None
@@ -110,9 +122,13 @@ def _observe(replica: Replica, container: object | None, done: dict[str, int],
         if observed in (ReplicaState.CRASHED, runtime.MISSING):
             code = runtime.exit_code(container) if container is not None else None
             tail = _tail(container)
-            reason = (f"engine exited with code {code}" if code is not None else
-                      "engine /health answered 503" if health and health >= 500 else
-                      "engine container disappeared")
+            reason = (
+                f"engine exited with code {code}"
+                if code is not None
+                else "engine /health answered 503"
+                if health and health >= 500
+                else "engine container disappeared"
+            )
             lifecycle.record_crash(replica, reason, code, tail)
             done["crashed"] += 1
         elif observed == ReplicaState.LOADING:
@@ -130,9 +146,11 @@ def _observe(replica: Replica, container: object | None, done: dict[str, int],
 
 
 def _set_health(replica: Replica, healthy: bool) -> None:
-    updated = Replica.objects.filter(pk=replica.pk, state=ReplicaState.READY).exclude(
-        healthy=healthy
-    ).update(healthy=healthy)
+    updated = (
+        Replica.objects.filter(pk=replica.pk, state=ReplicaState.READY)
+        .exclude(healthy=healthy)
+        .update(healthy=healthy)
+    )
     Replica.objects.filter(pk=replica.pk).update(last_health_at=timezone.now())
     if updated:
         publish_change("replica", replica.pk)
@@ -140,8 +158,11 @@ def _set_health(replica: Replica, healthy: bool) -> None:
 
 def _forgive(replica: Replica) -> None:
     # A replica that stayed up long enough has its earlier crashes forgiven.
-    if replica.crash_count and replica.ready_at and replica.ready_at < timezone.now() - timedelta(
-        seconds=settings.TOLLGATE_CRASH_RESET_SECONDS
+    if (
+        replica.crash_count
+        and replica.ready_at
+        and replica.ready_at
+        < timezone.now() - timedelta(seconds=settings.TOLLGATE_CRASH_RESET_SECONDS)
     ):
         Replica.objects.filter(pk=replica.pk).update(crash_count=0)
 
@@ -178,7 +199,8 @@ def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
     now = timezone.now()
     due = mine.filter(
         Q(next_restart_at__isnull=True) | Q(next_restart_at__lte=now),
-        state__in=[ReplicaState.CRASHED, ReplicaState.FAILED], index__lt=deployment.replicas,
+        state__in=[ReplicaState.CRASHED, ReplicaState.FAILED],
+        index__lt=deployment.replicas,
     )
     restarted = 0
     for replica in due:
@@ -187,14 +209,14 @@ def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
             state=ReplicaState.PENDING
         )
         if claimed:
-            queue_operation(OperationKind.RESTART, deployment, node=node,
-                                      replica=replica.index)
+            queue_operation(OperationKind.RESTART, deployment, node=node, replica=replica.index)
             restarted += 1
     done["restarts"] += restarted
     if restarted:
         return
-    pending = mine.filter(state__in=[ReplicaState.PENDING, ReplicaState.STOPPED],
-                          index__lt=deployment.replicas)
+    pending = mine.filter(
+        state__in=[ReplicaState.PENDING, ReplicaState.STOPPED], index__lt=deployment.replicas
+    )
     extra = mine.filter(index__gte=deployment.replicas)
     if pending.exists() or extra.exists():
         queue_operation(OperationKind.DEPLOY, deployment, node=node)
@@ -226,13 +248,15 @@ def _operation_running_for(deployment: Deployment, node: Node | None = None) -> 
 
 def _lease_lapsed(op: Operation) -> bool:
     recently = timezone.now() - timedelta(seconds=5)  # claimed a moment ago: lease being set
-    return bool(op.started_at and op.started_at < recently
-                and not get_redis().exists(lease_key(op.pk)))
+    return bool(
+        op.started_at and op.started_at < recently and not get_redis().exists(lease_key(op.pk))
+    )
 
 
 def _abandon(op: Operation) -> None:
     failed = Operation.objects.filter(pk=op.pk, status=OperationStatus.RUNNING).update(
-        status=OperationStatus.FAILED, finished_at=timezone.now(),
+        status=OperationStatus.FAILED,
+        finished_at=timezone.now(),
         error="The worker running this operation stopped (killed or restarted); reconcile took over.",
     )
     if failed:
@@ -246,9 +270,11 @@ def place_all() -> int:
     """Place unpinned replicas (new ones, and those of nodes that became unreachable) and
     queue their start on their new node; returns how many moved."""
     moved = 0
-    running = Deployment.objects.filter(
-        desired_state=DesiredState.RUNNING, external=False
-    ).exclude(state=DeploymentState.FAILED).select_related("model", "node", "profile")
+    running = (
+        Deployment.objects.filter(desired_state=DesiredState.RUNNING, external=False)
+        .exclude(state=DeploymentState.FAILED)
+        .select_related("model", "node", "profile")
+    )
     for deployment in running:
         if deployment.node_id and not placement.spans_nodes(deployment):
             continue  # pinned: its node's reconcile handles it
@@ -258,7 +284,6 @@ def place_all() -> int:
             Deployment.objects.filter(pk=deployment.pk).update(state_message=str(exc)[:2000])
             continue
         for node_id in sorted({r.node_id for r in replicas}):
-            queue_operation(OperationKind.DEPLOY, deployment,
-                                      node=Node.objects.get(pk=node_id))
+            queue_operation(OperationKind.DEPLOY, deployment, node=Node.objects.get(pk=node_id))
         moved += len(replicas)
     return moved

@@ -70,8 +70,13 @@ def replica_state_for(status: str | None, health_status: int | None) -> str:
     return ReplicaState.CRASHED  # exited, dead, restarting, paused
 
 
-def labels_for(stack: str, node: str, deployment_id: int | None = None,
-               index: int | None = None, role: str = "engine") -> dict[str, str]:
+def labels_for(
+    stack: str,
+    node: str,
+    deployment_id: int | None = None,
+    index: int | None = None,
+    role: str = "engine",
+) -> dict[str, str]:
     labels = {LABEL_MANAGED: "true", LABEL_STACK: stack, LABEL_NODE: node, LABEL_ROLE: role}
     if deployment_id is not None:
         labels[LABEL_DEPLOYMENT] = str(deployment_id)
@@ -110,12 +115,26 @@ def _publish_address(engine_host: str) -> str:
         return "0.0.0.0"  # a host name: publish on the host's interfaces
 
 
-def engine_spec(name: str, image: str, command: list[str], env: dict[str, str],
-                labels: dict[str, str], gpus: bool, engine_host: str, **more: Any) -> EngineSpec:
+def engine_spec(
+    name: str,
+    image: str,
+    command: list[str],
+    env: dict[str, str],
+    labels: dict[str, str],
+    gpus: bool,
+    engine_host: str,
+    **more: Any,
+) -> EngineSpec:
     return EngineSpec(
-        name=name, image=image, command=command, env=env, labels=labels, gpus=gpus,
+        name=name,
+        image=image,
+        command=command,
+        env=env,
+        labels=labels,
+        gpus=gpus,
         bind_host=_publish_address(engine_host) if engine_host else "",
-        network=settings.TOLLGATE_ENGINE_NETWORK, **more,
+        network=settings.TOLLGATE_ENGINE_NETWORK,
+        **more,
     )
 
 
@@ -145,8 +164,10 @@ def create_engine(dc: docker.DockerClient, spec: EngineSpec) -> Container:
     if spec.gpus:
         kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
         # NVIDIA's recommended limits for PyTorch engines (GPU hosts allow raising them).
-        kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1),
-                             Ulimit(name="stack", soft=67108864, hard=67108864)]
+        kwargs["ulimits"] = [
+            Ulimit(name="memlock", soft=-1, hard=-1),
+            Ulimit(name="stack", soft=67108864, hard=67108864),
+        ]
     if spec.entrypoint is not None:
         kwargs["entrypoint"] = spec.entrypoint
     if spec.host_network:
@@ -241,7 +262,9 @@ def image_present(dc: docker.DockerClient, image: str) -> bool:
 
 def pull(dc: docker.DockerClient, image: str) -> Iterator[dict]:
     """Decoded ``docker pull`` progress events; the last one may carry an ``error``."""
-    repository, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
+    repository, _, tag = (
+        image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
+    )
     with wrapped(f"pulling {image}"):
         for event in dc.api.pull(repository, tag=tag, stream=True, decode=True):
             if event.get("error"):
@@ -254,13 +277,26 @@ def info(dc: docker.DockerClient) -> dict[str, Any]:
         return dc.info()
 
 
-def run_to_completion(dc: docker.DockerClient, image: str, entrypoint: list[str],
-                      command: list[str], env: dict[str, str], labels: dict[str, str],
-                      name: str) -> Container:
+def run_to_completion(
+    dc: docker.DockerClient,
+    image: str,
+    entrypoint: list[str],
+    command: list[str],
+    env: dict[str, str],
+    labels: dict[str, str],
+    name: str,
+) -> Container:
     """Start a short-lived helper container with the caches mounted (for staging)."""
     with wrapped(f"starting helper container {name}"):
         return dc.containers.run(
-            image, entrypoint=entrypoint, command=command, environment=env, labels=labels,
-            name=name, volumes=cache_mounts(), detach=True, security_opt=["no-new-privileges"],
+            image,
+            entrypoint=entrypoint,
+            command=command,
+            environment=env,
+            labels=labels,
+            name=name,
+            volumes=cache_mounts(),
+            detach=True,
+            security_opt=["no-new-privileges"],
             user="0",
         )

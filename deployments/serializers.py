@@ -85,7 +85,11 @@ class NodeSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = [
-            "available_memory_bytes", "cpu_count", "docker_version", "last_seen_at", "created_at",
+            "available_memory_bytes",
+            "cpu_count",
+            "docker_version",
+            "last_seen_at",
+            "created_at",
         ]
         extra_kwargs = {"queue": {"required": False}}
 
@@ -126,7 +130,10 @@ class DeploymentSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
         slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True
     )
     worker_node = serializers.SlugRelatedField(
-        slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True,
+        slug_field="name",
+        queryset=Node.objects.all(),
+        required=False,
+        allow_null=True,
         help_text="Two-box tensor parallelism: the Ray worker's node (empty: Tollgate picks).",
     )
     engine_args = serializers.JSONField(
@@ -136,10 +143,14 @@ class DeploymentSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
         slug_field="name", queryset=EngineProfile.objects.all(), required=False, allow_null=True
     )
     env = serializers.JSONField(
-        required=False, help_text='Extra engine environment (allow-listed names), e.g. {"NCCL_DEBUG": "INFO"}.'
+        required=False,
+        help_text='Extra engine environment (allow-listed names), e.g. {"NCCL_DEBUG": "INFO"}.',
     )
     upstream_key = serializers.CharField(
-        required=False, allow_blank=True, write_only=True, trim_whitespace=True,
+        required=False,
+        allow_blank=True,
+        write_only=True,
+        trim_whitespace=True,
         help_text="External engines: the bearer key it expects. Never returned.",
     )
     has_upstream_key = serializers.SerializerMethodField()
@@ -207,7 +218,16 @@ class OperationSerializer(serializers.ModelSerializer):
 class EngineProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = EngineProfile
-        fields = ["id", "name", "description", "image", "engine_args", "env", "builtin", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "description",
+            "image",
+            "engine_args",
+            "env",
+            "builtin",
+            "created_at",
+        ]
         read_only_fields = ["builtin", "created_at"]
 
 
@@ -239,11 +259,12 @@ class LogsSerializer(serializers.Serializer):
     log = serializers.CharField()
 
 
-
 class JoinTokenRequestSerializer(serializers.Serializer):
     node_name = serializers.CharField(max_length=63, help_text="The new node's name.")
     control_plane = serializers.CharField(
-        max_length=255, required=False, allow_blank=True,
+        max_length=255,
+        required=False,
+        allow_blank=True,
         help_text="Address the node reaches PostgreSQL and Redis at (shown in the command).",
     )
 

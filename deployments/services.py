@@ -65,8 +65,18 @@ NODE_FIELDS = [
     "status",
 ]
 DEPLOYMENT_FIELDS = [
-    "name", "model", "node", "worker_node", "profile", "image", "engine_args", "env", "replicas",
-    "desired_state", "external", "external_url",
+    "name",
+    "model",
+    "node",
+    "worker_node",
+    "profile",
+    "image",
+    "engine_args",
+    "env",
+    "replicas",
+    "desired_state",
+    "external",
+    "external_url",
 ]  # never the upstream key: audit rows must not hold secrets
 # Changing these replaces running containers; replicas only scales.
 REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node", "worker_node"}
@@ -210,7 +220,10 @@ def delete_node(actor: Actor, node: Node) -> None:
 
 def allowed_image_patterns() -> list[str]:
     """Settings' patterns plus those an admin added through the API."""
-    return [*settings.TOLLGATE_ENGINE_IMAGES, *AllowedImage.objects.values_list("pattern", flat=True)]
+    return [
+        *settings.TOLLGATE_ENGINE_IMAGES,
+        *AllowedImage.objects.values_list("pattern", flat=True),
+    ]
 
 
 def check_image(image: str) -> str:
@@ -257,12 +270,20 @@ def _validate_group(deployment: Deployment) -> None:
     if placement.tensor_parallel_size(deployment) > 2 * max(
         deployment.node.gpu_count if deployment.node else 1, 1
     ):
-        raise ValidationError({"engine_args": "Tollgate runs tensor parallelism over at most "
-                                              "two nodes (--tensor-parallel-size 2 on one-GPU nodes)."})
+        raise ValidationError(
+            {
+                "engine_args": "Tollgate runs tensor parallelism over at most "
+                "two nodes (--tensor-parallel-size 2 on one-GPU nodes)."
+            }
+        )
     cluster = deployment.profile.cluster if deployment.profile_id and deployment.profile else {}
     if not cluster.get("head_entrypoint") or not cluster.get("worker_entrypoint"):
-        raise ValidationError({"profile": "Tensor parallelism over two nodes needs a profile "
-                                          "that starts a Ray group (e.g. dgx-spark)."})
+        raise ValidationError(
+            {
+                "profile": "Tensor parallelism over two nodes needs a profile "
+                "that starts a Ray group (e.g. dgx-spark)."
+            }
+        )
     if deployment.worker_node_id and deployment.worker_node_id == deployment.node_id:
         raise ValidationError({"worker_node": "Pick a second node, not the head's."})
     if deployment.worker_node_id and not deployment.node_id:
@@ -283,12 +304,15 @@ def _queue(kind: str, deployment: Deployment, actor: Actor) -> Operation | None:
     node_ids = set(deployment.replica_set.exclude(node=None).values_list("node_id", flat=True))
     if deployment.node_id:
         node_ids.add(deployment.node_id)
-    ops = [queue_operation(kind, deployment, actor, node=node)
-           for node in Node.objects.filter(pk__in=node_ids).order_by("name")]
+    ops = [
+        queue_operation(kind, deployment, actor, node=node)
+        for node in Node.objects.filter(pk__in=node_ids).order_by("name")
+    ]
     if not ops and kind == OperationKind.STOP:
         # Nothing placed anywhere: nothing to drain, so it is stopped already.
         Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
-            state=DeploymentState.STOPPED, state_message="")
+            state=DeploymentState.STOPPED, state_message=""
+        )
     return ops[0] if ops else None
 
 
@@ -305,8 +329,10 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
     if deployment.external or node is None:
         return None
     args, model = deployment.effective_args, deployment.model
-    pool = node.gpu_memory_bytes if node.gpu_memory_bytes and not node.unified_memory else (
-        node.total_memory_bytes if node.unified_memory or node.gpu_count else 0
+    pool = (
+        node.gpu_memory_bytes
+        if node.gpu_memory_bytes and not node.unified_memory
+        else (node.total_memory_bytes if node.unified_memory or node.gpu_count else 0)
     )
     # A replica spanning two nodes holds half its weights and KV cache on each.
     share = placement.nodes_per_replica(deployment)
@@ -316,7 +342,9 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
         quantization=model.quantization,
         max_model_len=int(args.get("max-model-len") or model.context_length),
         max_num_seqs=int(args.get("max-num-seqs") or planner.DEFAULT_MAX_NUM_SEQS),
-        kv_bytes_per_token=(model.kv_bytes_per_token // share) if model.kv_bytes_per_token else None,
+        kv_bytes_per_token=(model.kv_bytes_per_token // share)
+        if model.kv_bytes_per_token
+        else None,
         kv_cache_dtype=str(args.get("kv-cache-dtype", "auto")),
         gpu_memory_utilization=args.get("gpu-memory-utilization"),
         pool_bytes=pool,
@@ -339,8 +367,13 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
     return planner.check_fit(need, deployment.replicas, others, node.name, cap)
 
 
-def preview_fit(model: CatalogModel, node: Node | None, profile: EngineProfile | None,
-                replicas: int, engine_args: dict[str, Any]) -> planner.FitResult | None:
+def preview_fit(
+    model: CatalogModel,
+    node: Node | None,
+    profile: EngineProfile | None,
+    replicas: int,
+    engine_args: dict[str, Any],
+) -> planner.FitResult | None:
     """The memory-fit verdict a deployment with these values would get; nothing is saved.
 
     The flags (and the profile's, which they override) are checked as create_deployment
@@ -348,21 +381,27 @@ def preview_fit(model: CatalogModel, node: Node | None, profile: EngineProfile |
     """
     trusted = model.trust_remote_code
     args = validate_engine_args(engine_args, trust_remote_code_allowed=trusted)
-    deployment = Deployment(name="preview", model=model, node=node, profile=profile,
-                            replicas=replicas, engine_args=args)
-    deployment.engine_args = validate_engine_args(deployment.effective_args,
-                                                  trust_remote_code_allowed=trusted)
+    deployment = Deployment(
+        name="preview", model=model, node=node, profile=profile, replicas=replicas, engine_args=args
+    )
+    deployment.engine_args = validate_engine_args(
+        deployment.effective_args, trust_remote_code_allowed=trusted
+    )
     return memory_fit(deployment)
 
 
 def _replica_bytes(deployment: Deployment, pool: int) -> int:
     args, model = deployment.effective_args, deployment.model
     return planner.footprint(
-        float(model.params_billions), model.quantization,
+        float(model.params_billions),
+        model.quantization,
         int(args.get("max-model-len") or model.context_length),
         int(args.get("max-num-seqs") or planner.DEFAULT_MAX_NUM_SEQS),
-        model.kv_bytes_per_token, str(args.get("kv-cache-dtype", "auto")),
-        args.get("gpu-memory-utilization"), pool, _float_or_none(model.active_params_billions),
+        model.kv_bytes_per_token,
+        str(args.get("kv-cache-dtype", "auto")),
+        args.get("gpu-memory-utilization"),
+        pool,
+        _float_or_none(model.active_params_billions),
     ).per_replica
 
 
@@ -448,7 +487,9 @@ def set_desired_state(actor: Actor, deployment: Deployment, desired: str) -> Dep
             record(actor, AuditAction.ACTION, deployment, changes={"desired_state": desired})
             publish_change("deployment", deployment.pk)
             if not deployment.external:
-                kind = OperationKind.DEPLOY if desired == DesiredState.RUNNING else OperationKind.STOP
+                kind = (
+                    OperationKind.DEPLOY if desired == DesiredState.RUNNING else OperationKind.STOP
+                )
                 _queue(kind, deployment, actor)
     return deployment
 
@@ -501,12 +542,16 @@ def replica_logs(deployment: Deployment, index: int, lines: int = 200) -> str:
     # process of the appliance has no Docker access at all.
     published = read_log_tail(replica.pk)
     if published is not None:
-        return "\n".join(published.splitlines()[-min(lines, 5000):])
+        return "\n".join(published.splitlines()[-min(lines, 5000) :])
     try:
         container = runtime.find(runtime.client(node.docker_url), replica.container_name)
     except runtime.RuntimeFailure:
-        raise ValidationError({"detail": "The engine's log has not been reported by its node yet; "
-                                         "it appears within a few seconds of the node's next reconcile."}) from None
+        raise ValidationError(
+            {
+                "detail": "The engine's log has not been reported by its node yet; "
+                "it appears within a few seconds of the node's next reconcile."
+            }
+        ) from None
     return runtime.logs_tail(container, min(lines, 5000)) if container else ""
 
 

@@ -33,11 +33,12 @@ def cache_dir(source: str) -> str:
 def stage_weights(actor: Actor, model: CatalogModel, node: Node, image: str) -> Operation:
     """Queue a download of the model's weights into ``node``'s model cache."""
     if model.source.startswith("/"):
-        raise ValidationError({"model": "The model is a path in the cache already; nothing to download."})
+        raise ValidationError(
+            {"model": "The model is a path in the cache already; nothing to download."}
+        )
     check_image(image)
     record(actor, AuditAction.ACTION, model, changes={"stage": node.name, "image": image})
-    return queue_operation(OperationKind.STAGE, None, actor, node=node, model=model,
-                                     image=image)
+    return queue_operation(OperationKind.STAGE, None, actor, node=node, model=model, image=image)
 
 
 def stage(op: Operation) -> None:
@@ -50,7 +51,12 @@ def stage(op: Operation) -> None:
     env = {"HF_TOKEN": settings.HF_TOKEN} if settings.HF_TOKEN else {}
     update_op(op, phase="download", message=f"downloading {model.source} on {node.name}")
     helper = runtime.run_to_completion(
-        dc, op.detail["image"], settings.TOLLGATE_STAGE_ENTRYPOINT, command, env, labels,
+        dc,
+        op.detail["image"],
+        settings.TOLLGATE_STAGE_ENTRYPOINT,
+        command,
+        env,
+        labels,
         name=f"{stack}-stage-{op.pk}",
     )
     try:
@@ -63,7 +69,8 @@ def stage(op: Operation) -> None:
     update_op(op, phase="measure", progress=99.0)
     size = measure(dc, op, model, labels)
     StagedModel.objects.update_or_create(
-        model=model, node=node,
+        model=model,
+        node=node,
         defaults={"size_bytes": size, "revision": model.revision, "staged_at": timezone.now()},
     )
     update_op(op, message=f"{model.source} staged on {node.name}: {size / 1e9:.1f} GB")
@@ -85,7 +92,12 @@ def _follow(op: Operation, helper: object) -> int:
 def measure(dc: object, op: Operation, model: CatalogModel, labels: dict[str, str]) -> int:
     """Bytes the model takes in the cache (``du`` in a helper of the same image)."""
     helper = runtime.run_to_completion(
-        dc, op.detail["image"], ["du", "-sbL"], [cache_dir(model.source)], {}, labels,
+        dc,
+        op.detail["image"],
+        ["du", "-sbL"],
+        [cache_dir(model.source)],
+        {},
+        labels,
         name=f"{labels[runtime.LABEL_STACK]}-measure-{op.pk}",
     )
     try:
@@ -97,4 +109,3 @@ def measure(dc: object, op: Operation, model: CatalogModel, labels: dict[str, st
         return int(output[0]) if output and output[0].isdigit() else 0
     finally:
         runtime.stop_and_remove(helper, 0)
-

@@ -13,13 +13,22 @@ from dockerpolicy.settings import Settings, SettingsError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dockerpolicy", description=__doc__)
-    parser.add_argument("--listen", default=os.environ.get("TOLLGATE_DOCKER_POLICY_LISTEN", "0.0.0.0:2375"),
-                        help="host:port to serve the Docker API on (default 0.0.0.0:2375)")
-    parser.add_argument("--docker-socket", default="/var/run/docker.sock",
-                        help="the Docker Engine's socket (default /var/run/docker.sock)")
+    parser.add_argument(
+        "--listen",
+        default=os.environ.get("TOLLGATE_DOCKER_POLICY_LISTEN", "0.0.0.0:2375"),
+        help="host:port to serve the Docker API on (default 0.0.0.0:2375)",
+    )
+    parser.add_argument(
+        "--docker-socket",
+        default="/var/run/docker.sock",
+        help="the Docker Engine's socket (default /var/run/docker.sock)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         settings = Settings.from_env()
     except SettingsError as exc:

@@ -25,16 +25,42 @@ _DEVICE_ID = re.compile(r"[A-Za-z0-9-]{1,64}", re.ASCII)
 
 # What the engine lifecycle sends (deployments/runtime.py through the Docker SDK); any
 # other field Docker knows must be absent or left at its zero value.
-CONFIG_ALLOWED = frozenset({
-    "Image", "Cmd", "Entrypoint", "Env", "Labels", "User", "ExposedPorts", "Volumes",
-    "Tty", "OpenStdin", "StdinOnce", "AttachStdin", "AttachStdout", "AttachStderr",
-    "NetworkDisabled", "HostConfig", "NetworkingConfig",
-})
-HOST_CONFIG_ALLOWED = frozenset({
-    "Binds", "NetworkMode", "PortBindings", "LogConfig", "SecurityOpt", "DeviceRequests",
-    "Ulimits", "ShmSize",
-})
-NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"})
+CONFIG_ALLOWED = frozenset(
+    {
+        "Image",
+        "Cmd",
+        "Entrypoint",
+        "Env",
+        "Labels",
+        "User",
+        "ExposedPorts",
+        "Volumes",
+        "Tty",
+        "OpenStdin",
+        "StdinOnce",
+        "AttachStdin",
+        "AttachStdout",
+        "AttachStderr",
+        "NetworkDisabled",
+        "HostConfig",
+        "NetworkingConfig",
+    }
+)
+HOST_CONFIG_ALLOWED = frozenset(
+    {
+        "Binds",
+        "NetworkMode",
+        "PortBindings",
+        "LogConfig",
+        "SecurityOpt",
+        "DeviceRequests",
+        "Ulimits",
+        "ShmSize",
+    }
+)
+NO_NEW_PRIVILEGES = frozenset(
+    {"no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"}
+)
 LOG_DRIVERS = frozenset({"", "json-file", "local"})
 LOG_OPTIONS = frozenset({"max-size", "max-file", "compress"})
 GPU_DRIVERS = frozenset({"", "nvidia"})
@@ -76,8 +102,10 @@ def check_image(text: str, settings: Settings, where: str = "Image") -> str:
     except TargetError as exc:
         raise Refused(f"{where}: {exc}") from None
     if not any(fnmatch.fnmatchcase(ref, pattern) for pattern in settings.images):
-        raise Refused(f"{where} {ref!r} is not an allowed engine image "
-                      f"(TOLLGATE_ENGINE_IMAGES: {', '.join(settings.images)})")
+        raise Refused(
+            f"{where} {ref!r} is not an allowed engine image "
+            f"(TOLLGATE_ENGINE_IMAGES: {', '.join(settings.images)})"
+        )
     return ref
 
 
@@ -106,8 +134,10 @@ def check_container_name(name: str, settings: Settings) -> str:
 def check_container_create(body: bytes, settings: Settings) -> dict[str, Any]:
     spec = only(decoded(body, dockertypes.CONTAINER_CREATE), CONFIG_ALLOWED, "")
     host = only(spec.get("HostConfig") or {}, HOST_CONFIG_ALLOWED, "HostConfig.")
-    targets = {check_bind(bind, settings, f"HostConfig.Binds[{i}]")
-               for i, bind in enumerate(host.get("Binds") or [])}
+    targets = {
+        check_bind(bind, settings, f"HostConfig.Binds[{i}]")
+        for i, bind in enumerate(host.get("Binds") or [])
+    }
     for target in spec.get("Volumes") or {}:
         if target not in targets:
             raise Refused(f"Volumes: {target[:80]!r} is not where an allowed volume is mounted")
@@ -116,7 +146,9 @@ def check_container_create(body: bytes, settings: Settings) -> dict[str, Any]:
     check_log_config(host.get("LogConfig") or {})
     for option in host.get("SecurityOpt") or []:
         if option not in NO_NEW_PRIVILEGES:
-            raise Refused(f"HostConfig.SecurityOpt {option[:80]!r} is not allowed (only no-new-privileges)")
+            raise Refused(
+                f"HostConfig.SecurityOpt {option[:80]!r} is not allowed (only no-new-privileges)"
+            )
     for i, request in enumerate(host.get("DeviceRequests") or []):
         check_gpu_request(request, f"HostConfig.DeviceRequests[{i}]")
     for i, limit in enumerate(host.get("Ulimits") or []):
@@ -142,8 +174,10 @@ def check_bind(bind: str, settings: Settings, where: str) -> str:
         raise Refused(f"{where}: not of the form volume:/path[:mode]")
     source, target = parts[0], parts[1]
     if source not in settings.volumes:
-        raise Refused(f"{where} mounts {source[:80]!r}: only the volumes "
-                      f"{', '.join(sorted(settings.volumes))} may be mounted")
+        raise Refused(
+            f"{where} mounts {source[:80]!r}: only the volumes "
+            f"{', '.join(sorted(settings.volumes))} may be mounted"
+        )
     if not _MOUNT_TARGET.fullmatch(target) or {".", ".."} & set(target.split("/")):
         raise Refused(f"{where}: the mount point must be a plain absolute path")
     if len(parts) == 3 and parts[2] not in ("rw", "ro"):
@@ -158,13 +192,17 @@ def check_ports(exposed: dict[str, Any], bindings: dict[str, Any]) -> None:
     for port, entries in bindings.items():
         for entry in entries or []:
             if entry.get("HostPort", ""):
-                raise Refused(f"HostConfig.PortBindings[{port!r}]: the host port must be left to Docker")
+                raise Refused(
+                    f"HostConfig.PortBindings[{port!r}]: the host port must be left to Docker"
+                )
             address = entry.get("HostIp", "")
             try:
                 if address:
                     ipaddress.ip_address(address)
             except ValueError:
-                raise Refused(f"HostConfig.PortBindings[{port!r}]: HostIp must be an IP address") from None
+                raise Refused(
+                    f"HostConfig.PortBindings[{port!r}]: HostIp must be an IP address"
+                ) from None
 
 
 def check_network_mode(mode: str, settings: Settings) -> None:
@@ -173,16 +211,21 @@ def check_network_mode(mode: str, settings: Settings) -> None:
     if mode == "host":
         if settings.allow_host_network:
             return
-        raise Refused("HostConfig.NetworkMode host is not allowed (TOLLGATE_ALLOW_HOST_NETWORK=true "
-                      "allows it, for two-box tensor parallelism)")
-    raise Refused(f"HostConfig.NetworkMode {mode[:80]!r} is not allowed (the engine network "
-                  f"{', '.join(sorted(settings.networks))}, bridge or default)")
+        raise Refused(
+            "HostConfig.NetworkMode host is not allowed (TOLLGATE_ALLOW_HOST_NETWORK=true "
+            "allows it, for two-box tensor parallelism)"
+        )
+    raise Refused(
+        f"HostConfig.NetworkMode {mode[:80]!r} is not allowed (the engine network "
+        f"{', '.join(sorted(settings.networks))}, bridge or default)"
+    )
 
 
 def check_log_config(config: dict[str, Any]) -> None:
     if config.get("Type", "") not in LOG_DRIVERS:
-        raise Refused(f"HostConfig.LogConfig.Type {config['Type'][:40]!r} is not allowed "
-                      "(json-file or local)")
+        raise Refused(
+            f"HostConfig.LogConfig.Type {config['Type'][:40]!r} is not allowed (json-file or local)"
+        )
     for name, value in (config.get("Config") or {}).items():
         if name not in LOG_OPTIONS:
             raise Refused(f"HostConfig.LogConfig.Config: the option {name[:40]!r} is not allowed")
@@ -204,8 +247,10 @@ def check_gpu_request(request: dict[str, Any], where: str) -> None:
         raise Refused(f"{where}: a device request must ask for the gpu capability")
     for group in capabilities:
         if "gpu" not in group or not set(group) <= GPU_CAPABILITIES:
-            raise Refused(f"{where}.Capabilities: only {', '.join(sorted(GPU_CAPABILITIES))} "
-                          "with gpu are allowed")
+            raise Refused(
+                f"{where}.Capabilities: only {', '.join(sorted(GPU_CAPABILITIES))} "
+                "with gpu are allowed"
+            )
 
 
 def check_networking(config: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -214,7 +259,9 @@ def check_networking(config: dict[str, Any], settings: Settings) -> dict[str, An
         where = f"NetworkingConfig.EndpointsConfig[{network[:80]!r}]"
         if network not in settings.networks:
             raise Refused(f"{where}: only the engine network may be joined")
-        joined[network] = None if endpoint is None else only(endpoint, frozenset({"Aliases"}), f"{where}.")
+        joined[network] = (
+            None if endpoint is None else only(endpoint, frozenset({"Aliases"}), f"{where}.")
+        )
         for alias in (endpoint or {}).get("Aliases") or []:
             if not NAME.fullmatch(alias):
                 raise Refused(f"{where}.Aliases: {alias[:80]!r} is not a plain name")
@@ -230,8 +277,9 @@ VOLUME_ALLOWED = frozenset({"Name", "Driver", "Labels"})
 def check_network_create(body: bytes, settings: Settings) -> dict[str, Any]:
     spec = only(decoded(body, dockertypes.NETWORK_CREATE), NETWORK_ALLOWED, "")
     if spec.get("Name") not in settings.networks:
-        raise Refused(f"Name: only the engine network {', '.join(sorted(settings.networks))} "
-                      "may be created")
+        raise Refused(
+            f"Name: only the engine network {', '.join(sorted(settings.networks))} may be created"
+        )
     if spec.get("Driver", "") not in ("", "bridge"):
         raise Refused("Driver: only bridge networks may be created")
     check_labels(spec.get("Labels") or {}, settings, stack=False)
@@ -241,7 +289,9 @@ def check_network_create(body: bytes, settings: Settings) -> dict[str, Any]:
 def check_volume_create(body: bytes, settings: Settings) -> dict[str, Any]:
     spec = only(decoded(body, dockertypes.VOLUME_CREATE), VOLUME_ALLOWED, "")
     if spec.get("Name") not in settings.volumes:
-        raise Refused(f"Name: only the volumes {', '.join(sorted(settings.volumes))} may be created")
+        raise Refused(
+            f"Name: only the volumes {', '.join(sorted(settings.volumes))} may be created"
+        )
     if spec.get("Driver", "") not in ("", "local"):
         raise Refused("Driver: only local volumes may be created")
     return spec

@@ -54,8 +54,9 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=Pairs, parse_float=FloatLiteral,
-                            parse_constant=_no_constant, strict=True)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=Pairs, parse_float=FloatLiteral, parse_constant=_no_constant, strict=True
+)
 
 
 def parse(body: bytes) -> Any:
@@ -74,8 +75,9 @@ def parse(body: bytes) -> Any:
 
 def encode(value: Any) -> bytes:
     """The canonical JSON of a decoded value: ASCII only, no whitespace, keys sorted."""
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False,
-                      sort_keys=True).encode()
+    return json.dumps(
+        value, ensure_ascii=True, separators=(",", ":"), allow_nan=False, sort_keys=True
+    ).encode()
 
 
 def go_fold(key: str) -> str:
@@ -186,7 +188,9 @@ class Float(GoType):
     def decode(self, value: Any, path: str) -> Any:
         if value is None:
             return ABSENT
-        if isinstance(value, FloatLiteral) or (isinstance(value, int) and not isinstance(value, bool)):
+        if isinstance(value, FloatLiteral) or (
+            isinstance(value, int) and not isinstance(value, bool)
+        ):
             number = float(value)
             if number in (float("inf"), float("-inf")):
                 raise DecodeError(f"{path} is out of range")
@@ -336,8 +340,10 @@ class Struct(GoType):
                 continue  # Go ignores a key that names no field, and so does Docker
             where = f"{path}.{field.name}" if path else field.name
             if field.name in given:
-                raise DecodeError(f"{where} is given more than once (as {show(given[field.name])} "
-                                  f"and {show(key)}): refused rather than guess which one counts")
+                raise DecodeError(
+                    f"{where} is given more than once (as {show(given[field.name])} "
+                    f"and {show(key)}): refused rather than guess which one counts"
+                )
             given[field.name] = key
             decoded = field.type.decode(item, where)
             if decoded is not ABSENT:

@@ -121,8 +121,12 @@ def image_pull(call: Call, target: Target, match: re.Match, settings: Settings) 
         raise Refused(f"fromImage: {exc}") from None
     checks.check_image(str(ref), settings, "fromImage")
     pairs = [("fromImage", ref.name), ("tag", ref.digest or ref.tag)]
-    return Forward("POST", f"{target.prefix()}/images/create", encode_query(pairs),
-                   registry_auth=call.headers.get("x-registry-auth", ""))
+    return Forward(
+        "POST",
+        f"{target.prefix()}/images/create",
+        encode_query(pairs),
+        registry_auth=call.headers.get("x-registry-auth", ""),
+    )
 
 
 # --- Containers -----------------------------------------------------------------------------
@@ -165,15 +169,20 @@ def container_create(call: Call, target: Target, match: re.Match, settings: Sett
     query = params(target, {"name"}, {"name"})
     name = checks.check_container_name(query["name"], settings)
     spec = checks.check_container_create(json_body(call), settings)
-    return Forward("POST", f"{target.prefix()}/containers/create", encode_query([("name", name)]),
-                   encode(spec))
+    return Forward(
+        "POST", f"{target.prefix()}/containers/create", encode_query([("name", name)]), encode(spec)
+    )
 
 
 def container_inspect(call: Call, target: Target, match: re.Match, settings: Settings) -> Decision:
     params(target, set())
     no_body(call)
-    return Forward("GET", f"{target.prefix()}/containers/{{id}}/json", owner=match.group("id"),
-                   inspect_is_answer=True)
+    return Forward(
+        "GET",
+        f"{target.prefix()}/containers/{{id}}/json",
+        owner=match.group("id"),
+        inspect_is_answer=True,
+    )
 
 
 def _action_query(action: str, query: dict[str, str]) -> list[tuple[str, str]]:
@@ -199,15 +208,22 @@ def container_action(call: Call, target: Target, match: re.Match, settings: Sett
     action = match.group("action")
     query = params(target, ACTION_PARAMS[action])
     no_body(call)
-    return Forward("POST", f"{target.prefix()}/containers/{{id}}/{action}",
-                   encode_query(_action_query(action, query)), owner=match.group("id"))
+    return Forward(
+        "POST",
+        f"{target.prefix()}/containers/{{id}}/{action}",
+        encode_query(_action_query(action, query)),
+        owner=match.group("id"),
+    )
 
 
 def container_logs(call: Call, target: Target, match: re.Match, settings: Settings) -> Decision:
     query = params(target, {"stdout", "stderr", "timestamps", "follow", "tail", "since", "until"})
     no_body(call)
-    pairs = [(name, flag(query[name])) for name in ("stdout", "stderr", "timestamps", "follow")
-             if name in query]
+    pairs = [
+        (name, flag(query[name]))
+        for name in ("stdout", "stderr", "timestamps", "follow")
+        if name in query
+    ]
     if "tail" in query:
         if query["tail"] != "all" and not _INT.fullmatch(query["tail"]):
             raise Refused("tail: all or a number of lines")
@@ -217,8 +233,12 @@ def container_logs(call: Call, target: Target, match: re.Match, settings: Settin
             if not _TIMESTAMP.fullmatch(query[name]):
                 raise Refused(f"{name}: a Unix timestamp")
             pairs.append((name, query[name]))
-    return Forward("GET", f"{target.prefix()}/containers/{{id}}/logs", encode_query(pairs),
-                   owner=match.group("id"))
+    return Forward(
+        "GET",
+        f"{target.prefix()}/containers/{{id}}/logs",
+        encode_query(pairs),
+        owner=match.group("id"),
+    )
 
 
 def container_remove(call: Call, target: Target, match: re.Match, settings: Settings) -> Decision:
@@ -227,8 +247,12 @@ def container_remove(call: Call, target: Target, match: re.Match, settings: Sett
     if flag(query.get("link", "")) == "1":
         raise Refused("link: removing links is not allowed")
     pairs = [(name, flag(query[name])) for name in ("v", "force") if name in query]
-    return Forward("DELETE", f"{target.prefix()}/containers/{{id}}", encode_query(pairs),
-                   owner=match.group("id"))
+    return Forward(
+        "DELETE",
+        f"{target.prefix()}/containers/{{id}}",
+        encode_query(pairs),
+        owner=match.group("id"),
+    )
 
 
 # --- Networks and volumes -------------------------------------------------------------------
@@ -238,21 +262,31 @@ def network_list(call: Call, target: Target, match: re.Match, settings: Settings
     query = params(target, {"filters"}, {"filters"})
     no_body(call)
     try:
-        filters = dockertypes.LEGACY_FILTERS.element(parse(query["filters"].encode()), "filters") or {}
+        filters = (
+            dockertypes.LEGACY_FILTERS.element(parse(query["filters"].encode()), "filters") or {}
+        )
     except DecodeError as exc:
         raise Refused(f"filters: {exc} (a list of names is expected)") from None
     names = filters.get("name") or []
     if set(filters) != {"name"} or not names or not set(names) <= settings.networks:
         raise Refused("filters: only the engine network may be listed, by name")
-    return Forward("GET", f"{target.prefix()}/networks",
-                   encode_query([("filters", encode({"name": sorted(names)}).decode())]))
+    return Forward(
+        "GET",
+        f"{target.prefix()}/networks",
+        encode_query([("filters", encode({"name": sorted(names)}).decode())]),
+    )
 
 
 def network_inspect(call: Call, target: Target, match: re.Match, settings: Settings) -> Decision:
     params(target, set())
     no_body(call)
-    return Forward("GET", f"{target.prefix()}/networks/{{id}}", owner=match.group("id"),
-                   owner_kind="network", inspect_is_answer=True)
+    return Forward(
+        "GET",
+        f"{target.prefix()}/networks/{{id}}",
+        owner=match.group("id"),
+        owner_kind="network",
+        inspect_is_answer=True,
+    )
 
 
 def network_create(call: Call, target: Target, match: re.Match, settings: Settings) -> Decision:
@@ -284,8 +318,11 @@ ROUTES: list[tuple[frozenset[str], re.Pattern, Handler]] = [
     (frozenset({"GET"}), re.compile(r"/containers/json"), container_list),
     (frozenset({"POST"}), re.compile(r"/containers/create"), container_create),
     (frozenset({"GET"}), re.compile(rf"/containers/{_ID}/json"), container_inspect),
-    (frozenset({"POST"}), re.compile(rf"/containers/{_ID}/(?P<action>start|stop|kill|wait)"),
-     container_action),
+    (
+        frozenset({"POST"}),
+        re.compile(rf"/containers/{_ID}/(?P<action>start|stop|kill|wait)"),
+        container_action,
+    ),
     (frozenset({"GET"}), re.compile(rf"/containers/{_ID}/logs"), container_logs),
     (frozenset({"DELETE"}), re.compile(rf"/containers/{_ID}"), container_remove),
     (frozenset({"GET"}), re.compile(r"/networks"), network_list),

@@ -25,8 +25,19 @@ from dockerpolicy.settings import Settings
 log = logging.getLogger("dockerpolicy")
 
 # Per-connection headers are the proxy's own business on each side.
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "te",
-                         "trailer", "proxy-authenticate", "proxy-authorization", "content-length"})
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "upgrade",
+        "te",
+        "trailer",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "content-length",
+    }
+)
 _FULL_ID = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
@@ -47,7 +58,8 @@ class Proxy:
         self.session = ClientSession(
             connector=UnixConnector(path=self.socket_path, limit=64),
             timeout=ClientTimeout(total=None, sock_connect=10),  # pulls and waits take long
-            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
 
     async def close(self) -> None:
@@ -57,20 +69,26 @@ class Proxy:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         started = time.monotonic()
         body = await read_body(request)
-        call = Call(request.method, request.raw_path,
-                    {name.lower(): value for name, value in request.headers.items()}, body)
+        call = Call(
+            request.method,
+            request.raw_path,
+            {name.lower(): value for name, value in request.headers.items()},
+            body,
+        )
         decision = decide(call, self.settings)
         if isinstance(decision, Refuse):
             return self.refuse(request, decision.reason)
         try:
             return await self.carry_out(request, decision, started)
         except ClientError as exc:
-            log.error("Docker unreachable for %s %s: %s", request.method,
-                      printable(request.raw_path), exc)
+            log.error(
+                "Docker unreachable for %s %s: %s", request.method, printable(request.raw_path), exc
+            )
             return error(502, f"the Docker Engine is unreachable: {exc}")
 
-    async def carry_out(self, request: web.BaseRequest, decision: Forward,
-                        started: float) -> web.StreamResponse:
+    async def carry_out(
+        self, request: web.BaseRequest, decision: Forward, started: float
+    ) -> web.StreamResponse:
         container_id = ""
         if decision.owner:
             status, data, headers = await self.inspect(decision)
@@ -87,7 +105,9 @@ class Proxy:
         """The owner's inspect answer (status, body, headers to pass on)."""
         prefix = decision.path.split(f"/{decision.owner_kind}s/", 1)[0]
         suffix = "/json" if decision.owner_kind == "container" else ""
-        url = URL(f"http://docker{prefix}/{decision.owner_kind}s/{decision.owner}{suffix}", encoded=True)
+        url = URL(
+            f"http://docker{prefix}/{decision.owner_kind}s/{decision.owner}{suffix}", encoded=True
+        )
         async with self.session.get(url) as upstream:
             data = await upstream.read()
             return upstream.status, data, passable(upstream.headers)
@@ -96,33 +116,46 @@ class Proxy:
         """("", full id) when the container (network) is this stack's, else (reason, "")."""
         try:
             info = json.loads(data)
-            owned = (self.owned_container(info) if decision.owner_kind == "container"
-                     else info["Name"] in self.settings.networks)
+            owned = (
+                self.owned_container(info)
+                if decision.owner_kind == "container"
+                else info["Name"] in self.settings.networks
+            )
             full_id = info["Id"]
         except (ValueError, AttributeError, KeyError, TypeError):
             return "Docker's inspect answer could not be read", ""
         if not owned:
-            return (f"the {decision.owner_kind} {decision.owner!r} is not Tollgate's (not "
-                    + (f"labelled {LABEL_MANAGED}=true and {LABEL_STACK}={self.settings.stack})"
-                       if decision.owner_kind == "container" else "the engine network)")), ""
+            return (
+                f"the {decision.owner_kind} {decision.owner!r} is not Tollgate's (not "
+                + (
+                    f"labelled {LABEL_MANAGED}=true and {LABEL_STACK}={self.settings.stack})"
+                    if decision.owner_kind == "container"
+                    else "the engine network)"
+                )
+            ), ""
         if not isinstance(full_id, str) or not _FULL_ID.fullmatch(full_id):
             return "Docker's inspect answer has no id", ""
         return "", full_id
 
     def owned_container(self, info: dict[str, Any]) -> bool:
         labels = (info.get("Config") or {}).get("Labels") or {}
-        return labels.get(LABEL_MANAGED) == "true" and labels.get(LABEL_STACK) == self.settings.stack
+        return (
+            labels.get(LABEL_MANAGED) == "true" and labels.get(LABEL_STACK) == self.settings.stack
+        )
 
-    async def forward(self, request: web.BaseRequest, decision: Forward, container_id: str,
-                      started: float) -> web.StreamResponse:
+    async def forward(
+        self, request: web.BaseRequest, decision: Forward, container_id: str, started: float
+    ) -> web.StreamResponse:
         headers = {"Content-Type": "application/json"} if decision.body is not None else {}
         if decision.registry_auth:
             headers["X-Registry-Auth"] = decision.registry_auth
         url = URL("http://docker" + decision.target(container_id), encoded=True)
-        async with self.session.request(decision.method, url, data=decision.body,
-                                        headers=headers) as upstream:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                          headers=passable(upstream.headers))
+        async with self.session.request(
+            decision.method, url, data=decision.body, headers=headers
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status, reason=upstream.reason, headers=passable(upstream.headers)
+            )
             if upstream.content_length is not None and request.method != "HEAD":
                 response.content_length = upstream.content_length
             await response.prepare(request)
@@ -134,23 +167,38 @@ class Proxy:
                 except ClientError as exc:
                     # The status is sent already: cut the client off rather than end the
                     # stream cleanly, so it cannot mistake a broken pull for a finished one.
-                    log.error("Docker's answer to %s %s broke off: %s", request.method,
-                              printable(request.raw_path), exc)
+                    log.error(
+                        "Docker's answer to %s %s broke off: %s",
+                        request.method,
+                        printable(request.raw_path),
+                        exc,
+                    )
                     raise ConnectionResetError("Docker's answer broke off") from exc
             await response.write_eof()
             return response
 
     def refuse(self, request: web.BaseRequest, reason: str) -> web.Response:
-        log.warning("refused %s %s from %s (%s): %s", request.method, printable(request.raw_path),
-                    request.remote, printable(request.headers.get("User-Agent", "-"), 60), reason)
+        log.warning(
+            "refused %s %s from %s (%s): %s",
+            request.method,
+            printable(request.raw_path),
+            request.remote,
+            printable(request.headers.get("User-Agent", "-"), 60),
+            reason,
+        )
         return error(403, f"refused by Tollgate's Docker policy: {reason}")
 
     def allowed(self, request: web.BaseRequest, status: int, started: float) -> None:
         if self.settings.log_allowed:
-            log.info("allowed %s %s from %s (%s): %d after %.1f ms", request.method,
-                     printable(request.raw_path), request.remote,
-                     printable(request.headers.get("User-Agent", "-"), 60), status,
-                     1000 * (time.monotonic() - started))
+            log.info(
+                "allowed %s %s from %s (%s): %d after %.1f ms",
+                request.method,
+                printable(request.raw_path),
+                request.remote,
+                printable(request.headers.get("User-Agent", "-"), 60),
+                status,
+                1000 * (time.monotonic() - started),
+            )
 
 
 async def read_body(request: web.BaseRequest) -> bytes:
@@ -174,7 +222,9 @@ def error(status: int, message: str) -> web.Response:
     return web.json_response({"message": message}, status=status)
 
 
-async def start(settings: Settings, host: str, port: int, socket_path: str) -> tuple[web.BaseRunner, Proxy]:
+async def start(
+    settings: Settings, host: str, port: int, socket_path: str
+) -> tuple[web.BaseRunner, Proxy]:
     """Serve on ``host:port`` until the runner is cleaned up (and the proxy closed)."""
     proxy = Proxy(settings, socket_path)
     await proxy.open()
@@ -184,14 +234,22 @@ async def start(settings: Settings, host: str, port: int, socket_path: str) -> t
     return runner, proxy
 
 
-async def serve(settings: Settings, host: str, port: int, socket_path: str,
-                stop: asyncio.Event) -> None:
+async def serve(
+    settings: Settings, host: str, port: int, socket_path: str, stop: asyncio.Event
+) -> None:
     runner, proxy = await start(settings, host, port, socket_path)
-    log.info("listening on %s:%d for the Docker Engine at %s; stack %s; images %s; volumes %s; "
-             "networks %s; host network %s", host, port, socket_path, settings.stack,
-             ", ".join(settings.images), ", ".join(sorted(settings.volumes)),
-             ", ".join(sorted(settings.networks)),
-             "allowed" if settings.allow_host_network else "refused")
+    log.info(
+        "listening on %s:%d for the Docker Engine at %s; stack %s; images %s; volumes %s; "
+        "networks %s; host network %s",
+        host,
+        port,
+        socket_path,
+        settings.stack,
+        ", ".join(settings.images),
+        ", ".join(sorted(settings.volumes)),
+        ", ".join(sorted(settings.networks)),
+        "allowed" if settings.allow_host_network else "refused",
+    )
     try:
         await stop.wait()
     finally:

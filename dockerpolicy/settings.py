@@ -57,11 +57,16 @@ class Settings:
             raise SettingsError("TOLLGATE_ENGINE_IMAGES is empty: no engine could ever start")
         return cls(
             images=images,
-            volumes=frozenset({
-                env.get("TOLLGATE_MODEL_CACHE_VOLUME", "").strip() or "tollgate-model-cache",
-                env.get("TOLLGATE_COMPILE_CACHE_VOLUME", "").strip() or "tollgate-compile-cache",
-            }),
-            networks=frozenset({env.get("TOLLGATE_ENGINE_NETWORK", "").strip() or "tollgate-engines"}),
+            volumes=frozenset(
+                {
+                    env.get("TOLLGATE_MODEL_CACHE_VOLUME", "").strip() or "tollgate-model-cache",
+                    env.get("TOLLGATE_COMPILE_CACHE_VOLUME", "").strip()
+                    or "tollgate-compile-cache",
+                }
+            ),
+            networks=frozenset(
+                {env.get("TOLLGATE_ENGINE_NETWORK", "").strip() or "tollgate-engines"}
+            ),
             stack=stack,
             allow_host_network=_bool(env, "TOLLGATE_ALLOW_HOST_NETWORK", False),
             log_allowed=log == "all",

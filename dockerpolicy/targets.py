@@ -41,7 +41,9 @@ def parse_target(raw: str) -> Target:
         raise TargetError("the request target has a fragment")
     path, has_query, query = raw.partition("?")
     if not _PATH_CHARS.fullmatch(path):
-        raise TargetError("the path holds characters no Docker path needs (percent-encoding, spaces, ...)")
+        raise TargetError(
+            "the path holds characters no Docker path needs (percent-encoding, spaces, ...)"
+        )
     segments = path.split("/")[1:]
     if "" in segments:
         raise TargetError("the path has an empty segment (// or a trailing /)")
@@ -52,7 +54,9 @@ def parse_target(raw: str) -> Target:
     if match:
         major, minor = int(match.group(1)), int(match.group(2))
         if major != 1 or minor < MIN_API_MINOR:
-            raise TargetError(f"API version {major}.{minor} is not supported (1.{MIN_API_MINOR} or newer)")
+            raise TargetError(
+                f"API version {major}.{minor} is not supported (1.{MIN_API_MINOR} or newer)"
+            )
         version, path = f"1.{minor}", match.group(3)
     return Target(version, path, parse_query(query) if has_query else {})
 
@@ -96,7 +100,9 @@ _DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+
 _NAME = rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
+_REFERENCE = re.compile(
+    rf"(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII
+)
 _TAG_ONLY = re.compile(_TAG, re.ASCII)
 _DIGEST_ONLY = re.compile(_DIGEST, re.ASCII)
 
@@ -110,7 +116,11 @@ class ImageRef:
     digest: str
 
     def __str__(self) -> str:
-        return self.name + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
+        return (
+            self.name
+            + (f":{self.tag}" if self.tag else "")
+            + (f"@{self.digest}" if self.digest else "")
+        )
 
 
 def parse_image(text: str) -> ImageRef:

@@ -43,18 +43,38 @@ class App:
             gen_routes = {"/v1/embeddings": self.gen.embeddings}
         elif cfg.scoring:
             gen_routes = {path: self.scoring.score for path in ("/score", "/v1/score")}
-            gen_routes.update({path: self.scoring.rerank for path in ("/rerank", "/v1/rerank", "/v2/rerank")})
+            gen_routes.update(
+                {path: self.scoring.rerank for path in ("/rerank", "/v1/rerank", "/v2/rerank")}
+            )
         else:
-            gen_routes = {"/v1/chat/completions": self.gen.chat, "/v1/completions": self.gen.completions,
-                          "/v1/responses": self.responses.create}
+            gen_routes = {
+                "/v1/chat/completions": self.gen.chat,
+                "/v1/completions": self.gen.completions,
+                "/v1/responses": self.responses.create,
+            }
         self.post_model_routes = gen_routes
         # The Anthropic routes resolve the model themselves (their errors have Anthropic's shape).
-        self.anthropic_routes = {} if cfg.embedding or cfg.scoring else {
-            "/v1/messages": self.messages.create, "/v1/messages/count_tokens": self.messages.count_tokens}
-        self.get_routes = {"/health": self.health, "/v1/models": self.models, "/version": self.version,
-                           "/metrics": self.metrics, "/load": self.load, "/ping": self.health}
-        self.post_routes = {"/tokenize": self.tokenize, "/detokenize": self.detokenize,
-                            "/ping": self.health}
+        self.anthropic_routes = (
+            {}
+            if cfg.embedding or cfg.scoring
+            else {
+                "/v1/messages": self.messages.create,
+                "/v1/messages/count_tokens": self.messages.count_tokens,
+            }
+        )
+        self.get_routes = {
+            "/health": self.health,
+            "/v1/models": self.models,
+            "/version": self.version,
+            "/metrics": self.metrics,
+            "/load": self.load,
+            "/ping": self.health,
+        }
+        self.post_routes = {
+            "/tokenize": self.tokenize,
+            "/detokenize": self.detokenize,
+            "/ping": self.health,
+        }
         self._models_body = json.dumps(self._model_list(), separators=(",", ":")).encode()
 
     def _request_done(self) -> None:
@@ -65,7 +85,11 @@ class App:
         if self.engine.hung:
             await self.engine.pause_if_hung()
         path = req.path
-        if self.auth and path.startswith("/v1") and req.headers.get("authorization") not in self.auth:
+        if (
+            self.auth
+            and path.startswith("/v1")
+            and req.headers.get("authorization") not in self.auth
+        ):
             conn.send(401, b'{"error":"Unauthorized"}')
             return
         try:
@@ -84,9 +108,13 @@ class App:
         elif method == "POST" and path in self.post_routes:
             await self.post_routes[path](req, conn)
         elif path.startswith(RESPONSES) and "/v1/responses" in self.post_model_routes:
-            await self._stored_response(req, conn, path[len(RESPONSES):])
-        elif (path in self.get_routes or path in self.post_routes or path in self.post_model_routes
-              or path in self.anthropic_routes):
+            await self._stored_response(req, conn, path[len(RESPONSES) :])
+        elif (
+            path in self.get_routes
+            or path in self.post_routes
+            or path in self.post_model_routes
+            or path in self.anthropic_routes
+        ):
             conn.send(405, METHOD_NOT_ALLOWED)
         else:
             conn.send(404, NOT_FOUND)
@@ -147,13 +175,32 @@ class App:
     def _model_list(self) -> dict:
         cards = []
         for name in self.cfg.served_names:
-            perm = {"id": "modelperm-" + os.urandom(16).hex(), "object": "model_permission",
-                    "created": self.created, "allow_create_engine": False, "allow_sampling": True,
-                    "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                    "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}
-            cards.append({"id": name, "object": "model", "created": self.created, "owned_by": "vllm",
-                          "root": self.cfg.model, "parent": None, "max_model_len": self.cfg.max_model_len,
-                          "permission": [perm]})
+            perm = {
+                "id": "modelperm-" + os.urandom(16).hex(),
+                "object": "model_permission",
+                "created": self.created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+            cards.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "vllm",
+                    "root": self.cfg.model,
+                    "parent": None,
+                    "max_model_len": self.cfg.max_model_len,
+                    "permission": [perm],
+                }
+            )
         return {"object": "list", "data": cards}
 
     async def models(self, req: Request, conn: Connection) -> None:
@@ -163,7 +210,9 @@ class App:
         conn.send(200, b'{"version":"%b"}' % VLLM_VERSION.encode())
 
     async def metrics(self, req: Request, conn: Connection) -> None:
-        conn.send(200, self.engine.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        conn.send(
+            200, self.engine.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
+        )
 
     async def load(self, req: Request, conn: Connection) -> None:
         conn.send(200, b'{"server_load":%d}' % self.server_load)
@@ -175,16 +224,26 @@ class App:
             msgs = body["messages"]
             if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
                 raise bad_request("messages: Input should be a valid list", "messages")
-            text = tokenizer.chat_prompt(msgs, body.get("tools"), body.get("add_generation_prompt", True))
+            text = tokenizer.chat_prompt(
+                msgs, body.get("tools"), body.get("add_generation_prompt", True)
+            )
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:
             raise bad_request("prompt or messages: Field required", "prompt")
         toks = tokenizer.split(text)
         ids = [tokenizer.token_id(t) for t in toks]
-        conn.send(200, json.dumps({"count": len(ids), "max_model_len": self.cfg.max_model_len,
-                                   "tokens": ids,
-                                   "token_strs": toks if body.get("return_token_strs") else None}).encode())
+        conn.send(
+            200,
+            json.dumps(
+                {
+                    "count": len(ids),
+                    "max_model_len": self.cfg.max_model_len,
+                    "tokens": ids,
+                    "token_strs": toks if body.get("return_token_strs") else None,
+                }
+            ).encode(),
+        )
 
     async def detokenize(self, req: Request, conn: Connection) -> None:
         body = self._body(req)

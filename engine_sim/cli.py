@@ -43,31 +43,66 @@ class Knob:
 KNOBS = [
     Knob("load-seconds", float, 1.0, "time to 'load weights' before listening"),
     Knob("shards", int, 4, "checkpoint shards shown in the load progress lines"),
-    Knob("slow-start-seconds", float, 0.0, "extra start-up time after loading (compile/graph capture)"),
+    Knob(
+        "slow-start-seconds",
+        float,
+        0.0,
+        "extra start-up time after loading (compile/graph capture)",
+    ),
     Knob("load-fail-exit-code", int, None, "die during load with this exit code (CUDA OOM)"),
     Knob("ttft-ms", float, 20.0, "prefill time per request, fixed part"),
     Knob("ttft-per-token-ms", float, 0.05, "prefill time per uncached prompt token"),
     Knob("first-request-delay-ms", float, 0.0, "extra delay of the first request (JIT warm-up)"),
     Knob("decode-tps", float, 50.0, "decode tokens/s of one sequence running alone; 0 = no delay"),
-    Knob("bandwidth-alpha", float, 0.15,
-         "per-seq rate = decode_tps / (1 + alpha*(running-1)): memory bandwidth is shared"),
+    Knob(
+        "bandwidth-alpha",
+        float,
+        0.15,
+        "per-seq rate = decode_tps / (1 + alpha*(running-1)): memory bandwidth is shared",
+    ),
     Knob("output-tokens-min", int, 16, "shortest natural reply (before max_tokens cuts)"),
     Knob("output-tokens-max", int, 128, "longest natural reply; length is picked from the prompt"),
-    Knob("reasoning", bool, False, "emit `reasoning` tokens before content (also on with --reasoning-parser)"),
+    Knob(
+        "reasoning",
+        bool,
+        False,
+        "emit `reasoning` tokens before content (also on with --reasoning-parser)",
+    ),
     Knob("reasoning-tokens", int, 16, "reasoning tokens per reply"),
-    Knob("tool-calls", bool, False,
-         "answer with a tool call when the request has tools (implies --enable-auto-tool-choice)"),
+    Knob(
+        "tool-calls",
+        bool,
+        False,
+        "answer with a tool call when the request has tools (implies --enable-auto-tool-choice)",
+    ),
     Knob("kv-cache-tokens", int, 0, "KV cache size in tokens; 0 = max_num_seqs * max_model_len"),
     Knob("embedding-dim", int, 384, "embedding vector size (pooling runner)"),
-    Knob("no-continuous-usage", bool, False,
-         "ignore stream_options.continuous_usage_stats, as older vLLM builds and external engines do"),
-    Knob("no-include-usage", bool, False,
-         "also ignore stream_options.include_usage (and --enable-force-include-usage): no usage in streams"),
-    Knob("crash-after-requests", int, 0, "engine dies after this many finished requests; 0 = never"),
+    Knob(
+        "no-continuous-usage",
+        bool,
+        False,
+        "ignore stream_options.continuous_usage_stats, as older vLLM builds and external engines do",
+    ),
+    Knob(
+        "no-include-usage",
+        bool,
+        False,
+        "also ignore stream_options.include_usage (and --enable-force-include-usage): no usage in streams",
+    ),
+    Knob(
+        "crash-after-requests", int, 0, "engine dies after this many finished requests; 0 = never"
+    ),
     Knob("crash-after-seconds", float, 0.0, "engine dies this long after start-up; 0 = never"),
     Knob("crash-exit-code", int, 1, "exit code when the engine dies (vLLM sometimes exits 0)"),
-    Knob("crash-grace-seconds", float, 1.0, "/health answers 503 for this long before the process exits"),
-    Knob("hang-after-requests", int, 0, "stop answering (sockets stay open) after this many requests"),
+    Knob(
+        "crash-grace-seconds",
+        float,
+        1.0,
+        "/health answers 503 for this long before the process exits",
+    ),
+    Knob(
+        "hang-after-requests", int, 0, "stop answering (sockets stay open) after this many requests"
+    ),
     Knob("hang-after-seconds", float, 0.0, "stop answering this long after start-up; 0 = never"),
 ]
 
@@ -109,22 +144,60 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=b, default=True)
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
     # Accepted for compatibility, no effect on a simulator.
-    for flag in ("--dtype", "--seed", "--quantization", "--load-format", "--download-dir",
-                 "--tokenizer", "--tokenizer-mode", "--revision", "--generation-config",
-                 "--uvicorn-log-level", "--kv-cache-dtype", "--gpu-memory-utilization",
-                 "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
-                 "--distributed-executor-backend", "--chat-template", "--hf-overrides",
-                 "--limit-mm-per-prompt", "--compilation-config", "--swap-space",
-                 "--cpu-offload-gb", "--max-logprobs", "--root-path", "--allowed-origins",
-                 "--data-parallel-address", "--data-parallel-rpc-port", "--nnodes",
-                 "--node-rank", "--speculative-config", "--override-generation-config",
-                 "--config", "--log-config-file", "--middleware", "-O"):
+    for flag in (
+        "--dtype",
+        "--seed",
+        "--quantization",
+        "--load-format",
+        "--download-dir",
+        "--tokenizer",
+        "--tokenizer-mode",
+        "--revision",
+        "--generation-config",
+        "--uvicorn-log-level",
+        "--kv-cache-dtype",
+        "--gpu-memory-utilization",
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--data-parallel-size",
+        "--distributed-executor-backend",
+        "--chat-template",
+        "--hf-overrides",
+        "--limit-mm-per-prompt",
+        "--compilation-config",
+        "--swap-space",
+        "--cpu-offload-gb",
+        "--max-logprobs",
+        "--root-path",
+        "--allowed-origins",
+        "--data-parallel-address",
+        "--data-parallel-rpc-port",
+        "--nnodes",
+        "--node-rank",
+        "--speculative-config",
+        "--override-generation-config",
+        "--config",
+        "--log-config-file",
+        "--middleware",
+        "-O",
+    ):
         p.add_argument(flag, default=None)
-    for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests",
-                 "--enable-log-requests", "--disable-log-stats", "--disable-frontend-multiprocessing",
-                 "--enable-chunked-prefill", "--enable-request-id-headers", "--headless",
-                 "--disable-custom-all-reduce", "--enable-expert-parallel", "--disable-fastapi-docs",
-                 "--enable-server-load-tracking", "--async-scheduling"):
+    for flag in (
+        "--trust-remote-code",
+        "--enforce-eager",
+        "--disable-log-requests",
+        "--enable-log-requests",
+        "--disable-log-stats",
+        "--disable-frontend-multiprocessing",
+        "--enable-chunked-prefill",
+        "--enable-request-id-headers",
+        "--headless",
+        "--disable-custom-all-reduce",
+        "--enable-expert-parallel",
+        "--disable-fastapi-docs",
+        "--enable-server-load-tracking",
+        "--async-scheduling",
+    ):
         p.add_argument(flag, action=b, default=None)
 
 
@@ -133,15 +206,23 @@ def _add_knobs(p: argparse.ArgumentParser) -> None:
     for k in KNOBS:
         dest = "sim_" + k.name.replace("-", "_")
         if k.type is bool:
-            g.add_argument("--sim-" + k.name, dest=dest, action=argparse.BooleanOptionalAction,
-                           default=_env_default(k), help=k.help)
+            g.add_argument(
+                "--sim-" + k.name,
+                dest=dest,
+                action=argparse.BooleanOptionalAction,
+                default=_env_default(k),
+                help=k.help,
+            )
         else:
-            g.add_argument("--sim-" + k.name, dest=dest, type=k.type, default=_env_default(k), help=k.help)
+            g.add_argument(
+                "--sim-" + k.name, dest=dest, type=k.type, default=_env_default(k), help=k.help
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vllm serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="vllm serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _add_vllm_flags(p)
     _add_knobs(p)
     return p
@@ -171,7 +252,9 @@ class Config:
     sim: argparse.Namespace = field(repr=False)
     scheduling_policy: str = "fcfs"
     scoring: bool = False  # a cross-encoder: /score and /rerank only
-    responses_store: bool = False  # VLLM_ENABLE_RESPONSES_API_STORE: /v1/responses keeps what it answered
+    responses_store: bool = (
+        False  # VLLM_ENABLE_RESPONSES_API_STORE: /v1/responses keeps what it answered
+    )
 
 
 # Model names of cross-encoders: vLLM reads `*ForSequenceClassification` from the model's
@@ -202,7 +285,10 @@ def parse(argv: list[str] | None = None) -> Config:
     a = p.parse_args(argv)
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         # vLLM refuses this combination at start-up, before loading anything.
-        p.exit(1, "ValueError: When `--enable-auto-tool-choice` is set, `--tool-call-parser` must be set\n")
+        p.exit(
+            1,
+            "ValueError: When `--enable-auto-tool-choice` is set, `--tool-call-parser` must be set\n",
+        )
     model = a.model_tag or a.model or DEFAULT_MODEL
     max_len = a.max_model_len if a.max_model_len > 0 else DEFAULT_MAX_MODEL_LEN
     scoring = _is_scoring(a, model)

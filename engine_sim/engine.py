@@ -36,9 +36,25 @@ class EngineDead(Exception):
 class Sequence:
     """One request inside the engine: its sizes, timestamps and how far it got."""
 
-    __slots__ = ("prompt_tokens", "cached_tokens", "arrival", "scheduled", "first_token",
-                 "last_token", "generated", "blocks", "admitted", "finish_reason", "priority",
-                 "key", "waiter", "preempted", "prompt_ids", "shared_blocks", "block_hashes")
+    __slots__ = (
+        "prompt_tokens",
+        "cached_tokens",
+        "arrival",
+        "scheduled",
+        "first_token",
+        "last_token",
+        "generated",
+        "blocks",
+        "admitted",
+        "finish_reason",
+        "priority",
+        "key",
+        "waiter",
+        "preempted",
+        "prompt_ids",
+        "shared_blocks",
+        "block_hashes",
+    )
 
     _order = itertools.count()
 
@@ -80,11 +96,15 @@ class Engine:
         self.priority_policy = cfg.scheduling_policy == "priority"
         self.metrics = Metrics(cfg.served_names[0], cfg.max_model_len)
         self.metrics.cache_info = {
-            "block_size": str(cfg.block_size), "cache_dtype": "auto",
+            "block_size": str(cfg.block_size),
+            "cache_dtype": "auto",
             "enable_prefix_caching": str(cfg.prefix_caching),
             "gpu_memory_utilization": str(getattr(cfg.sim, "gpu_memory_utilization", None) or 0.92),
-            "num_cpu_blocks": "0", "num_gpu_blocks": str(self.total_blocks),
-            "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "sha256"}
+            "num_cpu_blocks": "0",
+            "num_gpu_blocks": str(self.total_blocks),
+            "num_gpu_blocks_override": "None",
+            "prefix_caching_hash_algo": "sha256",
+        }
         self.ttft_s = s.sim_ttft_ms / 1000
         self.ttft_per_tok_s = s.sim_ttft_per_token_ms / 1000
         self.first_delay_s = s.sim_first_request_delay_ms / 1000
@@ -189,15 +209,18 @@ class Engine:
         """Running sequences to preempt (worst first) so that `head` fits; [] if it cannot."""
         if not self.priority_policy:
             return []
-        worse = sorted((s for s in self.running_seqs if s.priority > head.priority),
-                       key=lambda s: s.key, reverse=True)
+        worse = sorted(
+            (s for s in self.running_seqs if s.priority > head.priority),
+            key=lambda s: s.key,
+            reverse=True,
+        )
         need = self._blocks_for(head)
         running, used = self.running, self.used_blocks
         for i, victim in enumerate(worse):
             running -= 1
             used -= victim.blocks
             if running == 0 or (running < self.max_running and used + need <= self.total_blocks):
-                return worse[:i + 1]
+                return worse[: i + 1]
         return []
 
     def _preempt(self, seq: Sequence) -> None:
@@ -232,7 +255,7 @@ class Engine:
         h = 0
         out = []
         for i in range((len(ids) - 1) // bs):
-            h = hash((h, tuple(ids[i * bs:(i + 1) * bs])))
+            h = hash((h, tuple(ids[i * bs : (i + 1) * bs])))
             out.append(h)
         return out
 

@@ -11,8 +11,14 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.param = status, message, type_, param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
@@ -29,10 +35,16 @@ def model_not_found(model: str) -> ApiError:
 
 
 def queue_full(limit: int | None) -> ApiError:
-    return ApiError(503, f"The waiting queue is full (max_num_queued_reqs={limit}); try again later.",
-                    "Service Unavailable")
+    return ApiError(
+        503,
+        f"The waiting queue is full (max_num_queued_reqs={limit}); try again later.",
+        "Service Unavailable",
+    )
 
 
 def engine_dead() -> ApiError:
-    return ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                    "InternalServerError")
+    return ApiError(
+        500,
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "InternalServerError",
+    )

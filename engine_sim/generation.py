@@ -27,7 +27,9 @@ def _int_field(body: dict, name: str, minimum: int = 1) -> int | None:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise bad_request(f"{name}: Input should be an integer greater than or equal to {minimum}", name)
+        raise bad_request(
+            f"{name}: Input should be an integer greater than or equal to {minimum}", name
+        )
     return v
 
 
@@ -50,9 +52,13 @@ def check_common(body: dict) -> None:
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):
-            raise bad_request("stream_options: Input should be a valid dictionary", "stream_options")
+            raise bad_request(
+                "stream_options: Input should be a valid dictionary", "stream_options"
+            )
         if not body.get("stream"):
-            raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+            raise bad_request(
+                "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
     n = body.get("n", 1)
     if n not in (1, None):
         raise bad_request("n: the simulator generates one choice per request (n=1)", "n")
@@ -75,19 +81,25 @@ def budget(cfg: Config, prompt_tokens: int, max_tokens: int | None) -> int:
     if prompt_tokens >= limit:
         raise context_error(
             f"This model's maximum context length is {limit} tokens. However, your request has "
-            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.")
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages."
+        )
     if max_tokens is not None and max_tokens > limit:
         raise context_error(
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
             f"maximum context length is {limit} tokens and your request has {prompt_tokens} input "
-            f"tokens ({max_tokens} > {limit} - {prompt_tokens}).", "max_tokens")
+            f"tokens ({max_tokens} > {limit} - {prompt_tokens}).",
+            "max_tokens",
+        )
     room = limit - prompt_tokens
     return room if max_tokens is None else min(max_tokens, room)
 
 
 def usage(cfg: Config, seq: Sequence, reasoning: int, stream: bool) -> dict:
-    u: dict = {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + seq.generated,
-               "completion_tokens": seq.generated}
+    u: dict = {
+        "prompt_tokens": seq.prompt_tokens,
+        "total_tokens": seq.prompt_tokens + seq.generated,
+        "completion_tokens": seq.generated,
+    }
     if cfg.prompt_tokens_details:
         u["prompt_tokens_details"] = {"cached_tokens": seq.cached_tokens}
     elif not stream:
@@ -108,8 +120,14 @@ class Generator:
 
     # --- the decode loop -----------------------------------------------------------------
 
-    async def run(self, conn: Connection, seq: Sequence, n: int,
-                  on_start: Callable[[], None] | None, on_token: Callable[[int], bytes] | None) -> None:
+    async def run(
+        self,
+        conn: Connection,
+        seq: Sequence,
+        n: int,
+        on_start: Callable[[], None] | None,
+        on_token: Callable[[int], bytes] | None,
+    ) -> None:
         """Admit, prefill, then release `n` tokens at the engine's pace.
 
         `on_start` runs once prefill is done (when vLLM sends its first byte); `on_token(i)`
@@ -195,13 +213,17 @@ class Generator:
     def _chat_prompt(self, body: dict) -> str:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-            raise bad_request("messages: Field required (a non-empty list of message objects)", "messages")
+            raise bad_request(
+                "messages: Field required (a non-empty list of message objects)", "messages"
+            )
         for m in msgs:
             if not isinstance(m.get("role"), str):
                 raise bad_request("messages: every message needs a string 'role'", "messages")
             c = m.get("content")
             if c is not None and not isinstance(c, (str, list)):
-                raise bad_request("messages: content must be a string or a list of parts", "messages")
+                raise bad_request(
+                    "messages: content must be a string or a list of parts", "messages"
+                )
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise bad_request("tools: Input should be a valid list", "tools")
@@ -213,8 +235,11 @@ class Generator:
             return None
         choice = body.get("tool_choice", "auto")
         if choice == "auto" and not self.cfg.auto_tool_choice:
-            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
-                              "--tool-call-parser to be set", "tool_choice")
+            raise bad_request(
+                '"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set",
+                "tool_choice",
+            )
         return replies.pick_tool(tools, choice, body.get("messages"))
 
     def _reasoning_tokens(self, body: dict) -> int:
@@ -225,8 +250,15 @@ class Generator:
             return 0
         return max(0, self.cfg.sim.sim_reasoning_tokens)
 
-    def _plan(self, body: dict, prompt_text: str, n_prompt: int, max_key: tuple[str, ...],
-              reasoning: int = 0, tool: dict | None = None) -> replies.Reply:
+    def _plan(
+        self,
+        body: dict,
+        prompt_text: str,
+        n_prompt: int,
+        max_key: tuple[str, ...],
+        reasoning: int = 0,
+        tool: dict | None = None,
+    ) -> replies.Reply:
         max_tokens = None
         for key in max_key:
             max_tokens = _int_field(body, key) if max_tokens is None else max_tokens
@@ -237,8 +269,14 @@ class Generator:
         if body.get("ignore_eos"):
             natural = limit
         natural = max(natural, _int_field(body, "min_tokens", 0) or 0)
-        return replies.plan(seed, max_tokens=limit, natural=natural, reasoning_tokens=reasoning,
-                            tool=tool, stop=stop_list(body))
+        return replies.plan(
+            seed,
+            max_tokens=limit,
+            natural=natural,
+            reasoning_tokens=reasoning,
+            tool=tool,
+            stop=stop_list(body),
+        )
 
     def _stream_opts(self, body: dict) -> tuple[bool, bool]:
         return self.usage_opts(body.get("stream_options") or {})
@@ -249,8 +287,11 @@ class Generator:
         s = self.cfg.sim
         force = self.cfg.force_include_usage
         include = (bool(so.get("include_usage")) or force) and not s.sim_no_include_usage
-        continuous = (include and (bool(so.get("continuous_usage_stats")) or force)
-                      and not s.sim_no_continuous_usage)
+        continuous = (
+            include
+            and (bool(so.get("continuous_usage_stats")) or force)
+            and not s.sim_no_continuous_usage
+        )
         return include, continuous
 
     async def chat(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
@@ -259,7 +300,9 @@ class Generator:
         tool = self._chat_tool(body)
         ids = tokenizer.encode(prompt)
         reasoning = self._reasoning_tokens(body)
-        reply = self._plan(body, prompt, len(ids), ("max_completion_tokens", "max_tokens"), reasoning, tool)
+        reply = self._plan(
+            body, prompt, len(ids), ("max_completion_tokens", "max_tokens"), reasoning, tool
+        )
         seq = Sequence(len(ids), priority_of(self.cfg, body))
         seq.prompt_ids = ids
         cid = "chatcmpl-" + rid
@@ -269,26 +312,57 @@ class Generator:
         else:
             await self._chat_full(conn, model, cid, seq, reply, headers)
 
-    async def _chat_full(self, conn: Connection, model: str, cid: str, seq: Sequence,
-                         reply: replies.Reply, headers: list) -> None:
+    async def _chat_full(
+        self,
+        conn: Connection,
+        model: str,
+        cid: str,
+        seq: Sequence,
+        reply: replies.Reply,
+        headers: list,
+    ) -> None:
         try:
             await self._admit_errors(self.run(conn, seq, len(reply), None, None))
         except BaseException:
             self._abort(seq)
             raise
-        msg: dict = {"role": "assistant",
-                     "content": "".join(reply.content) if (reply.content or not reply.tool) else None,
-                     "reasoning": "".join(reply.reasoning) if reply.reasoning else None}
+        msg: dict = {
+            "role": "assistant",
+            "content": "".join(reply.content) if (reply.content or not reply.tool) else None,
+            "reasoning": "".join(reply.reasoning) if reply.reasoning else None,
+        }
         if reply.tool is not None:
-            msg["tool_calls"] = [{"id": reply.tool.id, "type": "function", "function": {
-                "name": reply.tool.name, "arguments": "".join(reply.tool.args)}}]
+            msg["tool_calls"] = [
+                {
+                    "id": reply.tool.id,
+                    "type": "function",
+                    "function": {"name": reply.tool.name, "arguments": "".join(reply.tool.args)},
+                }
+            ]
         self._finish(seq, reply.finish_reason)
-        conn.send(200, _dumps({
-            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": msg, "logprobs": None,
-                         "finish_reason": reply.finish_reason, "stop_reason": reply.stop_reason}],
-            "system_fingerprint": self.fingerprint,
-            "usage": usage(self.cfg, seq, len(reply.reasoning), False)}).encode(), extra=headers)
+        conn.send(
+            200,
+            _dumps(
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": msg,
+                            "logprobs": None,
+                            "finish_reason": reply.finish_reason,
+                            "stop_reason": reply.stop_reason,
+                        }
+                    ],
+                    "system_fingerprint": self.fingerprint,
+                    "usage": usage(self.cfg, seq, len(reply.reasoning), False),
+                }
+            ).encode(),
+            extra=headers,
+        )
 
     def _chat_deltas(self, reply: replies.Reply) -> list[bytes]:
         """The delta object of each generated token, in order, as JSON bytes."""
@@ -296,36 +370,58 @@ class Generator:
         out += [b'{"content":%b}' % _dumps(t).encode() for t in reply.content]
         if reply.tool is not None:
             t = reply.tool
-            out.append(b'{"tool_calls":[{"index":0,"id":"%b","type":"function","function":{"name":%b,'
-                       b'"arguments":""}}]}' % (t.id.encode(), _dumps(t.name).encode()))
-            out += [b'{"tool_calls":[{"index":0,"function":{"arguments":%b}}]}' % _dumps(a).encode()
-                    for a in t.args]
+            out.append(
+                b'{"tool_calls":[{"index":0,"id":"%b","type":"function","function":{"name":%b,'
+                b'"arguments":""}}]}' % (t.id.encode(), _dumps(t.name).encode())
+            )
+            out += [
+                b'{"tool_calls":[{"index":0,"function":{"arguments":%b}}]}' % _dumps(a).encode()
+                for a in t.args
+            ]
         return out
 
-    async def _chat_stream(self, conn: Connection, body: dict, model: str, cid: str, seq: Sequence,
-                           reply: replies.Reply, headers: list) -> None:
+    async def _chat_stream(
+        self,
+        conn: Connection,
+        body: dict,
+        model: str,
+        cid: str,
+        seq: Sequence,
+        reply: replies.Reply,
+        headers: list,
+    ) -> None:
         include, continuous = self._stream_opts(body)
-        head = (b'data: {"id":"%b","object":"chat.completion.chunk","created":%d,"model":%b,"choices":'
-                % (cid.encode(), int(time.time()), _dumps(model).encode()))
+        head = (
+            b'data: {"id":"%b","object":"chat.completion.chunk","created":%d,"model":%b,"choices":'
+            % (cid.encode(), int(time.time()), _dumps(model).encode())
+        )
         deltas = self._chat_deltas(reply)
         p = seq.prompt_tokens
 
         def usage_of(k: int) -> bytes:
             if not continuous:
                 return b""
-            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (p, p + k, k)
+            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
+                p,
+                p + k,
+                k,
+            )
 
         def frame(delta: bytes, k: int) -> bytes:
-            return (head + b'[{"index":0,"delta":%b,"logprobs":null,"finish_reason":null}]%b}\n\n'
-                    % (delta, usage_of(k)))
+            return (
+                head
+                + b'[{"index":0,"delta":%b,"logprobs":null,"finish_reason":null}]%b}\n\n'
+                % (delta, usage_of(k))
+            )
 
         def on_start() -> None:
             conn.start_stream(200, "text/event-stream; charset=utf-8", headers)
             conn.write_chunk(frame(b'{"role":"assistant","content":""}', 0))
 
         try:
-            await self._admit_errors(self.run(conn, seq, len(deltas), on_start,
-                                              lambda i: frame(deltas[i], i + 1)))
+            await self._admit_errors(
+                self.run(conn, seq, len(deltas), on_start, lambda i: frame(deltas[i], i + 1))
+            )
         except ApiError as err:
             self._abort(seq)
             if not conn.started:
@@ -337,12 +433,22 @@ class Generator:
             self._abort(seq)
             raise
         self._finish(seq, reply.finish_reason)
-        fin = (head + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"%b",'
-               b'"stop_reason":%b}]%b}\n\n' % (reply.finish_reason.encode(), _dumps(reply.stop_reason).encode(),
-                                               usage_of(seq.generated)))
+        fin = (
+            head + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"%b",'
+            b'"stop_reason":%b}]%b}\n\n'
+            % (
+                reply.finish_reason.encode(),
+                _dumps(reply.stop_reason).encode(),
+                usage_of(seq.generated),
+            )
+        )
         tail = b""
         if include:
-            tail = head + b"[],\"usage\":%b}\n\n" % _dumps(usage(self.cfg, seq, len(reply.reasoning), True)).encode()
+            tail = (
+                head
+                + b'[],"usage":%b}\n\n'
+                % _dumps(usage(self.cfg, seq, len(reply.reasoning), True)).encode()
+            )
         conn.write_chunk(fin + tail + DONE)
         conn.end_stream()
 
@@ -358,9 +464,13 @@ class Generator:
             return tokenizer.decode(prompt), list(prompt)
         if isinstance(prompt, list) and len(prompt) > 1:
             raise bad_request("prompt: the simulator takes one prompt per request", "prompt")
-        raise bad_request("prompt: Field required (a non-empty string or list of token ids)", "prompt")
+        raise bad_request(
+            "prompt: Field required (a non-empty string or list of token ids)", "prompt"
+        )
 
-    async def completions(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
+    async def completions(
+        self, req: Request, conn: Connection, body: dict, model: str, rid: str
+    ) -> None:
         check_common(body)
         text, ids = self._completion_prompt(body)
         reply = self._plan(body, text, len(ids), ("max_tokens",))
@@ -377,29 +487,63 @@ class Generator:
             self._abort(seq)
             raise
         self._finish(seq, reply.finish_reason)
-        conn.send(200, _dumps({
-            "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": "".join(reply.content), "logprobs": None,
-                         "finish_reason": reply.finish_reason, "stop_reason": reply.stop_reason,
-                         "prompt_logprobs": None}],
-            "usage": usage(self.cfg, seq, 0, False)}).encode(), extra=headers)
+        conn.send(
+            200,
+            _dumps(
+                {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": "".join(reply.content),
+                            "logprobs": None,
+                            "finish_reason": reply.finish_reason,
+                            "stop_reason": reply.stop_reason,
+                            "prompt_logprobs": None,
+                        }
+                    ],
+                    "usage": usage(self.cfg, seq, 0, False),
+                }
+            ).encode(),
+            extra=headers,
+        )
 
-    async def _completion_stream(self, conn: Connection, body: dict, model: str, cid: str,
-                                 seq: Sequence, reply: replies.Reply, headers: list) -> None:
+    async def _completion_stream(
+        self,
+        conn: Connection,
+        body: dict,
+        model: str,
+        cid: str,
+        seq: Sequence,
+        reply: replies.Reply,
+        headers: list,
+    ) -> None:
         include, continuous = self._stream_opts(body)
-        head = (b'data: {"id":"%b","object":"text_completion","created":%d,"model":%b,"choices":'
-                % (cid.encode(), int(time.time()), _dumps(model).encode()))
+        head = b'data: {"id":"%b","object":"text_completion","created":%d,"model":%b,"choices":' % (
+            cid.encode(),
+            int(time.time()),
+            _dumps(model).encode(),
+        )
         texts = [_dumps(t).encode() for t in reply.content]
         p = seq.prompt_tokens
 
         def usage_of(k: int) -> bytes:
             if not continuous:
                 return b""
-            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (p, p + k, k)
+            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
+                p,
+                p + k,
+                k,
+            )
 
         def frame(i: int) -> bytes:
-            return (head + b'[{"index":0,"text":%b,"logprobs":null,"finish_reason":null}]%b}\n\n'
-                    % (texts[i], usage_of(i + 1)))
+            return head + b'[{"index":0,"text":%b,"logprobs":null,"finish_reason":null}]%b}\n\n' % (
+                texts[i],
+                usage_of(i + 1),
+            )
 
         def on_start() -> None:
             conn.start_stream(200, "text/event-stream; charset=utf-8", headers)
@@ -417,11 +561,18 @@ class Generator:
             self._abort(seq)
             raise
         self._finish(seq, reply.finish_reason)
-        fin = (head + b'[{"index":0,"text":"","logprobs":null,"finish_reason":"%b","stop_reason":%b}]%b}\n\n'
-               % (reply.finish_reason.encode(), _dumps(reply.stop_reason).encode(), usage_of(seq.generated)))
+        fin = (
+            head
+            + b'[{"index":0,"text":"","logprobs":null,"finish_reason":"%b","stop_reason":%b}]%b}\n\n'
+            % (
+                reply.finish_reason.encode(),
+                _dumps(reply.stop_reason).encode(),
+                usage_of(seq.generated),
+            )
+        )
         tail = b""
         if include:
-            tail = head + b"[],\"usage\":%b}\n\n" % _dumps(usage(self.cfg, seq, 0, True)).encode()
+            tail = head + b'[],"usage":%b}\n\n' % _dumps(usage(self.cfg, seq, 0, True)).encode()
         conn.write_chunk(fin + tail + DONE)
         conn.end_stream()
 
@@ -437,7 +588,9 @@ class Generator:
             return [tokenizer.encode(x) for x in inp]
         if isinstance(inp, list) and inp and all(isinstance(x, list) for x in inp):
             return [list(x) for x in inp]
-        raise bad_request("input: Field required (a string, a list of strings or token ids)", "input")
+        raise bad_request(
+            "input: Field required (a string, a list of strings or token ids)", "input"
+        )
 
     def vector(self, ids: list[int]) -> list[float]:
         """A unit vector fixed by the token ids: same input, same embedding."""
@@ -446,15 +599,22 @@ class Generator:
         norm = sum(x * x for x in v) ** 0.5 or 1.0
         return [x / norm for x in v]
 
-    async def embeddings(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
+    async def embeddings(
+        self, req: Request, conn: Connection, body: dict, model: str, rid: str
+    ) -> None:
         inputs = self._embedding_inputs(body)
         fmt = body.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
-            raise bad_request("encoding_format: Input should be 'float' or 'base64'", "encoding_format")
+            raise bad_request(
+                "encoding_format: Input should be 'float' or 'base64'", "encoding_format"
+            )
         dims = body.get("dimensions")
         if dims is not None and dims != self.cfg.sim.sim_embedding_dim:
-            raise bad_request(f"Model \"{model}\" does not support matryoshka representation, "
-                              "changing output dimensions will lead to poor results.", "dimensions")
+            raise bad_request(
+                f'Model "{model}" does not support matryoshka representation, '
+                "changing output dimensions will lead to poor results.",
+                "dimensions",
+            )
         total = 0
         for ids in inputs:
             budget(self.cfg, len(ids), None)
@@ -469,13 +629,29 @@ class Generator:
         data = []
         for i, ids in enumerate(inputs):
             vec = self.vector(ids)
-            emb: object = vec if fmt == "float" else base64.b64encode(array("f", vec).tobytes()).decode()
+            emb: object = (
+                vec if fmt == "float" else base64.b64encode(array("f", vec).tobytes()).decode()
+            )
             data.append({"index": i, "object": "embedding", "embedding": emb})
-        conn.send(200, _dumps({
-            "id": "embd-" + rid, "object": "list", "created": int(time.time()), "model": model,
-            "data": data, "usage": {"prompt_tokens": total, "total_tokens": total,
-                                    "completion_tokens": 0, "prompt_tokens_details": None}}).encode(),
-            extra=[("x-request-id", rid)])
+        conn.send(
+            200,
+            _dumps(
+                {
+                    "id": "embd-" + rid,
+                    "object": "list",
+                    "created": int(time.time()),
+                    "model": model,
+                    "data": data,
+                    "usage": {
+                        "prompt_tokens": total,
+                        "total_tokens": total,
+                        "completion_tokens": 0,
+                        "prompt_tokens_details": None,
+                    },
+                }
+            ).encode(),
+            extra=[("x-request-id", rid)],
+        )
 
 
 def new_request_id(req: Request) -> str:

@@ -25,8 +25,9 @@ class Request:
 
     __slots__ = ("method", "path", "query", "headers", "body", "keep_alive")
 
-    def __init__(self, method: str, target: str, headers: dict[str, str], body: bytes,
-                 keep_alive: bool) -> None:
+    def __init__(
+        self, method: str, target: str, headers: dict[str, str], body: bytes, keep_alive: bool
+    ) -> None:
         self.method = method
         self.path, _, self.query = target.partition("?")
         self.headers = headers
@@ -121,8 +122,17 @@ class Connection(asyncio.Protocol):
         except Exception as exc:  # a bug must not take the server down, only this request
             print(f"ERROR engine_sim: unhandled {type(exc).__name__}: {exc}", file=sys.stderr)
             if not self.started:
-                self.send_json(500, {"error": {"message": str(exc), "type": "InternalServerError",
-                                               "param": None, "code": 500}})
+                self.send_json(
+                    500,
+                    {
+                        "error": {
+                            "message": str(exc),
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": 500,
+                        }
+                    },
+                )
             else:
                 self.close()
 
@@ -154,8 +164,8 @@ class Connection(asyncio.Protocol):
             if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == start:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return None
-        body = bytes(self.buf[start:start + length])
-        del self.buf[:start + length]
+        body = bytes(self.buf[start : start + length])
+        del self.buf[: start + length]
         conn = headers.get("connection", "").lower()
         keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
         return Request(method, target, headers, body, keep)
@@ -167,10 +177,17 @@ class Connection(asyncio.Protocol):
 
     # --- responses -------------------------------------------------------------------------
 
-    def _head(self, status: int, content_type: str, extra: list[tuple[str, str]] | None,
-              length: int | None) -> bytes:
-        parts = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nserver: uvicorn\r\n"
-                 f"content-type: {content_type}\r\n"]
+    def _head(
+        self,
+        status: int,
+        content_type: str,
+        extra: list[tuple[str, str]] | None,
+        length: int | None,
+    ) -> bytes:
+        parts = [
+            f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nserver: uvicorn\r\n"
+            f"content-type: {content_type}\r\n"
+        ]
         if length is None:
             parts.append("transfer-encoding: chunked\r\n")
         else:
@@ -182,18 +199,28 @@ class Connection(asyncio.Protocol):
         parts.append("\r\n")
         return "".join(parts).encode("latin-1")
 
-    def send(self, status: int, body: bytes, content_type: str = "application/json",
-             extra: list[tuple[str, str]] | None = None) -> None:
+    def send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        extra: list[tuple[str, str]] | None = None,
+    ) -> None:
         if self.closed:
             return
         self.started = True
         self.transport.write(self._head(status, content_type, extra, len(body)) + body)
 
-    def send_json(self, status: int, obj: object, extra: list[tuple[str, str]] | None = None) -> None:
-        self.send(status, json.dumps(obj, separators=(",", ":")).encode(), "application/json", extra)
+    def send_json(
+        self, status: int, obj: object, extra: list[tuple[str, str]] | None = None
+    ) -> None:
+        self.send(
+            status, json.dumps(obj, separators=(",", ":")).encode(), "application/json", extra
+        )
 
-    def start_stream(self, status: int, content_type: str,
-                     extra: list[tuple[str, str]] | None = None) -> None:
+    def start_stream(
+        self, status: int, content_type: str, extra: list[tuple[str, str]] | None = None
+    ) -> None:
         self.started = True
         self.pending.append(self._head(status, content_type, extra, None))
 
@@ -236,7 +263,8 @@ class Server:
     async def serve(self, sock: object) -> None:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
-            lambda: Connection(self.app, self.connections), sock=sock, backlog=2048)
+            lambda: Connection(self.app, self.connections), sock=sock, backlog=2048
+        )
 
     def stop_listening(self) -> None:
         if self.server is not None:

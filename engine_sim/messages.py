@@ -34,7 +34,15 @@ from engine_sim.http import Connection, Request
 
 SSE = "text/event-stream; charset=utf-8"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking")
+BLOCK_TYPES = (
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "tool_reference",
+    "thinking",
+    "redacted_thinking",
+)
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "ctx": "user", "msg": "user"}
 # Claude Code's per-request attribution header: vLLM drops it so it does not defeat prefix caching.
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -56,13 +64,18 @@ def anthropic(err: ApiError) -> ApiError:
 
 # --- validation ---------------------------------------------------------------------------------
 
+
 def _check_blocks(blocks: object, where: str) -> None:
     if isinstance(blocks, str):
         return
     if not isinstance(blocks, list) or not all(
-            isinstance(b, dict) and b.get("type") in BLOCK_TYPES for b in blocks):
-        raise bad_request(f"{where}: Input should be a string or a list of content blocks "
-                          f"of type {', '.join(BLOCK_TYPES)}", where)
+        isinstance(b, dict) and b.get("type") in BLOCK_TYPES for b in blocks
+    ):
+        raise bad_request(
+            f"{where}: Input should be a string or a list of content blocks "
+            f"of type {', '.join(BLOCK_TYPES)}",
+            where,
+        )
 
 
 def check(body: dict, create: bool) -> None:
@@ -74,20 +87,35 @@ def check(body: dict, create: bool) -> None:
         raise bad_request("messages: Field required", "messages")
     for m in msgs:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise bad_request("messages: every message needs a role of user, assistant or system", "messages")
+            raise bad_request(
+                "messages: every message needs a role of user, assistant or system", "messages"
+            )
         _check_blocks(m.get("content"), "messages.content")
     if body.get("system") is not None:
         _check_blocks(body["system"], "system")
     tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("input_schema"), dict)
-            for t in tools)):
+    if tools is not None and (
+        not isinstance(tools, list)
+        or not all(
+            isinstance(t, dict)
+            and isinstance(t.get("name"), str)
+            and isinstance(t.get("input_schema"), dict)
+            for t in tools
+        )
+    ):
         raise bad_request("tools: every tool needs a name and an input_schema object", "tools")
     choice = body.get("tool_choice")
     if choice is not None:
-        if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-            raise bad_request("tool_choice: Input should be an object of type auto, any, tool or none",
-                              "tool_choice")
+        if not isinstance(choice, dict) or choice.get("type") not in (
+            "auto",
+            "any",
+            "tool",
+            "none",
+        ):
+            raise bad_request(
+                "tool_choice: Input should be an object of type auto, any, tool or none",
+                "tool_choice",
+            )
         if choice["type"] == "tool" and not choice.get("name"):
             raise bad_request("tool_choice.name is required when type is 'tool'", "tool_choice")
     if not create:
@@ -98,17 +126,24 @@ def check(body: dict, create: bool) -> None:
     if mt <= 0:
         raise bad_request("max_tokens must be positive", "max_tokens")
     stops = body.get("stop_sequences")
-    if stops is not None and (not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)):
-        raise bad_request("stop_sequences: Input should be a valid list of strings", "stop_sequences")
+    if stops is not None and (
+        not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)
+    ):
+        raise bad_request(
+            "stop_sequences: Input should be a valid list of strings", "stop_sequences"
+        )
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise bad_request("stream: Input should be a valid boolean", "stream")
 
 
 # --- the request as a chat completion (vLLM's _convert_anthropic_to_openai_request) --------------
 
+
 def _system(body: dict) -> str:
     parts: list[str] = []
-    blocks = [body.get("system")] + [m.get("content") for m in body["messages"] if m["role"] == "system"]
+    blocks = [body.get("system")] + [
+        m.get("content") for m in body["messages"] if m["role"] == "system"
+    ]
     for content in blocks:
         if isinstance(content, str):
             parts.append(content)
@@ -122,7 +157,9 @@ def _system(body: dict) -> str:
 
 def _tool_result_text(content: object) -> str:
     if isinstance(content, list):
-        return "\n".join(i.get("text", "") for i in content if isinstance(i, dict) and i.get("type") == "text")
+        return "\n".join(
+            i.get("text", "") for i in content if isinstance(i, dict) and i.get("type") == "text"
+        )
     return content if isinstance(content, str) else ""
 
 
@@ -139,21 +176,38 @@ def _convert_blocks(role: str, blocks: list[dict], msg: dict, out: list[dict]) -
         elif kind == "thinking" and b.get("thinking") is not None:
             reasoning.append(b["thinking"])
         elif kind == "tool_use":
-            calls.append({"id": b.get("id") or f"call_{int(time.time())}", "type": "function",
-                          "function": {"name": b.get("name") or "", "arguments": json.dumps(b.get("input") or {})}})
+            calls.append(
+                {
+                    "id": b.get("id") or f"call_{int(time.time())}",
+                    "type": "function",
+                    "function": {
+                        "name": b.get("name") or "",
+                        "arguments": json.dumps(b.get("input") or {}),
+                    },
+                }
+            )
         elif kind == "tool_result" and role == "user":
             # Tool results become tool messages ahead of what is left of the user message.
-            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id") or "",
-                        "content": _tool_result_text(b.get("content"))})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": b.get("tool_use_id") or "",
+                    "content": _tool_result_text(b.get("content")),
+                }
+            )
         elif kind == "tool_result":
             content = b.get("content")
-            parts.append({"type": "text", "text": f"Tool result: {str(content) if content else ''}"})
+            parts.append(
+                {"type": "text", "text": f"Tool result: {str(content) if content else ''}"}
+            )
     if reasoning:
         msg["reasoning"] = "".join(reasoning)
     if calls:
         msg["tool_calls"] = calls
     if parts:
-        msg["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+        msg["content"] = (
+            parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+        )
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -179,9 +233,17 @@ def chat_tools(body: dict) -> list[dict] | None:
     tools = body.get("tools")
     if not tools:
         return None
-    return [{"type": "function", "function": {"name": t["name"], "description": t.get("description"),
-                                              "parameters": {"type": "object", **t["input_schema"]}}}
-            for t in tools]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description"),
+                "parameters": {"type": "object", **t["input_schema"]},
+            },
+        }
+        for t in tools
+    ]
 
 
 def chat_tool_choice(body: dict) -> object:
@@ -201,6 +263,7 @@ def normalize(body: dict) -> dict:
 
 # --- streaming -------------------------------------------------------------------------------
 
+
 def _event(kind: str, payload: dict) -> bytes:
     return b"event: %b\ndata: %b\n\n" % (kind.encode(), _dumps({"type": kind, **payload}).encode())
 
@@ -219,8 +282,15 @@ class Blocks:
             return []
         out = []
         if self.open == "thinking":
-            out.append(_event("content_block_delta", {
-                "delta": {"type": "signature_delta", "signature": self.signature}, "index": self.index}))
+            out.append(
+                _event(
+                    "content_block_delta",
+                    {
+                        "delta": {"type": "signature_delta", "signature": self.signature},
+                        "index": self.index,
+                    },
+                )
+            )
         out.append(_event("content_block_stop", {"index": self.index}))
         self.open = None
         self.index += 1
@@ -239,10 +309,13 @@ class Blocks:
 
 # --- the endpoints -----------------------------------------------------------------------------
 
+
 class Messages:
     """POST /v1/messages and POST /v1/messages/count_tokens."""
 
-    def __init__(self, cfg: Config, engine: Engine, gen: Generator, resolve_model: Callable[[dict], str]) -> None:
+    def __init__(
+        self, cfg: Config, engine: Engine, gen: Generator, resolve_model: Callable[[dict], str]
+    ) -> None:
         self.cfg, self.engine, self.gen, self.resolve_model = cfg, engine, gen, resolve_model
 
     async def create(self, req: Request, conn: Connection, body: dict, rid: str) -> None:
@@ -266,24 +339,40 @@ class Messages:
         tools = chat_tools(body)
         choice = chat_tool_choice(body)
         if tools and choice == "auto" and not self.cfg.auto_tool_choice:
-            raise context_error('"auto" tool choice requires --enable-auto-tool-choice and '
-                                "--tool-call-parser to be set")
-        return {"messages": chat_messages(body), "tools": tools, "tool_choice": choice,
-                "max_tokens": body["max_tokens"], "stop": body.get("stop_sequences"),
-                "chat_template_kwargs": body.get("chat_template_kwargs")}
+            raise context_error(
+                '"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set"
+            )
+        return {
+            "messages": chat_messages(body),
+            "tools": tools,
+            "tool_choice": choice,
+            "max_tokens": body["max_tokens"],
+            "stop": body.get("stop_sequences"),
+            "chat_template_kwargs": body.get("chat_template_kwargs"),
+        }
 
     async def _create(self, conn: Connection, body: dict, rid: str) -> None:
         model = self.resolve_model(body)
         if self.engine.dead:
-            raise AnthropicError(500, "EngineCore encountered an issue. See stack trace (above) for the "
-                                 "root cause.", "internal_error")
+            raise AnthropicError(
+                500,
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "internal_error",
+            )
         chat = self._chat_body(body)
         gen = self.gen
         prompt = gen._chat_prompt(chat)
         tool = gen._chat_tool(chat)
         ids = tokenizer.encode(prompt)
-        reply = gen._plan(chat, prompt, len(ids), ("max_completion_tokens", "max_tokens"),
-                          gen._reasoning_tokens(chat), tool)
+        reply = gen._plan(
+            chat,
+            prompt,
+            len(ids),
+            ("max_completion_tokens", "max_tokens"),
+            gen._reasoning_tokens(chat),
+            tool,
+        )
         seq = Sequence(len(ids))
         seq.prompt_ids = ids
         if body.get("stream"):
@@ -291,7 +380,9 @@ class Messages:
         else:
             await self._full(conn, "chatcmpl-" + rid, model, seq, reply)
 
-    async def _full(self, conn: Connection, mid: str, model: str, seq: Sequence, reply: replies.Reply) -> None:
+    async def _full(
+        self, conn: Connection, mid: str, model: str, seq: Sequence, reply: replies.Reply
+    ) -> None:
         try:
             await self.gen._admit_errors(self.gen.run(conn, seq, len(reply), None, None))
         except BaseException:
@@ -300,8 +391,13 @@ class Messages:
         self.gen._finish(seq, reply.finish_reason)
         content: list[dict] = []
         if reply.reasoning:
-            content.append({"type": "thinking", "thinking": "".join(reply.reasoning),
-                            "signature": uuid.uuid4().hex})
+            content.append(
+                {
+                    "type": "thinking",
+                    "thinking": "".join(reply.reasoning),
+                    "signature": uuid.uuid4().hex,
+                }
+            )
         text = "".join(reply.content)
         if text:
             content.append({"type": "text", "text": text})
@@ -310,16 +406,30 @@ class Messages:
                 args = json.loads("".join(reply.tool.args))
             except ValueError as exc:  # arguments cut by max_tokens: vLLM fails the request
                 raise AnthropicError(500, str(exc), "internal_error") from None
-            content.append({"type": "tool_use", "id": reply.tool.id, "name": reply.tool.name, "input": args})
-        conn.send_json(200, {
-            "id": mid, "type": "message", "role": "assistant", "content": content, "model": model,
-            "stop_reason": STOP_REASONS[reply.finish_reason],
-            "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated}})
+            content.append(
+                {"type": "tool_use", "id": reply.tool.id, "name": reply.tool.name, "input": args}
+            )
+        conn.send_json(
+            200,
+            {
+                "id": mid,
+                "type": "message",
+                "role": "assistant",
+                "content": content,
+                "model": model,
+                "stop_reason": STOP_REASONS[reply.finish_reason],
+                "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated},
+            },
+        )
 
     @staticmethod
     def _token_events(blocks: Blocks, tool: replies.ToolCall | None, kind: str, text: str) -> bytes:
         if kind == "reasoning":
-            out = [] if blocks.open == "thinking" else blocks.start({"type": "thinking", "thinking": ""})
+            out = (
+                []
+                if blocks.open == "thinking"
+                else blocks.start({"type": "thinking", "thinking": ""})
+            )
             out.append(blocks.delta({"type": "thinking_delta", "thinking": text}))
         elif kind == "text":
             out = [] if blocks.open == "text" else blocks.start({"type": "text", "text": ""})
@@ -330,10 +440,13 @@ class Messages:
             out = [blocks.delta({"type": "input_json_delta", "partial_json": text})]
         return b"".join(out)
 
-    async def _stream(self, conn: Connection, mid: str, model: str, seq: Sequence,
-                      reply: replies.Reply) -> None:
+    async def _stream(
+        self, conn: Connection, mid: str, model: str, seq: Sequence, reply: replies.Reply
+    ) -> None:
         # vLLM asks its chat stream for usage on every chunk and at the end.
-        include, continuous = self.gen.usage_opts({"include_usage": True, "continuous_usage_stats": True})
+        include, continuous = self.gen.usage_opts(
+            {"include_usage": True, "continuous_usage_stats": True}
+        )
         tokens = [("reasoning", t) for t in reply.reasoning] + [("text", t) for t in reply.content]
         if reply.tool is not None:
             tokens += [("tool", reply.tool.name)] + [("args", a) for a in reply.tool.args]
@@ -341,19 +454,43 @@ class Messages:
 
         def on_start() -> None:
             conn.start_stream(200, SSE)
-            conn.write_chunk(_event("message_start", {"message": {
-                "id": mid, "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": seq.prompt_tokens if continuous else 0, "output_tokens": 0}}}))
+            conn.write_chunk(
+                _event(
+                    "message_start",
+                    {
+                        "message": {
+                            "id": mid,
+                            "content": [],
+                            "model": model,
+                            "stop_reason": None,
+                            "stop_sequence": None,
+                            "usage": {
+                                "input_tokens": seq.prompt_tokens if continuous else 0,
+                                "output_tokens": 0,
+                            },
+                        }
+                    },
+                )
+            )
 
         try:
-            await self.gen._admit_errors(self.gen.run(
-                conn, seq, len(tokens), on_start, lambda i: self._token_events(blocks, reply.tool, *tokens[i])))
+            await self.gen._admit_errors(
+                self.gen.run(
+                    conn,
+                    seq,
+                    len(tokens),
+                    on_start,
+                    lambda i: self._token_events(blocks, reply.tool, *tokens[i]),
+                )
+            )
         except ApiError as err:
             self.gen._abort(seq)
             if not conn.started:
                 raise
             # The chat stream's error frame is not a chunk vLLM's converter can read.
-            conn.write_chunk(_event("error", {"error": {"type": "internal_error", "message": err.message}}))
+            conn.write_chunk(
+                _event("error", {"error": {"type": "internal_error", "message": err.message}})
+            )
             conn.end_stream()
             return
         except BaseException:
@@ -363,9 +500,18 @@ class Messages:
         tail: list[bytes] = []
         if include:
             tail += blocks.stop()
-            tail.append(_event("message_delta", {
-                "delta": {"stop_reason": STOP_REASONS[reply.finish_reason]},
-                "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated}}))
+            tail.append(
+                _event(
+                    "message_delta",
+                    {
+                        "delta": {"stop_reason": STOP_REASONS[reply.finish_reason]},
+                        "usage": {
+                            "input_tokens": seq.prompt_tokens,
+                            "output_tokens": seq.generated,
+                        },
+                    },
+                )
+            )
         tail.append(_event("message_stop", {}))
         conn.write_chunk(b"".join(tail))
         conn.end_stream()

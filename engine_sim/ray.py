@@ -25,8 +25,13 @@ import sys
 import threading
 import time
 
-ENV_SHOWN = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME",
-             "RAY_memory_usage_threshold")
+ENV_SHOWN = (
+    "VLLM_HOST_IP",
+    "NCCL_SOCKET_IFNAME",
+    "UCX_NET_DEVICES",
+    "GLOO_SOCKET_IFNAME",
+    "RAY_memory_usage_threshold",
+)
 
 
 def say(text: str) -> None:
@@ -82,8 +87,10 @@ def run_head(port: int, workers: int, timeout: float, engine_args: list[str]) ->
     head = Head(port)
     say(f"Ray runtime started (head) on port {port}; waiting for {workers} worker node(s)")
     if not head.wait(workers, timeout):
-        say(f"timed out after {timeout:g} s waiting for {workers} Ray worker node(s) to join "
-            f"the head at {os.environ.get('VLLM_HOST_IP', '?')}:{port}")
+        say(
+            f"timed out after {timeout:g} s waiting for {workers} Ray worker node(s) to join "
+            f"the head at {os.environ.get('VLLM_HOST_IP', '?')}:{port}"
+        )
         sys.exit(3)
     say(f"{workers + 1} Ray nodes alive; starting vllm serve")
     from engine_sim.server import main
@@ -107,8 +114,10 @@ def run_worker(address: str, timeout: float) -> None:
             last = str(exc)
         time.sleep(0.5)
     else:
-        say(f"could not reach the Ray head at {address} within {timeout:g} s ({last}); "
-            "check the nodes' high-speed interface, addresses and firewall")
+        say(
+            f"could not reach the Ray head at {address} within {timeout:g} s ({last}); "
+            "check the nodes' high-speed interface, addresses and firewall"
+        )
         sys.exit(2)
     conn.settimeout(None)
     say(f"joined the Ray head at {address}; blocking")
@@ -123,9 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     engine_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, engine_args = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="ray", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        argv, engine_args = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="ray", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["start"])
     parser.add_argument("--head", action="store_true")
     parser.add_argument("--address", default="")

@@ -89,7 +89,7 @@ def pick_tool(tools: list[dict], tool_choice: object, messages: list | None = No
 
 
 def _cut(tokens: list[str], budget: int) -> tuple[list[str], int]:
-    kept = tokens[:max(0, budget)]
+    kept = tokens[: max(0, budget)]
     return kept, budget - len(kept)
 
 
@@ -109,8 +109,15 @@ def _apply_stop(reply: Reply, stop: list[str]) -> None:
                 return
 
 
-def plan(seed: int, *, max_tokens: int, natural: int, reasoning_tokens: int = 0,
-         tool: dict | None = None, stop: list[str] | None = None) -> Reply:
+def plan(
+    seed: int,
+    *,
+    max_tokens: int,
+    natural: int,
+    reasoning_tokens: int = 0,
+    tool: dict | None = None,
+    stop: list[str] | None = None,
+) -> Reply:
     """Build the reply, cut to `max_tokens` (then finish_reason is 'length')."""
     r = Reply()
     budget = max_tokens

@@ -40,8 +40,9 @@ IN_FLIGHT = ("queued", "in_progress")
 
 
 def not_found(response_id: str) -> ApiError:
-    return ApiError(404, f"Response with id '{response_id}' not found.", "invalid_request_error",
-                    "response_id")
+    return ApiError(
+        404, f"Response with id '{response_id}' not found.", "invalid_request_error", "response_id"
+    )
 
 
 def _uid() -> str:
@@ -50,26 +51,41 @@ def _uid() -> str:
 
 # --- the request as chat messages (vLLM's construct_input_messages) ------------------------
 
+
 def _item_message(item: dict) -> dict:
     """One input item as a chat message; plain messages pass through as they are."""
     kind = item.get("type")
     if kind == "function_call":
-        return {"role": "assistant", "tool_calls": [{
-            "id": item.get("call_id"), "type": "function",
-            "function": {"name": item.get("name"), "arguments": item.get("arguments")}}]}
+        return {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+                }
+            ],
+        }
     if kind == "function_call_output":
         return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
     if kind == "reasoning":
         parts = item.get("summary") or item.get("content") or []
         text = parts[0].get("text", "") if len(parts) == 1 and isinstance(parts[0], dict) else ""
         return {"role": "assistant", "reasoning": text}
-    if kind == "message" and item.get("role") == "assistant" and item.get("id") and item.get("status"):
+    if (
+        kind == "message"
+        and item.get("role") == "assistant"
+        and item.get("id")
+        and item.get("status")
+    ):
         content = item.get("content") or [{}]
         return {"role": "assistant", "content": content[0].get("text", "")}
     return item
 
 
-def input_messages(body: dict, prev_messages: list[dict] | None, prev_output: list[dict] | None) -> list[dict]:
+def input_messages(
+    body: dict, prev_messages: list[dict] | None, prev_output: list[dict] | None
+) -> list[dict]:
     messages: list[dict] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": body["instructions"]})
@@ -77,7 +93,9 @@ def input_messages(body: dict, prev_messages: list[dict] | None, prev_output: li
     for item in prev_output or []:
         # Only the text of earlier messages is carried; reasoning and function calls are not.
         if item.get("type") == "message":
-            messages += [{"role": "assistant", "content": part.get("text", "")} for part in item["content"]]
+            messages += [
+                {"role": "assistant", "content": part.get("text", "")} for part in item["content"]
+            ]
     inp = body["input"]
     if isinstance(inp, str):
         messages.append({"role": "user", "content": inp})
@@ -109,13 +127,21 @@ def _check(body: dict) -> None:
         if body.get(name) is not None and not isinstance(body[name], str):
             raise bad_request(f"{name}: Input should be a valid string", name)
     tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(
+    if tools is not None and (
+        not isinstance(tools, list)
+        or not all(
             isinstance(t, dict) and (t.get("type") != "function" or isinstance(t.get("name"), str))
-            for t in tools)):
-        raise bad_request("tools: Input should be a valid list of tools (function tools need a name)", "tools")
+            for t in tools
+        )
+    ):
+        raise bad_request(
+            "tools: Input should be a valid list of tools (function tools need a name)", "tools"
+        )
     choice = body.get("tool_choice", "auto")
     if choice not in ("auto", "none", "required") and not isinstance(choice, dict):
-        raise bad_request("tool_choice: Input should be 'none', 'auto', 'required' or a tool", "tool_choice")
+        raise bad_request(
+            "tool_choice: Input should be 'none', 'auto', 'required' or a tool", "tool_choice"
+        )
     if body.get("background") and body.get("store") is False:
         raise bad_request("background can only be used when `store` is true", "background")
     if body.get("prompt") is not None:
@@ -128,16 +154,24 @@ def _check(body: dict) -> None:
 def _echo_tool(tool: dict) -> dict:
     if tool.get("type") != "function":
         return tool
-    return {"name": tool["name"], "parameters": tool.get("parameters"), "strict": tool.get("strict"),
-            "type": "function", "description": tool.get("description")}
+    return {
+        "name": tool["name"],
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+        "type": "function",
+        "description": tool.get("description"),
+    }
 
 
 # --- one request ---------------------------------------------------------------------------
 
+
 class Turn:
     """One /v1/responses request: its prompt, its token plan and how to render it."""
 
-    def __init__(self, cfg: Config, gen: Generator, body: dict, model: str, messages: list[dict]) -> None:
+    def __init__(
+        self, cfg: Config, gen: Generator, body: dict, model: str, messages: list[dict]
+    ) -> None:
         self.cfg, self.body, self.model, self.messages = cfg, body, model, messages
         rid = body.get("request_id")
         self.id = rid if isinstance(rid, str) and rid else "resp_" + _uid()
@@ -146,15 +180,26 @@ class Turn:
         ids = tokenizer.encode(prompt)
         limit = cfg.max_model_len
         if len(ids) >= limit:
-            raise ApiError(400, f"The engine prompt length {len(ids)} exceeds the max_model_len {limit}. "
-                           "Please reduce prompt.", "invalid_request_error", "input")
+            raise ApiError(
+                400,
+                f"The engine prompt length {len(ids)} exceeds the max_model_len {limit}. "
+                "Please reduce prompt.",
+                "invalid_request_error",
+                "input",
+            )
         mot = body.get("max_output_tokens")
         if mot is not None and mot < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {mot}.", "BadRequestError")
         # No error for a budget beyond the context, unlike chat: it is cut to what is left.
         self.max_tokens = min(mot, limit - len(ids)) if mot else limit - len(ids)
-        self.reply = gen._plan({"max_tokens": self.max_tokens}, prompt, len(ids), ("max_tokens",),
-                               gen._reasoning_tokens({}), self._tool())
+        self.reply = gen._plan(
+            {"max_tokens": self.max_tokens},
+            prompt,
+            len(ids),
+            ("max_tokens",),
+            gen._reasoning_tokens({}),
+            self._tool(),
+        )
         self.seq = Sequence(len(ids), priority_of(cfg, body))
         self.seq.prompt_ids = ids
 
@@ -167,7 +212,9 @@ class Turn:
             choice = {"type": "function", "function": {"name": choice.get("name")}}
         elif choice == "auto" and not self.cfg.auto_tool_choice:
             return None  # vLLM parses no tool calls then: the model answers in text
-        return replies.pick_tool([{"type": "function", "function": t} for t in tools], choice, self.messages)
+        return replies.pick_tool(
+            [{"type": "function", "function": t} for t in tools], choice, self.messages
+        )
 
     @property
     def status(self) -> str:
@@ -175,52 +222,98 @@ class Turn:
 
     def usage(self) -> dict:
         seq = self.seq
-        return {"input_tokens": seq.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": seq.cached_tokens, "input_tokens_per_turn": [],
-                                         "cached_tokens_per_turn": []},
-                "output_tokens": seq.generated,
-                "output_tokens_details": {"reasoning_tokens": min(len(self.reply.reasoning), seq.generated),
-                                          "tool_output_tokens": 0, "output_tokens_per_turn": [],
-                                          "tool_output_tokens_per_turn": []},
-                "total_tokens": seq.prompt_tokens + seq.generated}
+        return {
+            "input_tokens": seq.prompt_tokens,
+            "input_tokens_details": {
+                "cached_tokens": seq.cached_tokens,
+                "input_tokens_per_turn": [],
+                "cached_tokens_per_turn": [],
+            },
+            "output_tokens": seq.generated,
+            "output_tokens_details": {
+                "reasoning_tokens": min(len(self.reply.reasoning), seq.generated),
+                "tool_output_tokens": 0,
+                "output_tokens_per_turn": [],
+                "tool_output_tokens_per_turn": [],
+            },
+            "total_tokens": seq.prompt_tokens + seq.generated,
+        }
 
     def output(self) -> list[dict]:
         """The output items of the finished response (vLLM's _make_response_output_items)."""
         r = self.reply
         out: list[dict] = []
         if r.reasoning:
-            out.append({"id": "rs_" + _uid(), "summary": [], "type": "reasoning",
-                        "content": [{"text": "".join(r.reasoning), "type": "reasoning_text"}],
-                        "encrypted_content": None, "status": None})
+            out.append(
+                {
+                    "id": "rs_" + _uid(),
+                    "summary": [],
+                    "type": "reasoning",
+                    "content": [{"text": "".join(r.reasoning), "type": "reasoning_text"}],
+                    "encrypted_content": None,
+                    "status": None,
+                }
+            )
         text = "".join(r.content)
         if text:
-            out.append({"id": "msg_" + _uid(), "content": [{"annotations": [], "text": text,
-                                                            "type": "output_text", "logprobs": None}],
-                        "role": "assistant", "status": "completed", "type": "message"})
+            out.append(
+                {
+                    "id": "msg_" + _uid(),
+                    "content": [
+                        {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+                    ],
+                    "role": "assistant",
+                    "status": "completed",
+                    "type": "message",
+                }
+            )
         if r.tool is not None:
-            out.append({"arguments": "".join(r.tool.args), "call_id": r.tool.id, "name": r.tool.name,
-                        "type": "function_call", "id": "fc_" + _uid(), "status": "completed"})
+            out.append(
+                {
+                    "arguments": "".join(r.tool.args),
+                    "call_id": r.tool.id,
+                    "name": r.tool.name,
+                    "type": "function_call",
+                    "id": "fc_" + _uid(),
+                    "status": "completed",
+                }
+            )
         return out
 
     def response(self, status: str, output: list[dict], usage: dict | None) -> dict:
         """The Response object, every field vLLM's ResponsesResponse dumps."""
         b = self.body
         return {
-            "id": self.id, "created_at": self.created,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": b.get("instructions"), "metadata": b.get("metadata"), "model": self.model,
-            "object": "response", "output": output,
+            "id": self.id,
+            "created_at": self.created,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete"
+            else None,
+            "instructions": b.get("instructions"),
+            "metadata": b.get("metadata"),
+            "model": self.model,
+            "object": "response",
+            "output": output,
             "parallel_tool_calls": b.get("parallel_tool_calls", True) is not False,
             "temperature": b.get("temperature") if b.get("temperature") is not None else 1.0,
             "tool_choice": b.get("tool_choice", "auto"),
             "tools": [_echo_tool(t) for t in b.get("tools") or []],
             "top_p": b.get("top_p") if b.get("top_p") is not None else 1.0,
-            "background": bool(b.get("background")), "max_output_tokens": self.max_tokens,
-            "max_tool_calls": b.get("max_tool_calls"), "previous_response_id": b.get("previous_response_id"),
-            "prompt": None, "reasoning": b.get("reasoning"), "service_tier": b.get("service_tier") or "auto",
-            "status": status, "text": b.get("text"), "top_logprobs": None,
-            "truncation": b.get("truncation") or "disabled", "usage": usage, "user": b.get("user"),
-            "input_messages": None, "output_messages": None,
+            "background": bool(b.get("background")),
+            "max_output_tokens": self.max_tokens,
+            "max_tool_calls": b.get("max_tool_calls"),
+            "previous_response_id": b.get("previous_response_id"),
+            "prompt": None,
+            "reasoning": b.get("reasoning"),
+            "service_tier": b.get("service_tier") or "auto",
+            "status": status,
+            "text": b.get("text"),
+            "top_logprobs": None,
+            "truncation": b.get("truncation") or "disabled",
+            "usage": usage,
+            "user": b.get("user"),
+            "input_messages": None,
+            "output_messages": None,
         }
 
     def final(self) -> dict:
@@ -228,6 +321,7 @@ class Turn:
 
 
 # --- streaming -------------------------------------------------------------------------------
+
 
 class StreamEvents:
     """The typed events of one streamed response, in vLLM's order for a non-harmony model:
@@ -243,8 +337,9 @@ class StreamEvents:
         self.call_id = ""
         self.text: list[str] = []
         r = turn.reply
-        self.tokens: list[tuple[str, str]] = (
-            [("reasoning", t) for t in r.reasoning] + [("text", t) for t in r.content])
+        self.tokens: list[tuple[str, str]] = [("reasoning", t) for t in r.reasoning] + [
+            ("text", t) for t in r.content
+        ]
         if r.tool is not None:
             self.tokens += [("tool", r.tool.name)] + [("args", a) for a in r.tool.args]
 
@@ -256,8 +351,10 @@ class StreamEvents:
 
     def start(self) -> list[bytes]:
         initial = self.turn.response("in_progress", [], None)
-        return [self._frame("response.created", {"response": initial}),
-                self._frame("response.in_progress", {"response": initial})]
+        return [
+            self._frame("response.created", {"response": initial}),
+            self._frame("response.in_progress", {"response": initial}),
+        ]
 
     def token(self, i: int) -> list[bytes]:
         kind, text = self.tokens[i]
@@ -273,8 +370,12 @@ class StreamEvents:
         elif kind == "tool":
             return self._close() + self._open("tool")  # the name token: no arguments yet
         else:
-            out.append(self._frame("response.function_call_arguments.delta", {
-                "delta": text, "item_id": self.item_id, "output_index": self.index}))
+            out.append(
+                self._frame(
+                    "response.function_call_arguments.delta",
+                    {"delta": text, "item_id": self.item_id, "output_index": self.index},
+                )
+            )
         self.text.append(text)
         return out
 
@@ -286,19 +387,42 @@ class StreamEvents:
         if kind == "tool":
             self.call_id = "call_" + _uid()
             t = self.turn.reply.tool
-            item = {"arguments": "", "call_id": self.call_id, "name": t.name, "type": "function_call",
-                    "id": self.item_id, "status": "in_progress"}
-            return [self._frame("response.output_item.added", {"item": item, "output_index": self.index})]
+            item = {
+                "arguments": "",
+                "call_id": self.call_id,
+                "name": t.name,
+                "type": "function_call",
+                "id": self.item_id,
+                "status": "in_progress",
+            }
+            return [
+                self._frame(
+                    "response.output_item.added", {"item": item, "output_index": self.index}
+                )
+            ]
         if kind == "reasoning":
-            item = {"id": self.item_id, "summary": [], "type": "reasoning", "content": None,
-                    "encrypted_content": None, "status": "in_progress"}
+            item = {
+                "id": self.item_id,
+                "summary": [],
+                "type": "reasoning",
+                "content": None,
+                "encrypted_content": None,
+                "status": "in_progress",
+            }
             part = {"text": "", "type": "reasoning_text"}
         else:
-            item = {"id": self.item_id, "content": [], "role": "assistant", "status": "in_progress",
-                    "type": "message"}
+            item = {
+                "id": self.item_id,
+                "content": [],
+                "role": "assistant",
+                "status": "in_progress",
+                "type": "message",
+            }
             part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
-        return [self._frame("response.output_item.added", {"item": item, "output_index": self.index}),
-                self._frame("response.content_part.added", self._at(part=part))]
+        return [
+            self._frame("response.output_item.added", {"item": item, "output_index": self.index}),
+            self._frame("response.content_part.added", self._at(part=part)),
+        ]
 
     def _close(self) -> list[bytes]:
         """The `.done` events of the open item; the next item gets the next output_index."""
@@ -310,25 +434,57 @@ class StreamEvents:
         self.index += 1
         if kind == "tool":
             t = self.turn.reply.tool
-            item = {"arguments": text, "call_id": self.call_id, "name": t.name, "type": "function_call",
-                    "id": self.item_id, "status": "completed"}
-            return [self._frame("response.function_call_arguments.done", {
-                        "arguments": text, "item_id": self.item_id, "name": t.name, "output_index": index}),
-                    self._frame("response.output_item.done", {"item": item, "output_index": index})]
+            item = {
+                "arguments": text,
+                "call_id": self.call_id,
+                "name": t.name,
+                "type": "function_call",
+                "id": self.item_id,
+                "status": "completed",
+            }
+            return [
+                self._frame(
+                    "response.function_call_arguments.done",
+                    {
+                        "arguments": text,
+                        "item_id": self.item_id,
+                        "name": t.name,
+                        "output_index": index,
+                    },
+                ),
+                self._frame("response.output_item.done", {"item": item, "output_index": index}),
+            ]
         at = {"content_index": 0, "item_id": self.item_id, "output_index": index}
         if kind == "reasoning":
             part = {"text": text, "type": "reasoning_text"}
-            item = {"id": self.item_id, "summary": [], "type": "reasoning", "content": [part],
-                    "encrypted_content": None, "status": "completed"}
-            return [self._frame("response.reasoning_text.done", {**at, "text": text}),
-                    self._frame("response.content_part.done", {**at, "part": part}),
-                    self._frame("response.output_item.done", {"item": item, "output_index": index})]
-        part = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
-        item = {"id": self.item_id, "content": [part], "role": "assistant", "status": "completed",
-                "type": "message", "annotations": [], "logprobs": []}
-        return [self._frame("response.output_text.done", {**at, "logprobs": [], "text": text}),
+            item = {
+                "id": self.item_id,
+                "summary": [],
+                "type": "reasoning",
+                "content": [part],
+                "encrypted_content": None,
+                "status": "completed",
+            }
+            return [
+                self._frame("response.reasoning_text.done", {**at, "text": text}),
                 self._frame("response.content_part.done", {**at, "part": part}),
-                self._frame("response.output_item.done", {"item": item, "output_index": index})]
+                self._frame("response.output_item.done", {"item": item, "output_index": index}),
+            ]
+        part = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+        item = {
+            "id": self.item_id,
+            "content": [part],
+            "role": "assistant",
+            "status": "completed",
+            "type": "message",
+            "annotations": [],
+            "logprobs": [],
+        }
+        return [
+            self._frame("response.output_text.done", {**at, "logprobs": [], "text": text}),
+            self._frame("response.content_part.done", {**at, "part": part}),
+            self._frame("response.output_item.done", {"item": item, "output_index": index}),
+        ]
 
     def finish(self, final: dict) -> list[bytes]:
         return self._close() + [self._frame("response.completed", {"response": final})]
@@ -384,6 +540,7 @@ class NullSink:
 
 # --- the endpoints -----------------------------------------------------------------------------
 
+
 class Responses:
     """POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel."""
 
@@ -395,22 +552,29 @@ class Responses:
         self.logs: dict[str, EventLog] = {}
         self.tasks: dict[str, asyncio.Task] = {}
 
-    async def create(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
+    async def create(
+        self, req: Request, conn: Connection, body: dict, model: str, rid: str
+    ) -> None:
         _check(body)
         store = body.get("store", True) is not False and self.cfg.responses_store
         if body.get("background") and not store:
-            raise ApiError(400, "This vLLM engine does not support `store=True` and therefore does not "
-                           "support the background mode. To enable these features, set the environment "
-                           "variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
-                           "invalid_request_error", "background")
+            raise ApiError(
+                400,
+                "This vLLM engine does not support `store=True` and therefore does not "
+                "support the background mode. To enable these features, set the environment "
+                "variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+                "invalid_request_error",
+                "background",
+            )
         prev_id = body.get("previous_response_id")
         prev = None
         if prev_id is not None:
             prev = self.store.get(prev_id)
             if prev is None:
                 raise not_found(prev_id)
-        messages = input_messages(body, self.messages.get(prev_id) if prev else None,
-                                  prev["output"] if prev else None)
+        messages = input_messages(
+            body, self.messages.get(prev_id) if prev else None, prev["output"] if prev else None
+        )
         turn = Turn(self.cfg, self.gen, body, model, messages)
         if store:
             self.messages[turn.id] = messages
@@ -426,9 +590,13 @@ class Responses:
         if self.store.get(turn.id, {}).get("status") != "cancelled":
             self.store[turn.id] = response
 
-    async def _generate(self, sink: object, turn: Turn, on_token: Callable[[int], bytes] | None) -> None:
+    async def _generate(
+        self, sink: object, turn: Turn, on_token: Callable[[int], bytes] | None
+    ) -> None:
         try:
-            await self.gen._admit_errors(self.gen.run(sink, turn.seq, len(turn.reply), None, on_token))
+            await self.gen._admit_errors(
+                self.gen.run(sink, turn.seq, len(turn.reply), None, on_token)
+            )
         except BaseException:
             self.gen._abort(turn.seq)
             raise
@@ -506,7 +674,9 @@ class Responses:
         try:
             start = 0 if after is None else int(after) + 1
         except ValueError:
-            raise bad_request("starting_after: Input should be a valid integer", "starting_after") from None
+            raise bad_request(
+                "starting_after: Input should be a valid integer", "starting_after"
+            ) from None
         log = self.logs.get(response_id)
         if log is None:
             # Only background streams keep their events; vLLM raises on the first read of the
@@ -522,7 +692,9 @@ class Responses:
         if response is None:
             raise not_found(response_id)
         if response["status"] not in IN_FLIGHT:
-            raise ApiError(400, "Cannot cancel a synchronous response.", "invalid_request_error", "response_id")
+            raise ApiError(
+                400, "Cannot cancel a synchronous response.", "invalid_request_error", "response_id"
+            )
         response["status"] = "cancelled"
         task = self.tasks.get(response_id)
         if task is not None:

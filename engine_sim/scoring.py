@@ -22,7 +22,12 @@ from engine_sim.generation import Generator, priority_of
 from engine_sim.http import Connection, Request
 
 # The field pairs vLLM's ScoreRequest accepts, in the order it tries them.
-SCORE_FIELDS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+SCORE_FIELDS = (
+    ("text_1", "text_2"),
+    ("queries", "documents"),
+    ("queries", "items"),
+    ("data_1", "data_2"),
+)
 _WORDS = re.compile(r"\w+")
 
 
@@ -74,16 +79,22 @@ class Scoring:
     def _request_id(self, req: Request) -> str:
         return "score-" + (req.headers.get("x-request-id") or uuid.uuid4().hex)
 
-    async def _prefill(self, conn: Connection, body: dict, pairs_: list[tuple[object, object]],
-                       operation: str) -> list[int]:
+    async def _prefill(
+        self, conn: Connection, body: dict, pairs_: list[tuple[object, object]], operation: str
+    ) -> list[int]:
         """Run every pair through the engine (prefill only); their token counts."""
         counts = []
         for q, d in pairs_:
             n = tokenizer.count(tokenizer.score_pair(_text(q), _text(d)))
             if n > self.cfg.max_model_len:
-                raise ApiError(400, f"This model's maximum context length is {self.cfg.max_model_len} tokens. "
-                               f"However, you requested {n} tokens in the input for {operation}. "
-                               "Please reduce the length of the input.", "BadRequestError", "input_tokens")
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {self.cfg.max_model_len} tokens. "
+                    f"However, you requested {n} tokens in the input for {operation}. "
+                    "Please reduce the length of the input.",
+                    "BadRequestError",
+                    "input_tokens",
+                )
             counts.append(n)
         seq = Sequence(sum(counts), priority_of(self.cfg, body))
         try:
@@ -101,15 +112,29 @@ class Scoring:
         todo = pairs(_inputs(body[names[0]], names[0]), _inputs(body[names[1]], names[1]))
         counts = await self._prefill(conn, body, todo, "score")
         total = sum(counts)
-        conn.send_json(200, {
-            "id": self._request_id(req), "object": "list", "created": int(time.time()),
-            "model": self.cfg.served_names[0],
-            "data": [{"index": i, "object": "score", "score": relevance(_text(q), _text(d))}
-                     for i, (q, d) in enumerate(todo)],
-            "usage": {"prompt_tokens": total, "total_tokens": total, "completion_tokens": 0,
-                      "prompt_tokens_details": None}})
+        conn.send_json(
+            200,
+            {
+                "id": self._request_id(req),
+                "object": "list",
+                "created": int(time.time()),
+                "model": self.cfg.served_names[0],
+                "data": [
+                    {"index": i, "object": "score", "score": relevance(_text(q), _text(d))}
+                    for i, (q, d) in enumerate(todo)
+                ],
+                "usage": {
+                    "prompt_tokens": total,
+                    "total_tokens": total,
+                    "completion_tokens": 0,
+                    "prompt_tokens_details": None,
+                },
+            },
+        )
 
-    async def rerank(self, req: Request, conn: Connection, body: dict, model: str, rid: str) -> None:
+    async def rerank(
+        self, req: Request, conn: Connection, body: dict, model: str, rid: str
+    ) -> None:
         query = body.get("query")
         if not isinstance(query, (str, dict)):
             raise bad_request("query: Field required", "query")
@@ -120,12 +145,26 @@ class Scoring:
         todo = pairs([query], docs)
         # vLLM's length check names every non-score request "embedding generation".
         counts = await self._prefill(conn, body, todo, "embedding generation")
-        results = [{"index": i, "document": {"text": d, "multi_modal": None} if isinstance(d, str)
-                    else {"text": None, "multi_modal": d.get("content", [])},
-                    "relevance_score": relevance(_text(query), _text(d))} for i, d in enumerate(docs)]
+        results = [
+            {
+                "index": i,
+                "document": {"text": d, "multi_modal": None}
+                if isinstance(d, str)
+                else {"text": None, "multi_modal": d.get("content", [])},
+                "relevance_score": relevance(_text(query), _text(d)),
+            }
+            for i, d in enumerate(docs)
+        ]
         results.sort(key=lambda r: r["relevance_score"], reverse=True)
         if 0 < top_n < len(docs):
             results = results[:top_n]
         total = sum(counts)
-        conn.send_json(200, {"id": self._request_id(req), "model": self.cfg.served_names[0],
-                             "usage": {"prompt_tokens": total, "total_tokens": total}, "results": results})
+        conn.send_json(
+            200,
+            {
+                "id": self._request_id(req),
+                "model": self.cfg.served_names[0],
+                "usage": {"prompt_tokens": total, "total_tokens": total},
+                "results": results,
+            },
+        )

@@ -45,15 +45,20 @@ def shard_line(done: int, total: int, elapsed: float, per_shard: float) -> str:
         rate = f"{1 / per_shard:5.2f}it/s"
     else:
         rate = f"{per_shard:5.2f}s/it"
-    return (f"Loading safetensors checkpoint shards: {pct:3.0f}% Completed | {done}/{total} "
-            f"[{_clock(elapsed)}<{_clock(remaining)}, {rate}]")
+    return (
+        f"Loading safetensors checkpoint shards: {pct:3.0f}% Completed | {done}/{total} "
+        f"[{_clock(elapsed)}<{_clock(remaining)}, {rate}]"
+    )
 
 
 def bind(cfg: Config) -> socket.socket:
     """Bind the port now but listen only once loaded, like vLLM: clients get refused meanwhile."""
     host = None if cfg.host in ("", "0.0.0.0") else cfg.host
-    family = socket.AF_INET if host is None else socket.getaddrinfo(
-        host, cfg.port, type=socket.SOCK_STREAM)[0][0]
+    family = (
+        socket.AF_INET
+        if host is None
+        else socket.getaddrinfo(host, cfg.port, type=socket.SOCK_STREAM)[0][0]
+    )
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -68,9 +73,12 @@ def bind(cfg: Config) -> socket.socket:
 async def load(cfg: Config) -> None:
     """Pretend to load weights, printing vLLM's progress lines; maybe die like an OOM."""
     s = cfg.sim
-    log("EngineCore_DP0", f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
+    log(
+        "EngineCore_DP0",
+        f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
         f"model='{cfg.model}', served_model_name={cfg.served_names[0]}, max_seq_len={cfg.max_model_len}",
-        where="core.py:93")
+        where="core.py:93",
+    )
     shards = max(1, s.sim_shards)
     per = max(0.0, s.sim_load_seconds) / shards
     start = time.monotonic()
@@ -78,20 +86,36 @@ async def load(cfg: Config) -> None:
         if done:
             await asyncio.sleep(per)
         if s.sim_load_fail_exit_code is not None and done == shards // 2 + 1:
-            log("EngineCore_DP0", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                "2.00 GiB. GPU 0 has a total capacity of 119.70 GiB", "ERROR", "core.py:708")
-            log("APIServer", "RuntimeError: Engine core initialization failed. See root cause above.",
-                "ERROR", "api_server.py:1")
+            log(
+                "EngineCore_DP0",
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                "2.00 GiB. GPU 0 has a total capacity of 119.70 GiB",
+                "ERROR",
+                "core.py:708",
+            )
+            log(
+                "APIServer",
+                "RuntimeError: Engine core initialization failed. See root cause above.",
+                "ERROR",
+                "api_server.py:1",
+            )
             sys.exit(s.sim_load_fail_exit_code)
         line = shard_line(done, shards, time.monotonic() - start, per)
         print(f"(EngineCore_DP0 pid={PID}) {line}", file=sys.stderr, flush=True)
     took = time.monotonic() - start
     log("EngineCore_DP0", f"Loading weights took {took:.2f} seconds", where="default_loader.py:268")
-    log("EngineCore_DP0", f"Model loading took 1.23 GiB and {took:.6f} seconds", where="gpu_model_runner.py:2020")
+    log(
+        "EngineCore_DP0",
+        f"Model loading took 1.23 GiB and {took:.6f} seconds",
+        where="gpu_model_runner.py:2020",
+    )
     if s.sim_slow_start_seconds > 0:
         await asyncio.sleep(s.sim_slow_start_seconds)
-        log("EngineCore_DP0", f"torch.compile takes {s.sim_slow_start_seconds:.2f} s in total",
-            where="monitor.py:34")
+        log(
+            "EngineCore_DP0",
+            f"torch.compile takes {s.sim_slow_start_seconds:.2f} s in total",
+            where="monitor.py:34",
+        )
     kv = s.sim_kv_cache_tokens or cfg.max_num_seqs * cfg.max_model_len
     log("EngineCore_DP0", f"GPU KV cache size: {kv:,} tokens", where="kv_cache_utils.py:1087")
 
@@ -111,8 +135,13 @@ class Process:
         if self.engine.dead:
             return
         log("EngineCore_DP0", "EngineCore encountered a fatal error.", "ERROR", "core.py:710")
-        log("APIServer", "AsyncLLM output_handler failed. EngineDeadError: EngineCore encountered an "
-            "issue. See stack trace (above) for the root cause.", "ERROR", "async_llm.py:480")
+        log(
+            "APIServer",
+            "AsyncLLM output_handler failed. EngineDeadError: EngineCore encountered an "
+            "issue. See stack trace (above) for the root cause.",
+            "ERROR",
+            "async_llm.py:480",
+        )
         self.engine.kill()
         grace = max(0.0, self.cfg.sim.sim_crash_grace_seconds)
         asyncio.get_running_loop().call_later(grace, self._finish, self.cfg.sim.sim_crash_exit_code)
@@ -154,12 +183,20 @@ class Process:
     async def run(self) -> int:
         cfg = self.cfg
         log("APIServer", f"vLLM API server version {VLLM_VERSION}", where="api_server.py:1896")
-        log("APIServer", f"args: model={cfg.model!r} served_model_name={cfg.served_names} "
-            f"max_model_len={cfg.max_model_len} max_num_seqs={cfg.max_num_seqs}", where="utils.py:326")
+        log(
+            "APIServer",
+            f"args: model={cfg.model!r} served_model_name={cfg.served_names} "
+            f"max_model_len={cfg.max_model_len} max_num_seqs={cfg.max_num_seqs}",
+            where="utils.py:326",
+        )
         sock = bind(cfg)
         await load(cfg)
         self.exit = asyncio.get_running_loop().create_future()
-        log("APIServer", f"Starting vLLM API server 0 on http://{cfg.host}:{cfg.port}", where="launcher.py:37")
+        log(
+            "APIServer",
+            f"Starting vLLM API server 0 on http://{cfg.host}:{cfg.port}",
+            where="launcher.py:37",
+        )
         uvicorn(f"Started server process [{PID}]")
         uvicorn("Waiting for application startup.")
         uvicorn("Application startup complete.")

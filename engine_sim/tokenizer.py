@@ -69,11 +69,15 @@ def _content_text(content: object) -> str:
     return "".join(parts)
 
 
-def chat_prompt(messages: list[dict], tools: list | None = None, add_generation_prompt: bool = True) -> str:
+def chat_prompt(
+    messages: list[dict], tools: list | None = None, add_generation_prompt: bool = True
+) -> str:
     """A ChatML-style template: what the engine 'sees' for a chat request."""
     out = []
     if tools:
-        out.append("<|im_start|>system\n# Tools\n" + json.dumps(tools, sort_keys=True) + "<|im_end|>\n")
+        out.append(
+            "<|im_start|>system\n# Tools\n" + json.dumps(tools, sort_keys=True) + "<|im_end|>\n"
+        )
     for m in messages:
         text = _content_text(m.get("content"))
         if m.get("tool_calls"):

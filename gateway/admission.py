@@ -75,7 +75,8 @@ def pool_status(model_id: int, budget: int) -> PoolStatus:
         pipe.zcount(queue, low, high)
     now_ceiling, now_running, *waiting = pipe.execute()
     return PoolStatus(
-        ceiling=int(now_ceiling) if now_ceiling else budget, running=now_running,
+        ceiling=int(now_ceiling) if now_ceiling else budget,
+        running=now_running,
         waiting=dict(zip(CLASS_INDEX, waiting, strict=True)),
     )
 
@@ -136,13 +137,18 @@ class Admission:
         self.p2_open: dict[int, bool] = {}  # from engine telemetry
         self.latency: dict[int, float] = {}  # EWMA seconds per request, per model
 
-    def slot_request(self, model_id: int, budget: int, priority: str, weight: int,
-                     p0_extra: int = 0) -> SlotRequest:
+    def slot_request(
+        self, model_id: int, budget: int, priority: str, weight: int, p0_extra: int = 0
+    ) -> SlotRequest:
         """What the admission call needs to also take (or queue for) an engine slot."""
         return SlotRequest(
-            pool=pool_keys(model_id), priority_index=CLASS_INDEX[priority], weight=weight,
-            budget=budget, p2_open=self.p2_open.get(model_id, True),
-            give_up_ms=int(queue_timeout(priority) * 1000) + 5000, lease_ms=lease_ms(),
+            pool=pool_keys(model_id),
+            priority_index=CLASS_INDEX[priority],
+            weight=weight,
+            budget=budget,
+            p2_open=self.p2_open.get(model_id, True),
+            give_up_ms=int(queue_timeout(priority) * 1000) + 5000,
+            lease_ms=lease_ms(),
             p0_extra=p0_extra,
         )
 
@@ -151,8 +157,16 @@ class Admission:
         self.running[request_id] = model_id
 
     async def wait(
-        self, model_id: int, budget: int, request_id: str, priority: str, tenant_id: int,
-        weight: int, cost: int, disconnected: asyncio.Event, p0_extra: int = 0,
+        self,
+        model_id: int,
+        budget: int,
+        request_id: str,
+        priority: str,
+        tenant_id: int,
+        weight: int,
+        cost: int,
+        disconnected: asyncio.Event,
+        p0_extra: int = 0,
     ) -> Ticket:
         """Wait in the queue (where admission put the request) up to the class's timeout."""
         started = time.monotonic()
@@ -163,8 +177,20 @@ class Admission:
         labels = (priority, str(tenant_id))
         metrics.QUEUE_DEPTH.labels(*labels).inc()
         try:
-            return await self._wait(model_id, keys, waiter, deadline, started, priority, tenant_id,
-                                    weight, cost, budget, disconnected, p0_extra)
+            return await self._wait(
+                model_id,
+                keys,
+                waiter,
+                deadline,
+                started,
+                priority,
+                tenant_id,
+                weight,
+                cost,
+                budget,
+                disconnected,
+                p0_extra,
+            )
         finally:
             waited = time.monotonic() - started
             metrics.QUEUE_DEPTH.labels(*labels).dec()
@@ -186,37 +212,82 @@ class Admission:
         except Exception:  # noqa: BLE001 - statistics only
             pass
 
-    async def _wait(self, model_id: int, keys: tuple, waiter: Waiter, deadline: float, started: float,
-                    priority: str, tenant_id: int, weight: int, cost: int, budget: int,
-                    disconnected: asyncio.Event, p0_extra: int = 0) -> Ticket:
+    async def _wait(
+        self,
+        model_id: int,
+        keys: tuple,
+        waiter: Waiter,
+        deadline: float,
+        started: float,
+        priority: str,
+        tenant_id: int,
+        weight: int,
+        cost: int,
+        budget: int,
+        disconnected: asyncio.Event,
+        p0_extra: int = 0,
+    ) -> Ticket:
         ahead, ceiling = 1, budget
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or disconnected.is_set():
                 await self.redis.zrem(keys[1], waiter.request_id)
                 await self.redis.zrem(keys[2], waiter.request_id)
-                return Ticket(False, time.monotonic() - started, self.retry_after(model_id, ahead, ceiling))
+                return Ticket(
+                    False, time.monotonic() - started, self.retry_after(model_id, ahead, ceiling)
+                )
             waiter.event.clear()
             try:
                 await asyncio.wait_for(waiter.event.wait(), min(remaining, RETRY_SECONDS))
             except TimeoutError:
                 pass
-            got, ahead, ceiling = await self._try(keys, waiter.request_id, priority, tenant_id, weight,
-                                                  cost, budget, model_id, p0_extra)
+            got, ahead, ceiling = await self._try(
+                keys,
+                waiter.request_id,
+                priority,
+                tenant_id,
+                weight,
+                cost,
+                budget,
+                model_id,
+                p0_extra,
+            )
             if got == 1:
                 self.running[waiter.request_id] = model_id
                 self.wake_local(model_id)  # more slots may be free: let the next local waiter try
                 return Ticket(True, time.monotonic() - started)
 
-    async def _try(self, keys: tuple, request_id: str, priority: str, tenant_id: int, weight: int,
-                   cost: int, budget: int, model_id: int, p0_extra: int = 0) -> list[int]:
+    async def _try(
+        self,
+        keys: tuple,
+        request_id: str,
+        priority: str,
+        tenant_id: int,
+        weight: int,
+        cost: int,
+        budget: int,
+        model_id: int,
+        p0_extra: int = 0,
+    ) -> list[int]:
         now_ms = int(time.time() * 1000)
         give_up_ms = int(queue_timeout(priority) * 1000) + 5000
         async with asyncio.timeout(5.0):
-            result = await self._retry(keys=list(keys), args=[
-                request_id, CLASS_INDEX[priority], tenant_id, weight, cost, now_ms, lease_ms(), budget,
-                1 if self.p2_open.get(model_id, True) else 0, give_up_ms, p0_extra,
-            ])
+            result = await self._retry(
+                keys=list(keys),
+                args=[
+                    request_id,
+                    CLASS_INDEX[priority],
+                    tenant_id,
+                    weight,
+                    cost,
+                    now_ms,
+                    lease_ms(),
+                    budget,
+                    1 if self.p2_open.get(model_id, True) else 0,
+                    give_up_ms,
+                    p0_extra,
+                ],
+            )
         return [int(x) for x in result]
 
     def wake_local(self, model_id: int) -> None:
@@ -274,7 +345,9 @@ class Admission:
             # Without fresh telemetry only the slot ceiling limits P2. An engine that schedules
             # by priority has P2 requests waiting whenever P0 preempted them: that is its own
             # scheduler at work, not a lack of room, so only its KV cache counts there.
-            queued = 0 if upstream.priority_scheduling else figures.get("waiting", 0) if fresh else 0
+            queued = (
+                0 if upstream.priority_scheduling else figures.get("waiting", 0) if fresh else 0
+            )
             spare = not fresh or (queued == 0 and figures.get("kv_cache_usage", 0) < threshold)
             verdict[model_id] = verdict.get(model_id, False) or spare
         self.p2_open = verdict

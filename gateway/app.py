@@ -25,7 +25,11 @@ from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo
 from tenants.keys import parse_key, verify_key
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 async def read_body(receive: Any, limit: int) -> bytes | None:
@@ -58,7 +62,12 @@ class Gateway:
 
     @staticmethod
     def handles(path: str) -> bool:
-        return path in ENDPOINTS or path == "/v1/models" or path.startswith("/v1/models/") or path == "/metrics"
+        return (
+            path in ENDPOINTS
+            or path == "/v1/models"
+            or path.startswith("/v1/models/")
+            or path == "/metrics"
+        )
 
     async def startup(self) -> None:
         await self.rt.start()
@@ -85,10 +94,14 @@ class Gateway:
             return await self.serve_metrics(scope, send)
         if path == "/v1/models" or path.startswith("/v1/models/"):
             if method != "GET":
-                return await respond(send, 405, error_body(f"Method {method} is not allowed on {path}."))
+                return await respond(
+                    send, 405, error_body(f"Method {method} is not allowed on {path}.")
+                )
             return await self.list_models(scope, send, path)
         if method != "POST":
-            return await respond(send, 405, error_body(f"Method {method} is not allowed on {path}."))
+            return await respond(
+                send, 405, error_body(f"Method {method} is not allowed on {path}.")
+            )
         try:
             await self.generate(scope, receive, send, ENDPOINTS[path])
         except ConnectionAbortedError:
@@ -145,12 +158,19 @@ class Gateway:
 
     async def serve_metrics(self, scope: dict, send: Any) -> None:
         token = settings.TOLLGATE_METRICS_TOKEN
-        presented = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"authorization"), "")
+        presented = next(
+            (v.decode("latin-1") for n, v in scope["headers"] if n == b"authorization"), ""
+        )
         if not token or not hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
             return await respond(send, 404, error_body("Not found."))
         body, content_type = metrics.render()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", content_type.encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type.encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     # --- Generation ----------------------------------------------------------------------------
@@ -159,8 +179,9 @@ class Gateway:
         started = time.perf_counter()
         body = await read_body(receive, self.max_body)
         if body is None:
-            return await respond(send, 413, error_body(
-                f"The request body is larger than {self.max_body} bytes."))
+            return await respond(
+                send, 413, error_body(f"The request body is larger than {self.max_body} bytes.")
+            )
         auth = self.authenticate(scope)
         if auth is None:
             return await respond(send, 401, INVALID_KEY)
@@ -177,19 +198,32 @@ class Gateway:
         upstreams = self.rt.snapshot.routes.get(model.id)
         if not upstreams:
             metrics.REJECTIONS.labels(tenant.slug, "no_replica").inc()
-            return await respond(send, 503, error_body(
-                f"The model `{model.served_name}` has no engine ready to serve it. Please retry shortly.",
-                "server_error", code="model_not_ready"), [(b"retry-after", b"10")])
-        exchange = Exchange(self.rt, send, endpoint, payload, body, key, tenant, model, upstreams, started)
+            return await respond(
+                send,
+                503,
+                error_body(
+                    f"The model `{model.served_name}` has no engine ready to serve it. Please retry shortly.",
+                    "server_error",
+                    code="model_not_ready",
+                ),
+                [(b"retry-after", b"10")],
+            )
+        exchange = Exchange(
+            self.rt, send, endpoint, payload, body, key, tenant, model, upstreams, started
+        )
         await exchange.admit_and_forward(scope, receive)
 
     def parse(self, body: bytes, endpoint: str) -> tuple[dict, tuple | None]:
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return {}, (400, error_body(
-                "We could not parse the JSON body of your request. Send valid JSON with "
-                "Content-Type: application/json."))
+            return {}, (
+                400,
+                error_body(
+                    "We could not parse the JSON body of your request. Send valid JSON with "
+                    "Content-Type: application/json."
+                ),
+            )
         if not isinstance(payload, dict):
             return {}, (400, error_body("The request body must be a JSON object."))
         if not isinstance(payload.get("model"), str) or not payload["model"]:
@@ -202,18 +236,30 @@ class Gateway:
             kind = "an embedding" if model.task == "embed" else "a chat/completion"
             return 400, error_body(
                 f"`{model.served_name}` is {kind} model and is not supported on /v1/{endpoint.replace('chat', 'chat/completions')}.",
-                param="model", code="model_not_supported")
+                param="model",
+                code="model_not_supported",
+            )
         n = payload.get("n", 1)
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n):
+        if n is not None and (
+            not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n
+        ):
             return 400, error_body(f"n must be a whole number from 1 to {self.max_n}.", param="n")
         for field in ("max_tokens", "max_completion_tokens"):
             value = payload.get(field)
             if value is None:
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= model.context_length:
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not 1 <= value <= model.context_length
+            ):
                 return 400, error_body(
                     f"{field} must be a whole number from 1 to {model.context_length} "
-                    f"(the model's context length).", param=field)
+                    f"(the model's context length).",
+                    param=field,
+                )
         if payload.get("stream_options") is not None and payload.get("stream") is not True:
-            return 400, error_body("stream_options is only allowed when stream is true.", param="stream_options")
+            return 400, error_body(
+                "stream_options is only allowed when stream is true.", param="stream_options"
+            )
         return None

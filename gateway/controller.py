@@ -45,8 +45,9 @@ class ControllerState:
     last_step: int = 0  # +1, -1 or 0: what the previous tick did
 
 
-def next_ceiling(state: ControllerState, sample: Sample, budget: int,
-                 preempting: bool = False) -> tuple[ControllerState, str]:
+def next_ceiling(
+    state: ControllerState, sample: Sample, budget: int, preempting: bool = False
+) -> tuple[ControllerState, str]:
     """The new state and why (``increase``, ``decrease``, ``revert`` or ``hold``).
 
     ``preempting``: the engines schedule by priority, so P0 goes past the ceiling and the
@@ -59,13 +60,20 @@ def next_ceiling(state: ControllerState, sample: Sample, budget: int,
         # The best TTFT seen, drifting up slowly so a permanently slower model is re-learnt.
         drifted = baseline * BASELINE_DRIFT if baseline is not None else sample.ttft_seconds
         baseline = min(drifted, sample.ttft_seconds)
-    slow = (sample.ttft_seconds is not None and baseline is not None
-            and sample.ttft_seconds > TTFT_TOLERANCE * baseline)
+    slow = (
+        sample.ttft_seconds is not None
+        and baseline is not None
+        and sample.ttft_seconds > TTFT_TOLERANCE * baseline
+    )
     tps, last = sample.tokens_per_second, state.last_tokens_per_second
     step, why = 0, "hold"
     if state.last_step > 0 and tps < last * PAID_OFF and not slow:
         step, why = -1, "revert"
-    elif state.last_step < 0 and tps < last * COST_TOO_MUCH and (sample.engine_waiting == 0 or preempting):
+    elif (
+        state.last_step < 0
+        and tps < last * COST_TOO_MUCH
+        and (sample.engine_waiting == 0 or preempting)
+    ):
         step, why = +1, "revert"
     elif (sample.engine_waiting > 0 or slow) and not preempting:
         step, why = -1, "decrease"

@@ -5,16 +5,23 @@
 import orjson
 
 
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+def error_body(
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    )
 
 
 def model_not_found(model: str) -> bytes:
     # Identical for a model that does not exist and one the tenant may not use.
     return error_body(
         f"The model `{model}` does not exist or you do not have access to it.",
-        param="model", code="model_not_found",
+        param="model",
+        code="model_not_found",
     )
 
 

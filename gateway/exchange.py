@@ -40,8 +40,16 @@ from gateway.state import KeyInfo, ModelInfo, TenantInfo, Upstream
 log = logging.getLogger("tollgate.gateway")
 
 # Body fields some SDKs and proxies use to redirect or re-authenticate traffic: never honoured.
-REDIRECT_FIELDS = ("api_base", "base_url", "api_key", "api_version", "custom_llm_provider",
-                   "extra_headers", "headers", "user_api_key")
+REDIRECT_FIELDS = (
+    "api_base",
+    "base_url",
+    "api_key",
+    "api_version",
+    "custom_llm_provider",
+    "extra_headers",
+    "headers",
+    "user_api_key",
+)
 
 
 def _duration(ms: int) -> bytes:
@@ -80,22 +88,34 @@ def refusal(decision: Decision) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         what = "token" if reason == "quota_tokens" else "spending"
         body = error_body(
             f"You exceeded your tenant's {what} quota for this period. Ask your tenant admin to "
-            "raise it, or wait for the next period.", "insufficient_quota", code="insufficient_quota")
+            "raise it, or wait for the next period.",
+            "insufficient_quota",
+            code="insufficient_quota",
+        )
         return 429, body, headers
     if reason == "too_large":
         body = error_body(
             f"Request too large: it may use more tokens than the {scope}'s tokens-per-minute limit "
             f"of {decision.limit_tokens}. Lower max_tokens or shorten the prompt.",
-            "tokens", code="rate_limit_exceeded")
+            "tokens",
+            code="rate_limit_exceeded",
+        )
         return 429, body, headers
     wait_s = max(decision.retry_ms, 1) / 1000
-    label = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)",
-             "concurrency": "concurrent requests"}[reason]
+    label = {
+        "requests": "requests per min (RPM)",
+        "tokens": "tokens per min (TPM)",
+        "concurrency": "concurrent requests",
+    }[reason]
     body = error_body(
         f"Rate limit reached for {label} on this {scope}. Please try again in {wait_s:.3g}s.",
-        "tokens" if reason == "tokens" else "requests", code="rate_limit_exceeded")
-    headers += [(b"retry-after", str(max(1, -(-decision.retry_ms // 1000))).encode()),
-                (b"retry-after-ms", str(max(decision.retry_ms, 1)).encode())]
+        "tokens" if reason == "tokens" else "requests",
+        code="rate_limit_exceeded",
+    )
+    headers += [
+        (b"retry-after", str(max(1, -(-decision.retry_ms // 1000))).encode()),
+        (b"retry-after-ms", str(max(decision.retry_ms, 1)).encode()),
+    ]
     return 429, body, headers
 
 
@@ -150,14 +170,40 @@ class Exchange:
     fields after ``started`` are set by admission."""
 
     __slots__ = (
-        "rt", "send", "endpoint", "payload", "body", "key", "tenant", "model", "upstreams",
-        "started", "occurred", "request_id", "priority", "budget", "p0_extra", "tokens", "price",
-        "headers", "disconnect",
+        "rt",
+        "send",
+        "endpoint",
+        "payload",
+        "body",
+        "key",
+        "tenant",
+        "model",
+        "upstreams",
+        "started",
+        "occurred",
+        "request_id",
+        "priority",
+        "budget",
+        "p0_extra",
+        "tokens",
+        "price",
+        "headers",
+        "disconnect",
     )
 
-    def __init__(self, rt: Runtime, send: Any, endpoint: str, payload: dict, body: bytes,
-                 key: KeyInfo, tenant: TenantInfo, model: ModelInfo, upstreams: list[Upstream],
-                 started: float) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        send: Any,
+        endpoint: str,
+        payload: dict,
+        body: bytes,
+        key: KeyInfo,
+        tenant: TenantInfo,
+        model: ModelInfo,
+        upstreams: list[Upstream],
+        started: float,
+    ) -> None:
         self.rt = rt
         self.send = send
         self.endpoint = endpoint
@@ -171,7 +217,13 @@ class Exchange:
 
     async def admit_and_forward(self, scope: dict, receive: Any) -> None:
         """Admit the request (or answer why not), then serve it and clean up after it."""
-        rt, payload, tenant, model, upstreams = self.rt, self.payload, self.tenant, self.model, self.upstreams
+        rt, payload, tenant, model, upstreams = (
+            self.rt,
+            self.payload,
+            self.tenant,
+            self.model,
+            self.upstreams,
+        )
         send = self.send
         occurred = self.occurred = time.time()
         prompt_est, output_est = estimate(self.body, payload, model, self.endpoint)
@@ -181,8 +233,10 @@ class Exchange:
         # The body's "priority" is Tollgate's (a class to lower to); it never reaches an engine
         # as such: engines that schedule by priority get the class as vLLM's integer instead.
         client_priority = payload.pop("priority", None)
-        asked = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
-                     client_priority)
+        asked = next(
+            (v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
+            client_priority,
+        )
         priority = self.priority = lowered(tenant.priority_at(occurred), asked)
         budget = self.budget = sum(u.max_num_seqs for u in upstreams)
         # Engines that schedule by priority preempt lower classes themselves: P0 may go past
@@ -197,30 +251,60 @@ class Exchange:
         slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra)
         key = self.key
         record = {
-            "event": {"request_id": request_id, "occurred_at": occurred, "tenant_id": tenant.id,
-                      "api_key_id": key.id, "model_id": model.id, "deployment_id": None,
-                      "endpoint": self.endpoint, "priority": priority, "price_id": price.id if price else None},
-            "price": [price.input_nano_per_mtok, price.cached_nano_per_mtok, price.output_nano_per_mtok]
-            if price else None,
+            "event": {
+                "request_id": request_id,
+                "occurred_at": occurred,
+                "tenant_id": tenant.id,
+                "api_key_id": key.id,
+                "model_id": model.id,
+                "deployment_id": None,
+                "endpoint": self.endpoint,
+                "priority": priority,
+                "price_id": price.id if price else None,
+            },
+            "price": [
+                price.input_nano_per_mtok,
+                price.cached_nano_per_mtok,
+                price.output_nano_per_mtok,
+            ]
+            if price
+            else None,
         }
         tokens = self.tokens = prompt_est + output_est
         try:
-            decision = await rt.limiter.admit(request_id, key, tenant, tokens, money_est, slot, record, occurred)
+            decision = await rt.limiter.admit(
+                request_id, key, tenant, tokens, money_est, slot, record, occurred
+            )
         except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
-            log.error("rate-limit store unreachable (%s): refusing request %s", exc.__class__.__name__, request_id)
+            log.error(
+                "rate-limit store unreachable (%s): refusing request %s",
+                exc.__class__.__name__,
+                request_id,
+            )
             metrics.REJECTIONS.labels(tenant.slug, "redis_down").inc()
-            return await respond(send, 503, error_body(
-                "Tollgate cannot reach its rate-limit store, so it cannot admit requests right "
-                "now. Please retry shortly.", "server_error", code="service_unavailable"),
-                [(b"retry-after", b"5")])
+            return await respond(
+                send,
+                503,
+                error_body(
+                    "Tollgate cannot reach its rate-limit store, so it cannot admit requests right "
+                    "now. Please retry shortly.",
+                    "server_error",
+                    code="service_unavailable",
+                ),
+                [(b"retry-after", b"5")],
+            )
         if not decision.admitted:
             metrics.REJECTIONS.labels(tenant.slug, decision.reason).inc()
             status, err, headers = refusal(decision)
-            return await respond(send, status, err, headers + [(b"x-request-id", request_id.encode())])
+            return await respond(
+                send, status, err, headers + [(b"x-request-id", request_id.encode())]
+            )
         rt.used_keys.add(key.id)
         rt.open_requests.add(request_id)
         self.headers = ratelimit_headers(decision) + [
-            (b"x-request-id", request_id.encode()), (b"x-tollgate-priority", priority.encode())]
+            (b"x-request-id", request_id.encode()),
+            (b"x-tollgate-priority", priority.encode()),
+        ]
         disconnect = self.disconnect = Disconnect(receive)
         try:
             await self.serve(decision)
@@ -244,15 +328,36 @@ class Exchange:
 
     async def queue_then_forward(self) -> tuple[Outcome, Upstream | None]:
         """All the model's engine slots are taken: wait for one by priority, then forward."""
-        send, tenant, model, priority, disconnect = self.send, self.tenant, self.model, self.priority, self.disconnect
+        send, tenant, model, priority, disconnect = (
+            self.send,
+            self.tenant,
+            self.model,
+            self.priority,
+            self.disconnect,
+        )
         try:
             ticket = await self.rt.admission.wait(
-                model.id, self.budget, self.request_id, priority, tenant.id, tenant.weight, self.tokens,
-                disconnect.event, self.p0_extra)
+                model.id,
+                self.budget,
+                self.request_id,
+                priority,
+                tenant.id,
+                tenant.weight,
+                self.tokens,
+                disconnect.event,
+                self.p0_extra,
+            )
         except (redis.exceptions.RedisError, OSError, TimeoutError):
-            await respond(send, 503, error_body(
-                "Tollgate cannot reach its admission queue right now. Please retry shortly.",
-                "server_error", code="service_unavailable"), self.headers + [(b"retry-after", b"5")])
+            await respond(
+                send,
+                503,
+                error_body(
+                    "Tollgate cannot reach its admission queue right now. Please retry shortly.",
+                    "server_error",
+                    code="service_unavailable",
+                ),
+                self.headers + [(b"retry-after", b"5")],
+            )
             return Outcome(http_status=503), None
         if not ticket.admitted:
             outcome = Outcome(http_status=429)
@@ -260,18 +365,30 @@ class Exchange:
                 outcome.status = "client_closed"
                 return outcome, None
             metrics.REJECTIONS.labels(tenant.slug, "queue_timeout").inc()
-            await respond(send, 429, error_body(
-                f"The model `{model.served_name}` is busy: this {priority} request waited "
-                f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
-                "requests", code="rate_limit_exceeded"),
-                self.headers + [(b"retry-after", str(ticket.retry_after).encode())])
+            await respond(
+                send,
+                429,
+                error_body(
+                    f"The model `{model.served_name}` is busy: this {priority} request waited "
+                    f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
+                    "requests",
+                    code="rate_limit_exceeded",
+                ),
+                self.headers + [(b"retry-after", str(ticket.retry_after).encode())],
+            )
             return outcome, None
         return await self.forward()
 
     async def forward(self) -> tuple[Outcome, Upstream | None]:
         """Send the request to the least busy replica (the next one if it refuses the
         connection) and pass its answer to the client."""
-        rt, payload, send, headers, disconnect = self.rt, self.payload, self.send, self.headers, self.disconnect
+        rt, payload, send, headers, disconnect = (
+            self.rt,
+            self.payload,
+            self.send,
+            self.headers,
+            self.disconnect,
+        )
         stream = payload.get("stream") is True
         outcome = Outcome()
         st = None
@@ -281,7 +398,9 @@ class Exchange:
             st = StreamState(
                 wants_usage=wants_usage,
                 wants_continuous=wants_usage and bool(options.get("continuous_usage_stats")),
-                started_at=self.started, outcome=outcome, checkpoint=self.checkpoint,
+                started_at=self.started,
+                outcome=outcome,
+                checkpoint=self.checkpoint,
                 # The first checkpoint after a second: not in the way of the first token.
                 last_checkpoint=time.monotonic(),
             )
@@ -306,9 +425,20 @@ class Exchange:
                     if upstream.auth_header:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
                     if stream:
-                        await forward_stream(rt.session, url, self.body, sent_headers, send, headers, st, rt.max_frame)
+                        await forward_stream(
+                            rt.session,
+                            url,
+                            self.body,
+                            sent_headers,
+                            send,
+                            headers,
+                            st,
+                            rt.max_frame,
+                        )
                     else:
-                        await forward_whole(rt.session, url, self.body, sent_headers, send, headers, outcome)
+                        await forward_whole(
+                            rt.session, url, self.body, sent_headers, send, headers, outcome
+                        )
                     break
                 except UpstreamRefused:
                     metrics.UPSTREAM_ERRORS.labels(model_name, "refused").inc()
@@ -317,9 +447,16 @@ class Exchange:
                     upstream.outstanding -= 1
                     metrics.in_flight[model_name] -= 1
             else:
-                await respond(send, 503, error_body(
-                    "No engine for this model accepted the connection. Please retry shortly.",
-                    "server_error", code="model_not_ready"), headers + [(b"retry-after", b"5")])
+                await respond(
+                    send,
+                    503,
+                    error_body(
+                        "No engine for this model accepted the connection. Please retry shortly.",
+                        "server_error",
+                        code="model_not_ready",
+                    ),
+                    headers + [(b"retry-after", b"5")],
+                )
                 outcome.http_status = 503
         except asyncio.CancelledError:
             if not disconnect.event.is_set():
@@ -333,47 +470,80 @@ class Exchange:
             outcome.status = "error"
             if not outcome.started:
                 outcome.http_status = 502
-                await respond(send, 502, error_body(
-                    "The engine failed while answering. Please retry.", "server_error"), headers)
+                await respond(
+                    send,
+                    502,
+                    error_body("The engine failed while answering. Please retry.", "server_error"),
+                    headers,
+                )
             else:
                 failed = error_body("The engine failed while answering.", "server_error")
-                await send({"type": "http.response.body",
-                            "body": b"data: " + failed + b"\n\ndata: [DONE]\n\n"})
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + failed + b"\n\ndata: [DONE]\n\n",
+                    }
+                )
         finally:
             disconnect.cancel_on = None
         return outcome, chosen
 
     async def checkpoint(self, o: Outcome) -> None:
         """Record a stream's delivered tokens (about once a second) for the orphan reaper."""
-        value = checkpoint_value(o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens)
+        value = checkpoint_value(
+            o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens
+        )
         try:
             async with asyncio.timeout(1.0):
                 await self.rt.pipe.call(b"HSET", open_keys()[2], self.request_id, value)
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             pass  # the final settle carries the exact figures; this only covers a crash
 
-    async def settle(self, reservation: Reservation, outcome: Outcome, upstream: Upstream | None) -> None:
+    async def settle(
+        self, reservation: Reservation, outcome: Outcome, upstream: Upstream | None
+    ) -> None:
         """Bill what was delivered, release the reservation and the slot, record the usage."""
         # Delivered tokens are billed however the request ended; nothing else is.
         billable = outcome.status == "ok" or outcome.completion_tokens > 0
         if not billable:
-            outcome.prompt_tokens = outcome.cached_tokens = outcome.completion_tokens = outcome.reasoning_tokens = 0
+            outcome.prompt_tokens = outcome.cached_tokens = outcome.completion_tokens = (
+                outcome.reasoning_tokens
+            ) = 0
         tokens = outcome.prompt_tokens + outcome.completion_tokens
         price, tenant, model = self.price, self.tenant, self.model
         money = 0
         if price and tokens:
-            money = cost_nano(price, outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens)
+            money = cost_nano(
+                price, outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens
+            )
         latency = time.perf_counter() - self.started
         record = UsageRecord(
-            request_id=self.request_id, occurred_at=self.occurred, tenant_id=tenant.id, api_key_id=self.key.id,
-            model_id=model.id, deployment_id=upstream.deployment_id if upstream else None,
-            endpoint=self.endpoint, priority=self.priority, prompt_tokens=outcome.prompt_tokens,
-            cached_tokens=outcome.cached_tokens, completion_tokens=outcome.completion_tokens,
-            reasoning_tokens=outcome.reasoning_tokens, status=outcome.status,
-            http_status=outcome.http_status or 499, latency_ms=int(latency * 1000),
-            ttft_ms=outcome.ttft_ms, price_id=price.id if price else None,
+            request_id=self.request_id,
+            occurred_at=self.occurred,
+            tenant_id=tenant.id,
+            api_key_id=self.key.id,
+            model_id=model.id,
+            deployment_id=upstream.deployment_id if upstream else None,
+            endpoint=self.endpoint,
+            priority=self.priority,
+            prompt_tokens=outcome.prompt_tokens,
+            cached_tokens=outcome.cached_tokens,
+            completion_tokens=outcome.completion_tokens,
+            reasoning_tokens=outcome.reasoning_tokens,
+            status=outcome.status,
+            http_status=outcome.http_status or 499,
+            latency_ms=int(latency * 1000),
+            ttft_ms=outcome.ttft_ms,
+            price_id=price.id if price else None,
         )
         await self.rt.settle(reservation, tokens, money, record.encode(), model.id)
-        metrics.request_done(tenant.slug, model.served_name, self.endpoint, outcome.status, latency,
-                             None if outcome.ttft_ms is None else outcome.ttft_ms / 1000,
-                             outcome.prompt_tokens, outcome.completion_tokens)
+        metrics.request_done(
+            tenant.slug,
+            model.served_name,
+            self.endpoint,
+            outcome.status,
+            latency,
+            None if outcome.ttft_ms is None else outcome.ttft_ms / 1000,
+            outcome.prompt_tokens,
+            outcome.completion_tokens,
+        )

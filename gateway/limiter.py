@@ -38,9 +38,15 @@ ADMIT_LUA = SLOT_LUA + (_HERE / "limiter.lua").read_text()
 SETTLE_LUA = (_HERE / "settle.lua").read_text()
 
 REASONS = {
-    1: ("requests", "key"), 2: ("requests", "tenant"), 3: ("tokens", "key"), 4: ("tokens", "tenant"),
-    5: ("concurrency", "key"), 6: ("concurrency", "tenant"), 7: ("quota_tokens", "tenant"),
-    8: ("quota_money", "tenant"), 9: ("too_large", "key"),
+    1: ("requests", "key"),
+    2: ("requests", "tenant"),
+    3: ("tokens", "key"),
+    4: ("tokens", "tenant"),
+    5: ("concurrency", "key"),
+    6: ("concurrency", "tenant"),
+    7: ("quota_tokens", "tenant"),
+    8: ("quota_money", "tenant"),
+    9: ("too_large", "key"),
 }
 
 
@@ -57,7 +63,9 @@ class Reservation:
 @dataclass(frozen=True, slots=True)
 class Decision:
     admitted: bool
-    reason: str  # "" when admitted; else requests/tokens/concurrency/quota_tokens/quota_money/too_large
+    reason: (
+        str  # "" when admitted; else requests/tokens/concurrency/quota_tokens/quota_money/too_large
+    )
     scope: str
     retry_ms: int
     limit_requests: int  # -1: no request limit applies
@@ -93,7 +101,9 @@ def _keys_at(prefix: str, key_id: int, tenant_id: int, period: str, hour: int) -
 
 def _keys(key: KeyInfo, tenant: TenantInfo, at: float) -> tuple[str, ...]:
     # Periods start on whole UTC hours (days, weeks, months), so the hour picks the period.
-    return _keys_at(setting(PREFIX_SETTING), key.id, tenant.id, tenant.quota_period, int(at // 3600))
+    return _keys_at(
+        setting(PREFIX_SETTING), key.id, tenant.id, tenant.quota_period, int(at // 3600)
+    )
 
 
 _ADMIT = Script(ADMIT_LUA)
@@ -112,53 +122,106 @@ class Limiter:
         await self.pipe.aclose()
 
     async def admit(
-        self, request_id: str, key: KeyInfo, tenant: TenantInfo, tokens: int, money_nano: int,
-        slot: SlotRequest, record: dict, now: float | None = None,
+        self,
+        request_id: str,
+        key: KeyInfo,
+        tenant: TenantInfo,
+        tokens: int,
+        money_nano: int,
+        slot: SlotRequest,
+        record: dict,
+        now: float | None = None,
     ) -> Decision:
         """Admit a request that may use ``tokens`` tokens costing ``money_nano``, or say why not."""
         now = time.time() if now is None else now
         now_ms = int(now * 1000)
         keys = _keys(key, tenant, now)
         argv = [
-            now_ms, request_id, tokens, WINDOW_MS,
-            key.limits.rpm, key.limits.tpm, tenant.limits.rpm, tenant.limits.tpm,
-            key.limits.concurrent, tenant.limits.concurrent,
-            tenant.quota_tokens, tenant.quota_money_nano, money_nano,
-            now_ms + IN_FLIGHT_DEADLINE_MS, QUOTA_TTL_SECONDS,
-            slot.priority_index, slot.weight, slot.budget, "1" if slot.p2_open else "0",
-            slot.lease_ms, slot.give_up_ms, str(tenant.id),
+            now_ms,
+            request_id,
+            tokens,
+            WINDOW_MS,
+            key.limits.rpm,
+            key.limits.tpm,
+            tenant.limits.rpm,
+            tenant.limits.tpm,
+            key.limits.concurrent,
+            tenant.limits.concurrent,
+            tenant.quota_tokens,
+            tenant.quota_money_nano,
+            money_nano,
+            now_ms + IN_FLIGHT_DEADLINE_MS,
+            QUOTA_TTL_SECONDS,
+            slot.priority_index,
+            slot.weight,
+            slot.budget,
+            "1" if slot.p2_open else "0",
+            slot.lease_ms,
+            slot.give_up_ms,
+            str(tenant.id),
             orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}).decode(),
-            now_ms + slot.lease_ms, slot.p0_extra,
+            now_ms + slot.lease_ms,
+            slot.p0_extra,
         ]
-        result = await self.pipe.evalsha(_ADMIT, (*keys, *slot.pool, *open_keys()[:2]), (orjson.dumps(argv),))
+        result = await self.pipe.evalsha(
+            _ADMIT, (*keys, *slot.pool, *open_keys()[:2]), (orjson.dumps(argv),)
+        )
         code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = result
         reason, scope = REASONS.get(code, ("", ""))
         reservation = Reservation(request_id, keys, tokens, money_nano) if code == 0 else None
         return Decision(
-            admitted=code == 0, reason=reason, scope=scope, retry_ms=retry,
-            limit_requests=lreq, remaining_requests=rreq, reset_requests_ms=sreq,
-            limit_tokens=ltok, remaining_tokens=rtok, reset_tokens_ms=stok,
-            reservation=reservation, slot=got_slot == 1,
+            admitted=code == 0,
+            reason=reason,
+            scope=scope,
+            retry_ms=retry,
+            limit_requests=lreq,
+            remaining_requests=rreq,
+            reset_requests_ms=sreq,
+            limit_tokens=ltok,
+            remaining_tokens=rtok,
+            reset_tokens_ms=stok,
+            reservation=reservation,
+            slot=got_slot == 1,
         )
 
-    async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes,
-                     model_id: int) -> None:
+    async def settle(
+        self, reservation: Reservation, tokens: int, money_nano: int, event: bytes, model_id: int
+    ) -> None:
         """Correct the reservation with real usage, release it and the engine slot, and
         append the usage event."""
         keys, args = settle_keys(reservation, tokens, money_nano, event, model_id)
         await self.pipe.evalsha(_SETTLE, keys, args)
 
 
-def settle_keys(reservation: Reservation, tokens: int, money_nano: int, event: bytes,
-                model_id: int) -> tuple[list[str], list[object]]:
+def settle_keys(
+    reservation: Reservation, tokens: int, money_nano: int, event: bytes, model_id: int
+) -> tuple[list[str], list[object]]:
     """KEYS and ARGV of settle.lua (shared with the orphan reaper)."""
     stream, wake, opened, settled = _settle_names(setting(PREFIX_SETTING))
     k = reservation.keys
     running, queue = pool_keys(model_id)[:2]
-    keys = [k[1], k[3], k[4], k[5], k[6], stream, settled + reservation.request_id,
-            running, queue, *opened]
-    args = [reservation.request_id, reservation.tokens, tokens, reservation.money_nano, money_nano,
-            event.decode(), wake, model_id]
+    keys = [
+        k[1],
+        k[3],
+        k[4],
+        k[5],
+        k[6],
+        stream,
+        settled + reservation.request_id,
+        running,
+        queue,
+        *opened,
+    ]
+    args = [
+        reservation.request_id,
+        reservation.tokens,
+        tokens,
+        reservation.money_nano,
+        money_nano,
+        event.decode(),
+        wake,
+        model_id,
+    ]
     return keys, [orjson.dumps(args)]
 
 

@@ -26,30 +26,42 @@ from prometheus_client import (
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 REQUESTS = Counter(
-    "tollgate_requests_total", "Requests through the gateway.", ["tenant", "model", "endpoint", "status"]
+    "tollgate_requests_total",
+    "Requests through the gateway.",
+    ["tenant", "model", "endpoint", "status"],
 )
 TOKENS = Counter("tollgate_tokens_total", "Tokens billed.", ["tenant", "model", "kind"])
 REJECTIONS = Counter(
     "tollgate_rejections_total", "Requests refused before reaching an engine.", ["tenant", "reason"]
 )
 LATENCY = Histogram(
-    "tollgate_request_duration_seconds", "Time from request to last byte.", ["tenant", "model"],
+    "tollgate_request_duration_seconds",
+    "Time from request to last byte.",
+    ["tenant", "model"],
     buckets=LATENCY_BUCKETS,
 )
 TTFT = Histogram(
-    "tollgate_time_to_first_token_seconds", "Time from request to first streamed token.",
-    ["tenant", "model"], buckets=LATENCY_BUCKETS,
+    "tollgate_time_to_first_token_seconds",
+    "Time from request to first streamed token.",
+    ["tenant", "model"],
+    buckets=LATENCY_BUCKETS,
 )
 IN_FLIGHT = Gauge(
-    "tollgate_in_flight_requests", "Requests being served, per model.", ["model"],
+    "tollgate_in_flight_requests",
+    "Requests being served, per model.",
+    ["model"],
     multiprocess_mode="livesum",
 )
 QUEUE_DEPTH = Gauge(
-    "tollgate_queue_depth", "Requests waiting for an engine slot.", ["priority", "tenant"],
+    "tollgate_queue_depth",
+    "Requests waiting for an engine slot.",
+    ["priority", "tenant"],
     multiprocess_mode="livesum",
 )
 QUEUE_WAIT = Histogram(
-    "tollgate_queue_wait_seconds", "Time requests waited for an engine slot.", ["priority", "tenant"],
+    "tollgate_queue_wait_seconds",
+    "Time requests waited for an engine slot.",
+    ["priority", "tenant"],
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 UPSTREAM_ERRORS = Counter(
@@ -79,8 +91,16 @@ in_flight: dict[str, int] = defaultdict(int)  # served model name -> requests at
 _in_flight_shown: dict[str, int] = {}
 
 
-def request_done(tenant: str, model: str, endpoint: str, status: str, latency: float,
-                 ttft: float | None, prompt: int, completion: int) -> None:
+def request_done(
+    tenant: str,
+    model: str,
+    endpoint: str,
+    status: str,
+    latency: float,
+    ttft: float | None,
+    prompt: int,
+    completion: int,
+) -> None:
     _done.append((tenant, model, endpoint, status, latency, ttft, prompt, completion))
 
 

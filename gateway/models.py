@@ -6,7 +6,9 @@ from django.db import models
 class AdmissionSample(models.Model):
     """One controller tick for one model: the measured interval and the ceiling it chose."""
 
-    model = models.ForeignKey("deployments.CatalogModel", on_delete=models.CASCADE, related_name="+")
+    model = models.ForeignKey(
+        "deployments.CatalogModel", on_delete=models.CASCADE, related_name="+"
+    )
     at = models.DateTimeField(db_index=True)
     budget = models.PositiveIntegerField(help_text="Static budget: the replicas' max_num_seqs.")
     ceiling = models.PositiveIntegerField(help_text="Concurrent requests let into the engines.")

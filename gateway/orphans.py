@@ -52,19 +52,29 @@ def reap(now: float | None = None, limit: int = 500) -> int:
             continue
         opened = orjson.loads(record)
         prompt, completion, cached, reasoning = (
-            [int(x) for x in checkpoint.decode().split(",")] if checkpoint else [0, 0, 0, 0])
+            [int(x) for x in checkpoint.decode().split(",")] if checkpoint else [0, 0, 0, 0]
+        )
         if not completion:  # nothing reached the client: nothing is billed
             prompt = cached = reasoning = 0
         tokens, price = prompt + completion, opened.get("price")
         money = cost_nano(Rates(*price), prompt, cached, completion) if price and tokens else 0
         event = UsageRecord(
-            **opened["event"], prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
-            reasoning_tokens=reasoning, status="error", http_status=502,
-            latency_ms=int((now - opened["event"]["occurred_at"]) * 1000), ttft_ms=None,
+            **opened["event"],
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
+            reasoning_tokens=reasoning,
+            status="error",
+            http_status=502,
+            latency_ms=int((now - opened["event"]["occurred_at"]) * 1000),
+            ttft_ms=None,
         )
-        reservation = Reservation(request_id, tuple(opened["keys"]), opened["tokens"], opened["money"])
-        keys, args = settle_keys(reservation, tokens, money, event.encode(), opened["event"]["model_id"])
+        reservation = Reservation(
+            request_id, tuple(opened["keys"]), opened["tokens"], opened["money"]
+        )
+        keys, args = settle_keys(
+            reservation, tokens, money, event.encode(), opened["event"]["model_id"]
+        )
         settle(keys=keys, args=args)
         log.warning("billed %s after its gateway died: %d tokens delivered", request_id, completion)
     return len(lapsed)
-

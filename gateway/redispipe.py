@@ -57,8 +57,15 @@ def encode(args: tuple) -> bytes:
 
 
 def encode_script_call(sha: bytes, keys: list | tuple, args: list | tuple) -> bytes:
-    return b"".join([b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(args)), _bulk(sha), _bulk(len(keys)),
-                     *[_key(k) for k in keys], *[_bulk(a) for a in args]])
+    return b"".join(
+        [
+            b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(args)),
+            _bulk(sha),
+            _bulk(len(keys)),
+            *[_key(k) for k in keys],
+            *[_bulk(a) for a in args],
+        ]
+    )
 
 
 class Script:
@@ -156,10 +163,18 @@ class RedisPipe:
     """A pipelined client: ``await pipe.call("HSET", key, field, value)``, ``await
     pipe.evalsha(script, keys, args)``. Bound to the event loop it first connects on."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0, username: str | None = None,
-                 password: str | None = None, ssl: bool | ssl_module.SSLContext = False,
-                 path: str | None = None, timeout: float = CALL_TIMEOUT,
-                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        ssl: bool | ssl_module.SSLContext = False,
+        path: str | None = None,
+        timeout: float = CALL_TIMEOUT,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ) -> None:
         self.host, self.port, self.db, self.path = host, port, db, path
         self.username, self.password = username, password
         self.ssl = ssl_module.create_default_context() if ssl is True else ssl or None
@@ -171,19 +186,32 @@ class RedisPipe:
     def from_url(cls, url: str, **kwargs: Any) -> RedisPipe:
         """``redis://[[user]:password@]host[:port][/db]`` or ``rediss://…`` (TLS)."""
         parsed = parse_url(url)
-        return cls(host=parsed.get("host", "127.0.0.1"), port=int(parsed.get("port", 6379)),
-                   db=int(parsed.get("db", 0)), username=parsed.get("username"),
-                   password=parsed.get("password"), ssl=url.startswith("rediss://"),
-                   path=parsed.get("path"), **kwargs)
+        return cls(
+            host=parsed.get("host", "127.0.0.1"),
+            port=int(parsed.get("port", 6379)),
+            db=int(parsed.get("db", 0)),
+            username=parsed.get("username"),
+            password=parsed.get("password"),
+            ssl=url.startswith("rediss://"),
+            path=parsed.get("path"),
+            **kwargs,
+        )
 
     @classmethod
     def like(cls, client: aioredis.Redis, **kwargs: Any) -> RedisPipe:
         """A pipe to the same server and database as a redis-py client."""
         pool = client.connection_pool
         kw = pool.connection_kwargs
-        return cls(host=kw.get("host", "127.0.0.1"), port=int(kw.get("port", 6379)), db=int(kw.get("db", 0)),
-                   username=kw.get("username"), password=kw.get("password"),
-                   ssl=issubclass(pool.connection_class, SSLConnection), path=kw.get("path"), **kwargs)
+        return cls(
+            host=kw.get("host", "127.0.0.1"),
+            port=int(kw.get("port", 6379)),
+            db=int(kw.get("db", 0)),
+            username=kw.get("username"),
+            password=kw.get("password"),
+            ssl=issubclass(pool.connection_class, SSLConnection),
+            path=kw.get("path"),
+            **kwargs,
+        )
 
     async def call(self, *args: Any) -> Any:
         return await self._send(encode(args))
@@ -212,10 +240,13 @@ class RedisPipe:
             loop = asyncio.get_running_loop()
             async with asyncio.timeout(self.connect_timeout):
                 if self.path:
-                    _, conn = await loop.create_unix_connection(lambda: _Connection(self.timeout), self.path)
+                    _, conn = await loop.create_unix_connection(
+                        lambda: _Connection(self.timeout), self.path
+                    )
                 else:
                     _, conn = await loop.create_connection(
-                        lambda: _Connection(self.timeout), self.host, self.port, ssl=self.ssl)
+                        lambda: _Connection(self.timeout), self.host, self.port, ssl=self.ssl
+                    )
                 try:
                     if self.password is not None:
                         auth = (self.username, self.password) if self.username else (self.password,)

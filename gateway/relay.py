@@ -28,9 +28,13 @@ SSE_HEADERS = [
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-async def respond(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def respond(
+    send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     """A whole JSON response of Tollgate's own."""
-    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS + (headers or [])})
+    await send(
+        {"type": "http.response.start", "status": status, "headers": JSON_HEADERS + (headers or [])}
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -69,8 +73,13 @@ async def _post(session: Any, url: str, body: bytes, headers: dict[str, str]) ->
 
 
 async def forward_whole(
-    session: Any, url: str, body: bytes, headers: dict[str, str],
-    send: Any, extra_headers: list[tuple[bytes, bytes]], outcome: Outcome,
+    session: Any,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    send: Any,
+    extra_headers: list[tuple[bytes, bytes]],
+    outcome: Outcome,
 ) -> None:
     """Non-streaming: wait for the engine's answer and pass it on unchanged."""
     resp = await _post(session, url, body, headers)
@@ -90,8 +99,13 @@ async def forward_whole(
     else:
         raw = normalise_upstream_error(resp.status, raw)
     outcome.started = True
-    await send({"type": "http.response.start", "status": resp.status,
-                "headers": JSON_HEADERS + extra_headers})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": resp.status,
+            "headers": JSON_HEADERS + extra_headers,
+        }
+    )
     await send({"type": "http.response.body", "body": raw})
 
 
@@ -129,7 +143,7 @@ def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
     at = data.rfind(USAGE_MARK)
     if at > 0 and data.endswith(b"}") and not data.startswith(b'{"error"'):
         try:
-            usage = orjson.loads(data[at + len(USAGE_MARK):-1])
+            usage = orjson.loads(data[at + len(USAGE_MARK) : -1])
         except orjson.JSONDecodeError:
             usage = None
         if isinstance(usage, dict):
@@ -190,8 +204,14 @@ def read_usage_pending(st: StreamState, usage: dict[str, Any]) -> None:
 
 
 async def forward_stream(
-    session: Any, url: str, body: bytes, headers: dict[str, str],
-    send: Any, extra_headers: list[tuple[bytes, bytes]], st: StreamState, max_frame: int,
+    session: Any,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    send: Any,
+    extra_headers: list[tuple[bytes, bytes]],
+    st: StreamState,
+    max_frame: int,
 ) -> None:
     """Streaming: pass SSE frames through as they arrive, tracking tokens delivered."""
     outcome = st.outcome
@@ -201,13 +221,20 @@ async def forward_stream(
         if resp.status != 200:
             raw = normalise_upstream_error(resp.status, await resp.read())
             outcome.started = True
-            await send({"type": "http.response.start", "status": resp.status,
-                        "headers": JSON_HEADERS + extra_headers})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": resp.status,
+                    "headers": JSON_HEADERS + extra_headers,
+                }
+            )
             await send({"type": "http.response.body", "body": raw})
             return
         outcome.status = "ok"
         outcome.started = True
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers}
+        )
         await _relay(resp, send, st, max_frame)
     finally:
         resp.close()
@@ -220,14 +247,18 @@ async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
         buffer += chunk
         out = []
         while (end := buffer.find(b"\n\n")) >= 0:
-            frame, buffer = buffer[:end], buffer[end + 2:]
+            frame, buffer = buffer[:end], buffer[end + 2 :]
             if frame:
                 shown = transform_frame(frame, st)
                 if shown is not None:
                     out.append(shown)
         if len(buffer) > max_frame:
             outcome.status = "error"
-            out.append(b"data: " + error_body("The engine sent an oversized event.", "server_error") + b"\n\n")
+            out.append(
+                b"data: "
+                + error_body("The engine sent an oversized event.", "server_error")
+                + b"\n\n"
+            )
             out.append(b"data: [DONE]\n\n")
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
             break

@@ -78,8 +78,11 @@ class Runtime:
         # burst waits for a connection instead of opening thousands. No socket_timeout:
         # redis-py would wrap every command in a task of its own; calls carry a timeout.
         pool = aioredis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL, max_connections=REDIS_CONNECTIONS, timeout=5,
-            socket_connect_timeout=2, health_check_interval=30,
+            settings.REDIS_URL,
+            max_connections=REDIS_CONNECTIONS,
+            timeout=5,
+            socket_connect_timeout=2,
+            health_check_interval=30,
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self.pipe = RedisPipe.from_url(settings.REDIS_URL)
@@ -99,17 +102,25 @@ class Runtime:
             asyncio.create_task(self._flush_last_used(), name="gateway-last-used"),
             asyncio.create_task(self._retry_unsettled(), name="gateway-settle-retry"),
             asyncio.create_task(self._flush_metrics(), name="gateway-metrics"),
-            asyncio.create_task(self.admission.renew_leases(self.open_requests), name="gateway-leases"),
-            asyncio.create_task(self.admission.watch_telemetry(lambda: self.snapshot.routes),
-                                name="gateway-telemetry"),
+            asyncio.create_task(
+                self.admission.renew_leases(self.open_requests), name="gateway-leases"
+            ),
+            asyncio.create_task(
+                self.admission.watch_telemetry(lambda: self.snapshot.routes),
+                name="gateway-telemetry",
+            ),
         ]
         # Django, the app and the snapshot are loaded: move those ~100k long-lived objects out
         # of the collector's sight, or every full collection (one per ~70k allocations, a
         # few hundred requests) rescans them all - ~40 µs a request, measured.
         gc.collect()
         gc.freeze()
-        log.info("gateway ready: %d keys, %d models, %d routed models",
-                 len(self.snapshot.keys), len(self.snapshot.models), len(self.snapshot.routes))
+        log.info(
+            "gateway ready: %d keys, %d models, %d routed models",
+            len(self.snapshot.keys),
+            len(self.snapshot.models),
+            len(self.snapshot.routes),
+        )
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -125,8 +136,9 @@ class Runtime:
         if self.pipe:
             await self.pipe.aclose()
 
-    async def settle(self, reservation: Reservation, tokens: int, money_nano: int, event: bytes,
-                     model_id: int) -> None:
+    async def settle(
+        self, reservation: Reservation, tokens: int, money_nano: int, event: bytes, model_id: int
+    ) -> None:
         """Settle a finished request; if Redis is away, keep it and retry until it is back."""
         self.open_requests.discard(reservation.request_id)
         try:
@@ -137,8 +149,11 @@ class Runtime:
             return
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             if len(self.unsettled) >= MAX_UNSETTLED:
-                log.error("dropping usage of %s: %d settlements already waiting for Redis",
-                          reservation.request_id, MAX_UNSETTLED)
+                log.error(
+                    "dropping usage of %s: %d settlements already waiting for Redis",
+                    reservation.request_id,
+                    MAX_UNSETTLED,
+                )
                 return
             self.unsettled.append((reservation, tokens, money_nano, event, model_id))
             log.warning("Redis unreachable: usage of %s kept for retry", reservation.request_id)
@@ -213,4 +228,3 @@ class Runtime:
             except Exception:  # noqa: BLE001 - database down: try again next round
                 self.used_keys |= batch
                 log.warning("could not record key use; will retry", exc_info=True)
-

@@ -138,8 +138,11 @@ def _load_models(snap: Snapshot) -> None:
 
     for model in CatalogModel.objects.all():
         snap.models[model.served_name] = ModelInfo(
-            id=model.pk, served_name=model.served_name, task=model.task,
-            context_length=model.context_length, created=int(model.created_at.timestamp()),
+            id=model.pk,
+            served_name=model.served_name,
+            task=model.task,
+            context_length=model.context_length,
+            created=int(model.created_at.timestamp()),
         )
 
 
@@ -149,10 +152,15 @@ def _load_tenants(snap: Snapshot) -> None:
 
     for tenant in Tenant.objects.all():
         snap.tenants[tenant.pk] = TenantInfo(
-            id=tenant.pk, slug=tenant.slug, priority=tenant.priority,
+            id=tenant.pk,
+            slug=tenant.slug,
+            priority=tenant.priority,
             boost_until=_ts(tenant.priority_boost_until),
-            weight=tenant.fair_share_weight, limits=_limits(tenant), quota_period=tenant.quota_period,
-            quota_tokens=tenant.quota_tokens or 0, quota_money_nano=_nano(tenant.quota_amount),
+            weight=tenant.fair_share_weight,
+            limits=_limits(tenant),
+            quota_period=tenant.quota_period,
+            quota_tokens=tenant.quota_tokens or 0,
+            quota_money_nano=_nano(tenant.quota_amount),
             currency=tenant.currency,
             model_ids=frozenset(models_for_tenant(tenant).values_list("pk", flat=True)),
         )
@@ -161,16 +169,22 @@ def _load_tenants(snap: Snapshot) -> None:
 def _load_keys(snap: Snapshot) -> None:
     from tenants.models import ApiKey
 
-    keys = ApiKey.objects.usable().select_related("parent").prefetch_related(
-        "allowed_models", "parent__allowed_models"
+    keys = (
+        ApiKey.objects.usable()
+        .select_related("parent")
+        .prefetch_related("allowed_models", "parent__allowed_models")
     )
     for key in keys:
         # A child key acts as its parent (limits, models, billing).
         acting = key.parent or key
         expiry = min(filter(None, [_ts(key.expires_at), _ts(acting.expires_at)]), default=0.0)
         snap.keys[key.prefix] = KeyInfo(
-            id=acting.pk, prefix=key.prefix, secret_hash=key.secret_hash, tenant_id=key.tenant_id,
-            expires_at=expiry, limits=_limits(acting),
+            id=acting.pk,
+            prefix=key.prefix,
+            secret_hash=key.secret_hash,
+            tenant_id=key.tenant_id,
+            expires_at=expiry,
+            limits=_limits(acting),
             model_ids=frozenset(m.pk for m in acting.allowed_models.all()),
         )
 
@@ -188,10 +202,15 @@ def _load_routes(snap: Snapshot, previous: Snapshot | None) -> None:
         if not replica.base_url:
             continue
         upstream = Upstream(
-            replica_id=replica.pk, deployment_id=replica.deployment_id, base_url=replica.base_url,
+            replica_id=replica.pk,
+            deployment_id=replica.deployment_id,
+            base_url=replica.base_url,
             max_num_seqs=replica.deployment.max_num_seqs,
-            priority_scheduling=replica.deployment.effective_args.get("scheduling-policy") == "priority",
-            auth_header=f"Bearer {replica.deployment.upstream_key}" if replica.deployment.upstream_key else "",
+            priority_scheduling=replica.deployment.effective_args.get("scheduling-policy")
+            == "priority",
+            auth_header=f"Bearer {replica.deployment.upstream_key}"
+            if replica.deployment.upstream_key
+            else "",
             outstanding=old[replica.pk].outstanding if replica.pk in old else 0,
         )
         snap.routes.setdefault(replica.deployment.model_id, []).append(upstream)

@@ -27,7 +27,10 @@ def ready_pools() -> dict[int, tuple[int, list[int]]]:
     ).select_related("deployment__profile")
     for replica in ready:
         budget, ids = pools.get(replica.deployment.model_id, (0, []))
-        pools[replica.deployment.model_id] = (budget + replica.deployment.max_num_seqs, [*ids, replica.pk])
+        pools[replica.deployment.model_id] = (
+            budget + replica.deployment.max_num_seqs,
+            [*ids, replica.pk],
+        )
     return pools
 
 
@@ -45,7 +48,9 @@ def _totals(replica_ids: list[int]) -> tuple[float, float, float, float] | None:
     )
 
 
-def tune_model(model_id: int, budget: int, replica_ids: list[int], now: float | None = None) -> AdmissionSample | None:
+def tune_model(
+    model_id: int, budget: int, replica_ids: list[int], now: float | None = None
+) -> AdmissionSample | None:
     """One controller tick for one model (a no-op until two telemetry readings exist)."""
     now = time.time() if now is None else now
     client = get_redis()
@@ -54,13 +59,18 @@ def tune_model(model_id: int, budget: int, replica_ids: list[int], now: float | 
         return None
     state_key = controller_key(model_id)
     previous = client.get(state_key)
-    client.set(state_key, orjson.dumps({"t": now, "totals": totals, "state": _state_of(previous, budget)}),
-               ex=3600)
+    client.set(
+        state_key,
+        orjson.dumps({"t": now, "totals": totals, "state": _state_of(previous, budget)}),
+        ex=3600,
+    )
     if previous is None:
         return None
     prev = orjson.loads(previous)
     elapsed = max(now - prev["t"], 1e-3)
-    tokens, ttft_sum, ttft_count, waiting = (a - b for a, b in zip(totals, prev["totals"], strict=True))
+    tokens, ttft_sum, ttft_count, waiting = (
+        a - b for a, b in zip(totals, prev["totals"], strict=True)
+    )
     tokens, ttft_sum, ttft_count = max(tokens, 0), max(ttft_sum, 0), max(ttft_count, 0)
     sample = Sample(
         tokens_per_second=tokens / elapsed,
@@ -73,12 +83,19 @@ def tune_model(model_id: int, budget: int, replica_ids: list[int], now: float | 
         state = ControllerState(budget, state.baseline_ttft, state.last_tokens_per_second)
     state, why = next_ceiling(state, sample, budget, preempting=_preempting(replica_ids))
     client.set(pool_keys(model_id)[4], state.ceiling, ex=3600)
-    client.set(state_key, orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state)}), ex=3600)
+    client.set(
+        state_key, orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state)}), ex=3600
+    )
     return AdmissionSample.objects.create(
-        model_id=model_id, at=timezone.now(), budget=budget, ceiling=state.ceiling, decision=why,
+        model_id=model_id,
+        at=timezone.now(),
+        budget=budget,
+        ceiling=state.ceiling,
+        decision=why,
         tokens_per_second=sample.tokens_per_second,
         ttft_ms=sample.ttft_seconds * 1000 if sample.ttft_seconds is not None else None,
-        engine_waiting=sample.engine_waiting, gateway_queued=sample.gateway_queued,
+        engine_waiting=sample.engine_waiting,
+        gateway_queued=sample.gateway_queued,
     )
 
 
@@ -88,7 +105,8 @@ def _preempting(replica_ids: list[int]) -> bool:
 
     replicas = Replica.objects.filter(pk__in=replica_ids).select_related("deployment__profile")
     return bool(replicas) and all(
-        r.deployment.effective_args.get("scheduling-policy") == "priority" for r in replicas)
+        r.deployment.effective_args.get("scheduling-policy") == "priority" for r in replicas
+    )
 
 
 def _state_of(previous: bytes | None, budget: int) -> dict:
@@ -98,8 +116,12 @@ def _state_of(previous: bytes | None, budget: int) -> dict:
 
 
 def _as_dict(state: ControllerState) -> dict:
-    return {"ceiling": state.ceiling, "baseline_ttft": state.baseline_ttft,
-            "last_tokens_per_second": state.last_tokens_per_second, "last_step": state.last_step}
+    return {
+        "ceiling": state.ceiling,
+        "baseline_ttft": state.baseline_ttft,
+        "last_tokens_per_second": state.last_tokens_per_second,
+        "last_step": state.last_step,
+    }
 
 
 def tune_all() -> int:

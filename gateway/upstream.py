@@ -78,7 +78,9 @@ class Response:
         self._complete = False
         self._error: BaseException | None = None
         self._keep_alive = False
-        self._until_close = True  # no Content-Length and not chunked: the body ends with the connection
+        self._until_close = (
+            True  # no Content-Length and not chunked: the body ends with the connection
+        )
         self.received_any = False
         self._paused = False
 
@@ -86,7 +88,9 @@ class Response:
 
     def _header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
-        if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+        if lowered == b"content-length" or (
+            lowered == b"transfer-encoding" and b"chunked" in value.lower()
+        ):
             self._until_close = False
 
     def _headers_done(self, status: int, keep_alive: bool) -> None:
@@ -152,7 +156,13 @@ class Response:
         if conn.response is not self:
             return
         conn.response = None
-        if self._complete and self._error is None and self._keep_alive and not conn.closed and not self._paused:
+        if (
+            self._complete
+            and self._error is None
+            and self._keep_alive
+            and not conn.closed
+            and not self._paused
+        ):
             self._client._release(conn)
         else:
             conn.abort()
@@ -222,7 +232,9 @@ class _Connection(asyncio.Protocol):
 class EngineClient:
     """Keep-alive connections to engines; ``await client.post(url, data=…, headers=…)``."""
 
-    def __init__(self, connect_timeout: float = CONNECT_TIMEOUT, idle_seconds: float = IDLE_SECONDS) -> None:
+    def __init__(
+        self, connect_timeout: float = CONNECT_TIMEOUT, idle_seconds: float = IDLE_SECONDS
+    ) -> None:
         self.connect_timeout, self.idle_seconds = connect_timeout, idle_seconds
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self._tls: ssl_module.SSLContext | None = None
@@ -231,10 +243,18 @@ class EngineClient:
         """Send a POST and wait for the response's status line and headers."""
         scheme, host, port, target, host_header = _target(url)
         key = (host, port, scheme == "https")
-        request = b"".join([
-            b"POST ", target, b" HTTP/1.1\r\nhost: ", host_header, b"\r\ncontent-length: %d\r\n" % len(data),
-            *[_header_line(name, value) for name, value in headers.items()], b"\r\n", data,
-        ])
+        request = b"".join(
+            [
+                b"POST ",
+                target,
+                b" HTTP/1.1\r\nhost: ",
+                host_header,
+                b"\r\ncontent-length: %d\r\n" % len(data),
+                *[_header_line(name, value) for name, value in headers.items()],
+                b"\r\n",
+                data,
+            ]
+        )
         for _ in range(2):
             conn = self._reuse(key)
             reused = conn is not None
@@ -278,9 +298,13 @@ class EngineClient:
             ssl_context = self._tls
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(lambda: _Connection(key), host, port, ssl=ssl_context)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(key), host, port, ssl=ssl_context
+                )
         except (OSError, TimeoutError) as exc:
-            raise UpstreamRefused(f"cannot connect to {host}:{port}: {exc or exc.__class__.__name__}") from exc
+            raise UpstreamRefused(
+                f"cannot connect to {host}:{port}: {exc or exc.__class__.__name__}"
+            ) from exc
         return conn
 
     def _release(self, conn: _Connection) -> None:

@@ -28,19 +28,55 @@ FORMATS = ("showback", "focus")
 CHUNK_ROWS = 2000
 
 SHOWBACK_COLUMNS = [
-    "period_start", "period_end", "tenant", "key_name", "key_prefix", "model", "requests",
-    "prompt_tokens", "cached_tokens", "completion_tokens", "input_per_mtok",
-    "cached_input_per_mtok", "output_per_mtok", "cost", "currency", "line_type",
+    "period_start",
+    "period_end",
+    "tenant",
+    "key_name",
+    "key_prefix",
+    "model",
+    "requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "input_per_mtok",
+    "cached_input_per_mtok",
+    "output_per_mtok",
+    "cost",
+    "currency",
+    "line_type",
     "usage_period_start",
 ]
 FOCUS_COLUMNS = [
-    "BillingAccountId", "BillingAccountName", "BillingCurrency", "BillingPeriodStart",
-    "BillingPeriodEnd", "ChargeCategory", "ChargeClass", "ChargeDescription",
-    "ChargePeriodStart", "ChargePeriodEnd", "ConsumedQuantity", "ConsumedUnit",
-    "PricingQuantity", "PricingUnit", "ListUnitPrice", "ListCost", "BilledCost",
-    "EffectiveCost", "ProviderName", "PublisherName", "InvoiceIssuerName", "ServiceCategory",
-    "ServiceName", "ResourceId", "ResourceName", "ResourceType", "SkuId", "SkuPriceId",
-    "SubAccountId", "SubAccountName",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BillingCurrency",
+    "BillingPeriodStart",
+    "BillingPeriodEnd",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "PricingQuantity",
+    "PricingUnit",
+    "ListUnitPrice",
+    "ListCost",
+    "BilledCost",
+    "EffectiveCost",
+    "ProviderName",
+    "PublisherName",
+    "InvoiceIssuerName",
+    "ServiceCategory",
+    "ServiceName",
+    "ResourceId",
+    "ResourceName",
+    "ResourceType",
+    "SkuId",
+    "SkuPriceId",
+    "SubAccountId",
+    "SubAccountName",
 ]
 PROVIDER = "Tollgate"
 
@@ -76,8 +112,13 @@ def parse_query(params: Any, tenant_ids: frozenset[int] | None) -> ExportQuery:
         raise ValidationError({"format": f"Use one of {', '.join(FORMATS)}."})
     start, end = _range(params)
     return ExportQuery(
-        start=start, end=end, granularity=granularity, fmt=fmt, tenant_ids=tenant_ids,
-        tenant=params.get("tenant") or "", key=params.get("key") or "",
+        start=start,
+        end=end,
+        granularity=granularity,
+        fmt=fmt,
+        tenant_ids=tenant_ids,
+        tenant=params.get("tenant") or "",
+        key=params.get("key") or "",
         model=params.get("model") or "",
     )
 
@@ -92,7 +133,9 @@ def _range(params: Any) -> tuple[datetime, datetime]:
             start = datetime.strptime(period, "%Y-%m-%d").replace(tzinfo=UTC)
             return start, start + timedelta(days=1)
         except ValueError:
-            raise ValidationError({"period": "Use a month (2026-11) or a day (2026-11-26)."}) from None
+            raise ValidationError(
+                {"period": "Use a month (2026-11) or a day (2026-11-26)."}
+            ) from None
     if not params.get("start") and not params.get("end"):
         start = month_start(datetime.now(UTC))
         return start, next_month(start)
@@ -134,9 +177,17 @@ def filter_rows(qs: QuerySet, q: ExportQuery) -> QuerySet:
 
 
 _GROUP = [
-    "bucket", "usage_bucket", "tenant__slug", "tenant__name", "api_key__name",
-    "api_key__prefix", "model__served_name", "currency", "price__input_per_mtok",
-    "price__cached_input_per_mtok", "price__output_per_mtok",
+    "bucket",
+    "usage_bucket",
+    "tenant__slug",
+    "tenant__name",
+    "api_key__name",
+    "api_key__prefix",
+    "model__served_name",
+    "currency",
+    "price__input_per_mtok",
+    "price__cached_input_per_mtok",
+    "price__output_per_mtok",
 ]
 _SUMS = {
     name: Sum(name)
@@ -201,12 +252,23 @@ def showback_record(row: dict[str, Any], q: ExportQuery) -> list[Any]:
     start = max(row["bucket"], q.start)
     end = min(_bucket_end(row["bucket"], q.granularity), q.end)
     return [
-        _iso(start), _iso(end), row["tenant__slug"], row["api_key__name"] or "",
-        row["api_key__prefix"] or "", row["model__served_name"], row["requests"],
-        row["prompt_tokens"], row["cached_tokens"], row["completion_tokens"],
-        _plain(row["price__input_per_mtok"]), _plain(row["price__cached_input_per_mtok"]),
-        _plain(row["price__output_per_mtok"]), _plain(row["cost"]), row["currency"],
-        row["line_type"], _iso(row["usage_bucket"]),
+        _iso(start),
+        _iso(end),
+        row["tenant__slug"],
+        row["api_key__name"] or "",
+        row["api_key__prefix"] or "",
+        row["model__served_name"],
+        row["requests"],
+        row["prompt_tokens"],
+        row["cached_tokens"],
+        row["completion_tokens"],
+        _plain(row["price__input_per_mtok"]),
+        _plain(row["price__cached_input_per_mtok"]),
+        _plain(row["price__output_per_mtok"]),
+        _plain(row["cost"]),
+        row["currency"],
+        row["line_type"],
+        _iso(row["usage_bucket"]),
     ]
 
 
@@ -215,8 +277,11 @@ MILLION = Decimal(1_000_000)
 
 def _part_costs(row: dict[str, Any], parts: list[tuple[str, int, Decimal | None]]) -> list[Decimal]:
     """Each token kind's share of a line, rounded half to even to the nano-unit."""
-    rates = Rates.of(row["price__input_per_mtok"], row["price__cached_input_per_mtok"],
-                     row["price__output_per_mtok"])
+    rates = Rates.of(
+        row["price__input_per_mtok"],
+        row["price__cached_input_per_mtok"],
+        row["price__output_per_mtok"],
+    )
     costs = []
     for kind, qty, _ in parts:
         # (prompt, cached, completion) tokens that cost exactly this kind's tokens
@@ -246,17 +311,40 @@ def focus_records(row: dict[str, Any], q: ExportQuery) -> list[list[Any]]:
     model, key = row["model__served_name"], row["api_key__prefix"] or ""
     out = []
     for (kind, qty, price), cost in zip(parts, costs, strict=True):
-        out.append([
-            row["tenant__slug"], row["tenant__name"], row["currency"], _iso(billing_start),
-            _iso(next_month(billing_start)), "Usage",
-            "Correction" if row["line_type"] == "adjustment" else "",
-            f"{model} {kind} tokens", _iso(charge_start), _iso(charge_end), qty, "Tokens",
-            _plain(Decimal(qty) / MILLION), "1M Tokens", _plain(price or Decimal(0)),
-            _plain(cost), _plain(cost), _plain(cost), PROVIDER, PROVIDER, PROVIDER,
-            "AI and Machine Learning", "LLM inference", model, model, "Model",
-            f"{model}:{kind}", f"{model}:{kind}:{_plain(price or Decimal(0))}", key,
-            row["api_key__name"] or "",
-        ])
+        out.append(
+            [
+                row["tenant__slug"],
+                row["tenant__name"],
+                row["currency"],
+                _iso(billing_start),
+                _iso(next_month(billing_start)),
+                "Usage",
+                "Correction" if row["line_type"] == "adjustment" else "",
+                f"{model} {kind} tokens",
+                _iso(charge_start),
+                _iso(charge_end),
+                qty,
+                "Tokens",
+                _plain(Decimal(qty) / MILLION),
+                "1M Tokens",
+                _plain(price or Decimal(0)),
+                _plain(cost),
+                _plain(cost),
+                _plain(cost),
+                PROVIDER,
+                PROVIDER,
+                PROVIDER,
+                "AI and Machine Learning",
+                "LLM inference",
+                model,
+                model,
+                "Model",
+                f"{model}:{kind}",
+                f"{model}:{kind}:{_plain(price or Decimal(0))}",
+                key,
+                row["api_key__name"] or "",
+            ]
+        )
     return out
 
 
@@ -295,4 +383,3 @@ def _chunked(source: Iterable[list[Any]]) -> Iterator[str]:
 def filename(q: ExportQuery) -> str:
     scope = q.tenant or "all"
     return f"tollgate-{q.fmt}-{scope}-{q.start:%Y%m%d}-{q.end:%Y%m%d}-{q.granularity}.csv"
-

@@ -43,7 +43,11 @@ log = logging.getLogger(__name__)
 GROUP = "metering"
 INT_MAX = 2**31 - 1
 _INT_FIELDS = (
-    "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens", "latency_ms",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "latency_ms",
 )
 
 
@@ -172,9 +176,7 @@ class References:
             by_id[price.pk] = price
         return cls(
             tenant_currency=tenants,
-            models=set(
-                CatalogModel.objects.filter(pk__in=model_ids).values_list("pk", flat=True)
-            ),
+            models=set(CatalogModel.objects.filter(pk__in=model_ids).values_list("pk", flat=True)),
             key_tenant=dict(
                 ApiKey.objects.filter(
                     pk__in={r.api_key_id for r in records if r.api_key_id}
@@ -221,15 +223,32 @@ def event_cost(price: Price | None, r: UsageRecord) -> Decimal:
 # --- Storing -----------------------------------------------------------------------------
 
 _COLUMNS = [
-    ("request_id", "text"), ("occurred_at", "timestamptz"), ("tenant_id", "bigint"),
-    ("api_key_id", "bigint"), ("model_id", "bigint"), ("deployment_id", "bigint"),
-    ("endpoint", "text"), ("priority", "text"), ("prompt_tokens", "integer"),
-    ("cached_tokens", "integer"), ("completion_tokens", "integer"),
-    ("reasoning_tokens", "integer"), ("status", "text"), ("http_status", "integer"),
-    ("latency_ms", "integer"), ("ttft_ms", "integer"), ("price_id", "bigint"),
-    ("currency", "text"), ("input_per_mtok", "numeric"), ("cached_input_per_mtok", "numeric"),
-    ("output_per_mtok", "numeric"), ("cost", "numeric"), ("ingested_at", "timestamptz"),
-    ("stream_ms", "bigint"), ("stream_seq", "bigint"), ("adjustment_hour", "timestamptz"),
+    ("request_id", "text"),
+    ("occurred_at", "timestamptz"),
+    ("tenant_id", "bigint"),
+    ("api_key_id", "bigint"),
+    ("model_id", "bigint"),
+    ("deployment_id", "bigint"),
+    ("endpoint", "text"),
+    ("priority", "text"),
+    ("prompt_tokens", "integer"),
+    ("cached_tokens", "integer"),
+    ("completion_tokens", "integer"),
+    ("reasoning_tokens", "integer"),
+    ("status", "text"),
+    ("http_status", "integer"),
+    ("latency_ms", "integer"),
+    ("ttft_ms", "integer"),
+    ("price_id", "bigint"),
+    ("currency", "text"),
+    ("input_per_mtok", "numeric"),
+    ("cached_input_per_mtok", "numeric"),
+    ("output_per_mtok", "numeric"),
+    ("cost", "numeric"),
+    ("ingested_at", "timestamptz"),
+    ("stream_ms", "bigint"),
+    ("stream_seq", "bigint"),
+    ("adjustment_hour", "timestamptz"),
 ]
 INSERT_SQL = (
     f"INSERT INTO metering_usageevent ({', '.join(c for c, _ in _COLUMNS)}) "
@@ -239,7 +258,10 @@ INSERT_SQL = (
 
 
 def _row(
-    stream_id: bytes, r: UsageRecord, refs: References, now: datetime,
+    stream_id: bytes,
+    r: UsageRecord,
+    refs: References,
+    now: datetime,
     frozen_before: datetime | None,
 ) -> tuple[Any, ...]:
     at = datetime.fromtimestamp(r.occurred_at, UTC)
@@ -250,16 +272,32 @@ def _row(
         # Its period is closed: book it into the first open period, never the closed one.
         adjustment_hour = max(rollups.hour_of(now), frozen_before)
     return (
-        r.request_id, at, r.tenant_id, r.api_key_id, r.model_id,
+        r.request_id,
+        at,
+        r.tenant_id,
+        r.api_key_id,
+        r.model_id,
         r.deployment_id if r.deployment_id in refs.deployments else None,
-        r.endpoint, r.priority, r.prompt_tokens, r.cached_tokens, r.completion_tokens,
-        r.reasoning_tokens, r.status, r.http_status, r.latency_ms, r.ttft_ms,
+        r.endpoint,
+        r.priority,
+        r.prompt_tokens,
+        r.cached_tokens,
+        r.completion_tokens,
+        r.reasoning_tokens,
+        r.status,
+        r.http_status,
+        r.latency_ms,
+        r.ttft_ms,
         price.pk if price else None,
         price.currency if price else refs.tenant_currency[r.tenant_id],
         price.input_per_mtok if price else Decimal(0),
         price.cached_input_per_mtok if price else Decimal(0),
         price.output_per_mtok if price else Decimal(0),
-        event_cost(price, r), now, int(ms), int(seq or 0), adjustment_hour,
+        event_cost(price, r),
+        now,
+        int(ms),
+        int(seq or 0),
+        adjustment_hour,
     )
 
 
@@ -331,7 +369,10 @@ RETRYABLE = (OperationalError, InterfaceError)
 
 
 def ingest_once(
-    consumer: str, count: int = 1000, block_ms: int = 1000, claim_idle_ms: int = 30_000,
+    consumer: str,
+    count: int = 1000,
+    block_ms: int = 1000,
+    claim_idle_ms: int = 30_000,
 ) -> BatchResult:
     """Read, store and then acknowledge one batch. Database errors leave it pending."""
     entries = read_batch(consumer, count, block_ms, claim_idle_ms)
@@ -405,8 +446,12 @@ def _sid(stream_id: bytes | str) -> tuple[int, int]:
 
 
 def run_consumer(
-    consumer: str, count: int = 1000, block_ms: int = 1000, claim_idle_ms: int = 30_000,
-    stop: Any = None, trim_every: int = 100,
+    consumer: str,
+    count: int = 1000,
+    block_ms: int = 1000,
+    claim_idle_ms: int = 30_000,
+    stop: Any = None,
+    trim_every: int = 100,
 ) -> None:
     """The long-running consumer loop (``manage.py consume_usage``)."""
     backoff, batches = 0.5, 0

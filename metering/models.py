@@ -205,7 +205,13 @@ class UsageAdjustment(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=[
-                    "hour", "usage_hour", "tenant", "api_key", "model", "deployment", "price",
+                    "hour",
+                    "usage_hour",
+                    "tenant",
+                    "api_key",
+                    "model",
+                    "deployment",
+                    "price",
                     "currency",
                 ],
                 name="adjustment_unique_bucket",

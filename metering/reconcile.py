@@ -45,11 +45,13 @@ BACKLOG_CAP = 50_000
 ROLLOVER_WINDOW = timedelta(hours=2)
 
 DRIFT_TOKENS = Gauge(
-    "tollgate_quota_drift_tokens", "Redis tokens_used minus PostgreSQL at the last check",
+    "tollgate_quota_drift_tokens",
+    "Redis tokens_used minus PostgreSQL at the last check",
     ["tenant"],
 )
 DRIFT_MONEY = Gauge(
-    "tollgate_quota_drift_money", "Redis money_used minus PostgreSQL at the last check",
+    "tollgate_quota_drift_money",
+    "Redis money_used minus PostgreSQL at the last check",
     ["tenant"],
 )
 
@@ -110,20 +112,35 @@ def snapshot(key: str) -> Snapshot:
     )
     ms, _, seq = last.decode().partition("-")
     return Snapshot(
-        tokens=int(tokens or 0), money_nano=int(money or 0), last_ms=int(ms),
-        last_seq=int(seq or 0), backlog=list(raw) if complete else None,
+        tokens=int(tokens or 0),
+        money_nano=int(money or 0),
+        last_ms=int(ms),
+        last_seq=int(seq or 0),
+        backlog=list(raw) if complete else None,
     )
 
 
-def _stored_figures(tenant: Tenant, start: datetime, end: datetime, snap: Snapshot) -> tuple[int, Decimal]:
+def _stored_figures(
+    tenant: Tenant, start: datetime, end: datetime, snap: Snapshot
+) -> tuple[int, Decimal]:
     """Tokens and money of the tenant's period as stored, up to the snapshot's stream id."""
     sums = {"t": Sum("prompt_tokens") + Sum("completion_tokens"), "m": Sum("cost")}
     tokens, money = 0, Decimal(0)
     after = Q(stream_ms__gt=snap.last_ms) | Q(stream_ms=snap.last_ms, stream_seq__gt=snap.last_seq)
     for qs, sign in (
         (UsageRollup.objects.filter(tenant=tenant, hour__gte=start, hour__lt=end), 1),
-        (UsageAdjustment.objects.filter(tenant=tenant, usage_hour__gte=start, usage_hour__lt=end), 1),
-        (UsageEvent.objects.filter(after, tenant=tenant, occurred_at__gte=start, occurred_at__lt=end), -1),
+        (
+            UsageAdjustment.objects.filter(
+                tenant=tenant, usage_hour__gte=start, usage_hour__lt=end
+            ),
+            1,
+        ),
+        (
+            UsageEvent.objects.filter(
+                after, tenant=tenant, occurred_at__gte=start, occurred_at__lt=end
+            ),
+            -1,
+        ),
     ):
         row = qs.aggregate(**sums)
         tokens += sign * (row["t"] or 0)
@@ -169,8 +186,11 @@ def reconcile_tenant(tenant: Tenant, at: datetime) -> QuotaReconciliation:
     start, end = period_start(period, at), period_end(period, at)
     snap = snapshot(key)
     result = QuotaReconciliation(
-        tenant=tenant, period_id=period_id(period, at), checked_at=timezone.now(),
-        tokens_redis=snap.tokens, money_redis=from_nano(snap.money_nano),
+        tenant=tenant,
+        period_id=period_id(period, at),
+        checked_at=timezone.now(),
+        tokens_redis=snap.tokens,
+        money_redis=from_nano(snap.money_nano),
     )
     if snap.backlog is None:
         result.status = QuotaReconciliation.Status.SKIPPED_BACKLOG
@@ -193,7 +213,10 @@ def reconcile_tenant(tenant: Tenant, at: datetime) -> QuotaReconciliation:
     if drifted:
         log.warning(
             "quota drift for %s %s: tokens %+d, money %+s (corrected)",
-            tenant.slug, result.period_id, -delta_tokens, from_nano(-delta_money),
+            tenant.slug,
+            result.period_id,
+            -delta_tokens,
+            from_nano(-delta_money),
         )
     DRIFT_TOKENS.labels(tenant.slug).set(-delta_tokens)
     DRIFT_MONEY.labels(tenant.slug).set(float(from_nano(-delta_money)))  # gauge only, not billing
@@ -218,8 +241,15 @@ class _repeatable_read:
 def _save(result: QuotaReconciliation) -> QuotaReconciliation:
     fields = {
         f: getattr(result, f)
-        for f in ("checked_at", "status", "tokens_redis", "tokens_db", "money_redis", "money_db",
-                  "backlog_events")
+        for f in (
+            "checked_at",
+            "status",
+            "tokens_redis",
+            "tokens_db",
+            "money_redis",
+            "money_db",
+            "backlog_events",
+        )
     }
     row, _ = QuotaReconciliation.objects.update_or_create(
         tenant=result.tenant, period_id=result.period_id, defaults=fields

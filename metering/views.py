@@ -25,8 +25,9 @@ from tenants.models import Tenant
 
 
 def _bad_request(message: str, param: str) -> JsonResponse:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                      "code": None}}
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    }
     return JsonResponse(body, status=400)
 
 

@@ -159,9 +159,13 @@ class MembershipViewSet(UserScopedMixin, viewsets.ModelViewSet):
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # Members learn nothing from validation (e.g. "already a member"): refuse them first.
-        tenant = Tenant.objects.filter(
-            slug=request.data.get("tenant"), pk__in=self.scope(request.user).values("tenant_id")
-        ).first() if isinstance(request.data.get("tenant"), str) else None
+        tenant = (
+            Tenant.objects.filter(
+                slug=request.data.get("tenant"), pk__in=self.scope(request.user).values("tenant_id")
+            ).first()
+            if isinstance(request.data.get("tenant"), str)
+            else None
+        )
         if tenant is not None:
             _forbid_unless_tenant_admin(request, tenant)
         return super().create(request, *args, **kwargs)

@@ -41,7 +41,8 @@ class Tenant(models.Model):
     # Admission: an admin may lift a tenant to P0 until a moment; its share inside a class.
     priority_boost_until = models.DateTimeField(null=True, blank=True)
     fair_share_weight = models.PositiveSmallIntegerField(
-        default=1, validators=[MinValueValidator(1)],
+        default=1,
+        validators=[MinValueValidator(1)],
         help_text="Relative share of a saturated model among tenants of the same class.",
     )
     model_access = models.CharField(max_length=8, choices=ModelAccess, default=ModelAccess.ALL)

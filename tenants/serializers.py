@@ -221,4 +221,6 @@ class AuditLogSerializer(serializers.ModelSerializer):
 
 
 class BoostSerializer(serializers.Serializer):
-    minutes = serializers.IntegerField(min_value=0, max_value=24 * 60, help_text="0 ends the boost.")
+    minutes = serializers.IntegerField(
+        min_value=0, max_value=24 * 60, help_text="0 ends the boost."
+    )

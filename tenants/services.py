@@ -236,7 +236,9 @@ def update_api_key(
     """Rename a key or change its expiry, limits or model restriction."""
     expires_at = changes.get("expires_at")
     if expires_at is not None and expires_at != key.expires_at and expires_at <= timezone.now():
-        raise ValidationError({"expires_at": "The expiry must be in the future; revoke the key to end it now."})
+        raise ValidationError(
+            {"expires_at": "The expiry must be in the future; revoke the key to end it now."}
+        )
     before = snapshot(key, KEY_FIELDS)
     for name, value in changes.items():
         setattr(key, name, value)
@@ -381,8 +383,13 @@ def grant_interactive(actor: Actor, tenant: Tenant, minutes: int) -> Tenant:
     until = timezone.now() + timedelta(minutes=minutes) if minutes else None
     Tenant.objects.filter(pk=tenant.pk).update(priority_boost_until=until)
     tenant.refresh_from_db()
-    record(actor, AuditAction.ACTION, tenant, tenant=tenant,
-           changes={"priority_boost_until": until.isoformat() if until else None})
+    record(
+        actor,
+        AuditAction.ACTION,
+        tenant,
+        tenant=tenant,
+        changes={"priority_boost_until": until.isoformat() if until else None},
+    )
     publish_change("tenant", tenant.pk)
     return tenant
 
@@ -391,8 +398,12 @@ def issue_child_key(parent: ApiKey, name: str, expires_at: datetime) -> IssuedKe
     """A key Tollgate uses itself on behalf of ``parent`` (batch work); revoke it when done."""
     new = generate_key(TENANT_KEY)
     key = ApiKey.objects.create(
-        tenant=parent.tenant, parent=parent, name=name[:100], prefix=new.prefix,
-        secret_hash=new.secret_hash, expires_at=expires_at,
+        tenant=parent.tenant,
+        parent=parent,
+        name=name[:100],
+        prefix=new.prefix,
+        secret_hash=new.secret_hash,
+        expires_at=expires_at,
     )
     publish_change("api_key", key.prefix)
     return IssuedKey(key=key, plaintext=new.plaintext)

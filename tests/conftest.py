@@ -51,7 +51,9 @@ def tenant_b(db: None) -> Tenant:
 
 
 def _user(username: str, is_staff: bool = False) -> AbstractBaseUser:
-    return User.objects.create_user(username, f"{username}@example.test", PASSWORD, is_staff=is_staff)
+    return User.objects.create_user(
+        username, f"{username}@example.test", PASSWORD, is_staff=is_staff
+    )
 
 
 @pytest.fixture
@@ -100,7 +102,10 @@ def client_for(db: None) -> Callable[[AbstractBaseUser], APIClient]:
 @pytest.fixture
 def public_model(db: None) -> CatalogModel:
     return deployment_services.create_model(
-        None, served_name="qwen3-8b", source="Qwen/Qwen3-8B", params_billions=Decimal("8.2"),
+        None,
+        served_name="qwen3-8b",
+        source="Qwen/Qwen3-8B",
+        params_billions=Decimal("8.2"),
         context_length=32768,
     )
 
@@ -109,8 +114,12 @@ def public_model(db: None) -> CatalogModel:
 def private_model_a(tenant_a: Tenant) -> CatalogModel:
     """A private model granted to tenant A only."""
     model = deployment_services.create_model(
-        None, served_name="acme-secret-70b", source="acme/secret-70b",
-        params_billions=Decimal("70"), context_length=131072, visibility=Visibility.PRIVATE,
+        None,
+        served_name="acme-secret-70b",
+        source="acme/secret-70b",
+        params_billions=Decimal("70"),
+        context_length=131072,
+        visibility=Visibility.PRIVATE,
     )
     deployment_services.grant_model(None, model, tenant_a)
     return model
@@ -119,6 +128,11 @@ def private_model_a(tenant_a: Tenant) -> CatalogModel:
 @pytest.fixture
 def local_node(db: None) -> Node:
     return deployment_services.register_node(
-        None, name="spark-1", docker_url="tcp://docker-proxy:2375", total_memory_bytes=128 * 2**30,
-        unified_memory=True, gpu_description="NVIDIA GB10", gpu_count=1,
+        None,
+        name="spark-1",
+        docker_url="tcp://docker-proxy:2375",
+        total_memory_bytes=128 * 2**30,
+        unified_memory=True,
+        gpu_description="NVIDIA GB10",
+        gpu_count=1,
     )

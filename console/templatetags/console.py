@@ -115,8 +115,20 @@ def badge(state: Any, label: Any = None) -> str:
     """A coloured state label; the colour follows the state's meaning."""
     good = {"ready", "active", "online", "succeeded", "ok", "running"}
     bad = {"failed", "crashed", "revoked", "suspended", "unreachable", "error", "expired"}
-    warn = {"degraded", "deploying", "pulling", "starting", "loading", "warming", "draining",
-            "stopping", "queued", "pending", "disabled", "client_closed"}
+    warn = {
+        "degraded",
+        "deploying",
+        "pulling",
+        "starting",
+        "loading",
+        "warming",
+        "draining",
+        "stopping",
+        "queued",
+        "pending",
+        "disabled",
+        "client_closed",
+    }
     kind = "good" if state in good else "bad" if state in bad else "warn" if state in warn else ""
     return format_html('<span class="badge {}">{}</span>', kind, label or state)
 
@@ -129,7 +141,9 @@ def bar(value: Any, total: Any = 100, label: str = "") -> str:
     return format_html(
         '<span class="bar" role="progressbar" aria-valuenow="{}" aria-valuemin="0" '
         'aria-valuemax="100" title="{}"><span style="width:{}%"></span></span>',
-        f"{share:.0f}", label or f"{share:.0f} %", f"{share:.1f}",
+        f"{share:.0f}",
+        label or f"{share:.0f} %",
+        f"{share:.1f}",
     )
 
 

@@ -17,8 +17,13 @@ from tenants.models import Tenant
 
 def _pool_row(model: CatalogModel, budget: int) -> dict[str, Any]:
     status = pool_status(model.pk, budget)
-    return {"model": model, "budget": budget, "ceiling": status.ceiling, "running": status.running,
-            "queued": status.waiting}
+    return {
+        "model": model,
+        "budget": budget,
+        "ceiling": status.ceiling,
+        "running": status.running,
+        "queued": status.waiting,
+    }
 
 
 def _history(model_ids: list[int]) -> dict[str, Any]:
@@ -39,7 +44,12 @@ def _waits() -> list[dict[str, Any]]:
     stats = wait_stats(hours=2)
     tenants = Tenant.objects.in_bulk([w.tenant_id for w in stats])
     rows = [
-        {"priority": w.priority, "tenant": tenants.get(w.tenant_id), "count": w.count, "mean": w.mean}
+        {
+            "priority": w.priority,
+            "tenant": tenants.get(w.tenant_id),
+            "count": w.count,
+            "mean": w.mean,
+        }
         for w in stats
     ]
     return sorted(rows, key=lambda r: (r["priority"], -r["count"]))
@@ -51,7 +61,14 @@ def admission(request: HttpRequest) -> HttpResponse:
     models = CatalogModel.objects.in_bulk(list(pools))
     rows = [_pool_row(models[m], budget) for m, (budget, _) in pools.items() if m in models]
     recent = AdmissionSample.objects.filter(model_id__in=list(pools)).select_related("model")[:20]
-    return render(request, "console/admission/page.html", {
-        "nav": "admission", "rows": sorted(rows, key=lambda r: r["model"].served_name),
-        "history": _history(list(pools)), "recent": recent, "waits": _waits(),
-    })
+    return render(
+        request,
+        "console/admission/page.html",
+        {
+            "nav": "admission",
+            "rows": sorted(rows, key=lambda r: r["model"].served_name),
+            "history": _history(list(pools)),
+            "recent": recent,
+            "waits": _waits(),
+        },
+    )

@@ -14,8 +14,9 @@ from tenants.models import AuditLog, Tenant
 
 
 class AuditFilter(django_filters.FilterSet):
-    tenant = django_filters.ModelChoiceFilter(queryset=Tenant.objects.none(), to_field_name="slug",
-                                              empty_label="All tenants")
+    tenant = django_filters.ModelChoiceFilter(
+        queryset=Tenant.objects.none(), to_field_name="slug", empty_label="All tenants"
+    )
     action = django_filters.ChoiceFilter(choices=AuditAction.choices, empty_label="Any action")
     object_type = django_filters.CharFilter(label="Object type")
     actor_label = django_filters.CharFilter(lookup_expr="icontains", label="Who")
@@ -34,8 +35,12 @@ def _changes(entry: AuditLog) -> str:
         return ""
     items = entry.changes.items() if isinstance(entry.changes, dict) else []
     return format_html_join(
-        mark_safe("<br>"), "<code>{}</code>: {}",
-        ((k, " → ".join(map(str, v)) if isinstance(v, list) and len(v) == 2 else v) for k, v in items),
+        mark_safe("<br>"),
+        "<code>{}</code>: {}",
+        (
+            (k, " → ".join(map(str, v)) if isinstance(v, list) and len(v) == 2 else v)
+            for k, v in items
+        ),
     )
 
 
@@ -44,14 +49,23 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     if not request.user.is_staff and not admin_tenant_ids(request.user):
         raise PermissionDenied("Only platform and tenant admins can read the audit log.")
     page = ListPage(
-        title="Audit log", nav="audit", queryset=audit_visible_to(request.user).select_related("tenant"),
-        filterset_class=AuditFilter, default_sort="-at", per_page=50,
+        title="Audit log",
+        nav="audit",
+        queryset=audit_visible_to(request.user).select_related("tenant"),
+        filterset_class=AuditFilter,
+        default_sort="-at",
+        per_page=50,
         columns=[
             Column("When (UTC)", lambda e: e.at.strftime("%Y-%m-%d %H:%M:%S"), sort="at"),
             Column("Who", lambda e: e.actor_label, sort="actor_label"),
             Column("Action", lambda e: e.get_action_display(), sort="action"),
-            Column("Object", lambda e: format_html("{} <span class='muted'>{}</span>", e.object_repr, e.object_type),
-                   sort="object_type"),
+            Column(
+                "Object",
+                lambda e: format_html(
+                    "{} <span class='muted'>{}</span>", e.object_repr, e.object_type
+                ),
+                sort="object_type",
+            ),
             Column("Tenant", lambda e: e.tenant.slug if e.tenant else "", sort="tenant__slug"),
             Column("Changes", _changes),
         ],

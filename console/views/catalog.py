@@ -25,7 +25,9 @@ from tenants.models import Tenant
 class ModelFilter(django_filters.FilterSet):
     served_name = django_filters.CharFilter(lookup_expr="icontains", label="Name")
     task = django_filters.ChoiceFilter(choices=Task.choices, empty_label="Any task")
-    visibility = django_filters.ChoiceFilter(choices=Visibility.choices, empty_label="Any visibility")
+    visibility = django_filters.ChoiceFilter(
+        choices=Visibility.choices, empty_label="Any visibility"
+    )
 
     class Meta:
         model = CatalogModel
@@ -50,22 +52,37 @@ def model_list(request: HttpRequest) -> HttpResponse:
     columns = [
         Column("Served name", lambda m: m.served_name, sort="served_name", href=detail),
         Column("Task", lambda m: m.get_task_display(), sort="task"),
-        Column("Parameters", lambda m: f"{m.params_billions:g} B", sort="params_billions", numeric=True),
+        Column(
+            "Parameters", lambda m: f"{m.params_billions:g} B", sort="params_billions", numeric=True
+        ),
         Column("Context", lambda m: tokens(m.context_length), sort="context_length", numeric=True),
         Column(f"Input ({currency})", lambda m: price(m, "input_per_mtok"), numeric=True),
         Column(f"Output ({currency})", lambda m: price(m, "output_per_mtok"), numeric=True),
     ]
     if staff:
-        columns.insert(3, Column("Visibility", lambda m: m.get_visibility_display().split(":")[0], sort="visibility"))
+        columns.insert(
+            3,
+            Column(
+                "Visibility", lambda m: m.get_visibility_display().split(":")[0], sort="visibility"
+            ),
+        )
     page = ListPage(
-        title="Models & prices" if staff else "Models", nav="models",
-        queryset=models_visible_to(request.user), filterset_class=ModelFilter,
-        default_sort="served_name", columns=columns,
-        actions=[Action("Register model", reverse("console:model-new"), style="primary")] if staff else [],
+        title="Models & prices" if staff else "Models",
+        nav="models",
+        queryset=models_visible_to(request.user),
+        filterset_class=ModelFilter,
+        default_sort="served_name",
+        columns=columns,
+        actions=[Action("Register model", reverse("console:model-new"), style="primary")]
+        if staff
+        else [],
         empty_title="No models yet",
         empty_hint="Register a model (its Hugging Face id, size and context), set its price, then deploy it."
-        if staff else "No model is available to your tenant yet; ask a platform admin.",
-        empty_action=Action("Register a model", reverse("console:model-new"), style="primary") if staff else None,
+        if staff
+        else "No model is available to your tenant yet; ask a platform admin.",
+        empty_action=Action("Register a model", reverse("console:model-new"), style="primary")
+        if staff
+        else None,
     )
     return page.render(request)
 
@@ -75,19 +92,28 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(models_visible_to(request.user), pk=pk)
     staff = request.user.is_staff
     context = {
-        "model": model, "nav": "models", "staff": staff,
+        "model": model,
+        "nav": "models",
+        "staff": staff,
         "prices": model.prices.select_related("created_by").order_by("currency", "-effective_from"),
-        "current": {p.currency: p for p in model.prices.order_by("currency", "-effective_from")
-                    .distinct("currency")},
-        "price_form": PriceForm(), "grant_form": GrantForm(),
+        "current": {
+            p.currency: p
+            for p in model.prices.order_by("currency", "-effective_from").distinct("currency")
+        },
+        "price_form": PriceForm(),
+        "grant_form": GrantForm(),
     }
     if staff:
         context.update(
             grants=model.grants.select_related("tenant"),
             deployments=model.deployments.select_related("node"),
             grantable=Tenant.objects.exclude(model_grants__model=model),
-            actions=[Action("Edit", reverse("console:model-edit", args=[pk])),
-                     Action("Deploy", reverse("console:deployment-new") + f"?model={pk}", style="primary")],
+            actions=[
+                Action("Edit", reverse("console:model-edit", args=[pk])),
+                Action(
+                    "Deploy", reverse("console:deployment-new") + f"?model={pk}", style="primary"
+                ),
+            ],
         )
     return render(request, "console/models/detail.html", context)
 
@@ -95,11 +121,19 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @staff_required
 def model_new(request: HttpRequest) -> HttpResponse:
     return service_form(
-        request, CatalogModelForm(request.POST or None),
+        request,
+        CatalogModelForm(request.POST or None),
         lambda form: services.create_model(request.user, **form.cleaned_data),
-        lambda model: saved(request, f"{model} registered. Next: set its price, then deploy it.",
-                            "console:model-detail", pk=model.pk),
-        "Register a model", cancel=reverse("console:model-list"), submit="Register", nav="models",
+        lambda model: saved(
+            request,
+            f"{model} registered. Next: set its price, then deploy it.",
+            "console:model-detail",
+            pk=model.pk,
+        ),
+        "Register a model",
+        cancel=reverse("console:model-list"),
+        submit="Register",
+        nav="models",
     )
 
 
@@ -109,9 +143,13 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
     # The form edits its own copy; the service's audit entry compares with ``model``.
     form = CatalogModelForm(request.POST or None, instance=CatalogModel.objects.get(pk=pk))
     return service_form(
-        request, form, lambda f: services.update_model(request.user, model, **f.cleaned_data),
+        request,
+        form,
+        lambda f: services.update_model(request.user, model, **f.cleaned_data),
         lambda _: saved(request, f"{model} saved.", "console:model-detail", pk=pk),
-        f"Edit {model}", nav="models", cancel=reverse("console:model-detail", args=[pk]),
+        f"Edit {model}",
+        nav="models",
+        cancel=reverse("console:model-detail", args=[pk]),
     )
 
 
@@ -122,16 +160,28 @@ def price_new(request: HttpRequest, pk: int) -> HttpResponse:
     def set_price(form: PriceForm) -> object:
         data = form.cleaned_data
         return metering_services.set_price(
-            request.user, model, data["input_per_mtok"], data["cached_input_per_mtok"],
-            data["output_per_mtok"], currency=data["currency"],
+            request.user,
+            model,
+            data["input_per_mtok"],
+            data["cached_input_per_mtok"],
+            data["output_per_mtok"],
+            currency=data["currency"],
             effective_from=data["effective_from"],
         )
 
     return service_form(
-        request, PriceForm(request.POST or None), set_price,
-        lambda price: saved(request, f"New {price.currency} price for {model} recorded; earlier "
-                            "requests keep theirs.", "console:model-detail", pk=pk),
-        f"New price for {model}", nav="models", submit="Set price",
+        request,
+        PriceForm(request.POST or None),
+        set_price,
+        lambda price: saved(
+            request,
+            f"New {price.currency} price for {model} recorded; earlier requests keep theirs.",
+            "console:model-detail",
+            pk=pk,
+        ),
+        f"New price for {model}",
+        nav="models",
+        submit="Set price",
         cancel=reverse("console:model-detail", args=[pk]),
         intro="A new price is a new version from its start; billed requests keep the price "
         "they had.",
@@ -148,8 +198,12 @@ def model_grant(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, "Choose a tenant to grant the model to.")
         return detail
     tenant = form.cleaned_data["tenant"]
-    return service_action(request, lambda: services.grant_model(request.user, model, tenant),
-                          f"{tenant} may now use {model}.", detail)
+    return service_action(
+        request,
+        lambda: services.grant_model(request.user, model, tenant),
+        f"{tenant} may now use {model}.",
+        detail,
+    )
 
 
 @staff_required
@@ -178,26 +232,38 @@ def _memory(node: Node) -> str:
     if not node.available_memory_bytes:
         return f"{gb(node.total_memory_bytes)} total"
     used = node.total_memory_bytes - node.available_memory_bytes
-    return format_html("{} {} of {} in use", bar(used, node.total_memory_bytes), gb(used), gb(node.total_memory_bytes))
+    return format_html(
+        "{} {} of {} in use",
+        bar(used, node.total_memory_bytes),
+        gb(used),
+        gb(node.total_memory_bytes),
+    )
 
 
 @staff_required
 def node_list(request: HttpRequest) -> HttpResponse:
     detail = lambda n: reverse("console:node-detail", args=[n.pk])  # noqa: E731
     page = ListPage(
-        title="Nodes", nav="nodes", queryset=Node.objects.all(), filterset_class=NodeFilter,
+        title="Nodes",
+        nav="nodes",
+        queryset=Node.objects.all(),
+        filterset_class=NodeFilter,
         default_sort="name",
         intro="Docker hosts that run engines. Each runs a Celery worker on its own queue and reports a heartbeat.",
         columns=[
             Column("Name", lambda n: n.name, sort="name", href=detail),
             Column("Status", lambda n: badge(n.status, n.get_status_display()), sort="status"),
             Column("Arch", lambda n: n.arch, sort="arch"),
-            Column("GPU", lambda n: f"{n.gpu_count} × {n.gpu_description}" if n.gpu_count else "none"),
+            Column(
+                "GPU", lambda n: f"{n.gpu_count} × {n.gpu_description}" if n.gpu_count else "none"
+            ),
             Column("Memory", _memory, sort="total_memory_bytes"),
             Column("Last heartbeat", lambda n: ago(n.last_seen_at), sort="last_seen_at"),
         ],
-        actions=[Action("Join a node", reverse("console:node-join"), style="primary"),
-                 Action("Register node", reverse("console:node-new"))],
+        actions=[
+            Action("Join a node", reverse("console:node-join"), style="primary"),
+            Action("Register node", reverse("console:node-new")),
+        ],
         empty_title="No nodes yet",
         empty_hint="`manage.py bootstrap` registers the local Docker host; register more boxes here.",
         empty_action=Action("Register a node", reverse("console:node-new"), style="primary"),
@@ -213,10 +279,19 @@ def _register_node(request: HttpRequest, form: NodeForm) -> Node:
 @staff_required
 def node_new(request: HttpRequest) -> HttpResponse:
     return service_form(
-        request, NodeForm(request.POST or None), lambda form: _register_node(request, form),
-        lambda node: saved(request, f"Node {node} registered. Start its worker with "
-                           f"-Q {node.queue}.", "console:node-detail", pk=node.pk),
-        "Register a node", cancel=reverse("console:node-list"), submit="Register", nav="nodes",
+        request,
+        NodeForm(request.POST or None),
+        lambda form: _register_node(request, form),
+        lambda node: saved(
+            request,
+            f"Node {node} registered. Start its worker with -Q {node.queue}.",
+            "console:node-detail",
+            pk=node.pk,
+        ),
+        "Register a node",
+        cancel=reverse("console:node-list"),
+        submit="Register",
+        nav="nodes",
     )
 
 
@@ -231,18 +306,28 @@ def _join_page(request: HttpRequest, issued: joining.IssuedJoinToken) -> HttpRes
 def node_join(request: HttpRequest) -> HttpResponse:
     """Issue a one-time join token and show the command to run on the new box."""
     return service_form(
-        request, JoinNodeForm(request.POST or None),
+        request,
+        JoinNodeForm(request.POST or None),
         lambda form: joining.create_join_token(request.user, **form.cleaned_data),
         lambda issued: _join_page(request, issued),
-        "Join a node", cancel=reverse("console:node-list"), submit="Create join token", nav="nodes",
+        "Join a node",
+        cancel=reverse("console:node-list"),
+        submit="Create join token",
+        nav="nodes",
     )
 
 
 @staff_required
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(Node, pk=pk)
-    return render(request, "console/nodes/detail.html", {
-        "node": node, "nav": "nodes", "memory": _memory(node),
-        "deployments": node.deployments.select_related("model"),
-        "replicas": node.replicas.select_related("deployment"),
-    })
+    return render(
+        request,
+        "console/nodes/detail.html",
+        {
+            "node": node,
+            "nav": "nodes",
+            "memory": _memory(node),
+            "deployments": node.deployments.select_related("model"),
+            "replicas": node.replicas.select_related("deployment"),
+        },
+    )

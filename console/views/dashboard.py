@@ -9,11 +9,18 @@ from console.access import staff_required
 
 @staff_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/dashboard/page.html", {
-        "nav": "dashboard", "live": queries.live_rates(), "nodes": queries.nodes_with_memory(),
-        "by_state": queries.deployments_by_state(), "top": queries.top_tenants_today(),
-        "problems": queries.recent_problems(),
-    })
+    return render(
+        request,
+        "console/dashboard/page.html",
+        {
+            "nav": "dashboard",
+            "live": queries.live_rates(),
+            "nodes": queries.nodes_with_memory(),
+            "by_state": queries.deployments_by_state(),
+            "top": queries.top_tenants_today(),
+            "problems": queries.recent_problems(),
+        },
+    )
 
 
 @staff_required

@@ -21,8 +21,14 @@ from deployments.choices import DeploymentState, DesiredState, OperationStatus
 from deployments.models import CatalogModel, Deployment, EngineProfile, Node, Operation
 
 # The start sequence of one replica, as deployments.engine.Starter reports it.
-PHASES = [("pull", "Pull image"), ("create", "Create"), ("start", "Start"),
-          ("load", "Load weights"), ("models", "Serve model"), ("warmup", "Warm up")]
+PHASES = [
+    ("pull", "Pull image"),
+    ("create", "Create"),
+    ("start", "Start"),
+    ("load", "Load weights"),
+    ("models", "Serve model"),
+    ("warmup", "Warm up"),
+]
 
 
 class DeploymentFilter(django_filters.FilterSet):
@@ -40,18 +46,27 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     detail = lambda d: reverse("console:deployment-detail", args=[d.name])  # noqa: E731
     new = reverse("console:deployment-new")
     page = ListPage(
-        title="Deployments", nav="deployments",
+        title="Deployments",
+        nav="deployments",
         queryset=Deployment.objects.select_related("model", "node"),
-        filterset_class=DeploymentFilter, default_sort="name",
+        filterset_class=DeploymentFilter,
+        default_sort="name",
         columns=[
             Column("Name", lambda d: d.name, sort="name", href=detail),
             Column("Model", lambda d: d.model.served_name, sort="model__served_name"),
-            Column("Node", lambda d: d.node.name if d.node else ("external" if d.external else "any"),
-                   sort="node__name"),
+            Column(
+                "Node",
+                lambda d: d.node.name if d.node else ("external" if d.external else "any"),
+                sort="node__name",
+            ),
             Column("State", lambda d: badge(d.state, d.get_state_display()), sort="state"),
             Column("Desired", lambda d: d.get_desired_state_display(), sort="desired_state"),
-            Column("Replicas", lambda d: f"{d.replicas} engine{'s' if d.replicas != 1 else ''}",
-                   sort="replicas", numeric=True),
+            Column(
+                "Replicas",
+                lambda d: f"{d.replicas} engine{'s' if d.replicas != 1 else ''}",
+                sort="replicas",
+                numeric=True,
+            ),
             Column("Image", lambda d: d.image),
         ],
         actions=[Action("New deployment", new, style="primary")],
@@ -64,35 +79,54 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 def deployment_new(request: HttpRequest) -> HttpResponse:
-    initial: dict[str, Any] = {"profile": EngineProfile.objects.filter(name="dgx-spark").first(),
-                               "node": Node.objects.order_by("name").first()}
+    initial: dict[str, Any] = {
+        "profile": EngineProfile.objects.filter(name="dgx-spark").first(),
+        "node": Node.objects.order_by("name").first(),
+    }
     if request.GET.get("model", "").isdigit():
         initial["model"] = CatalogModel.objects.filter(pk=request.GET["model"]).first()
         if initial["model"]:
-            initial["name"] = initial["model"].served_name.replace("/", "-").replace(".", "-").lower()[:60]
+            initial["name"] = (
+                initial["model"].served_name.replace("/", "-").replace(".", "-").lower()[:60]
+            )
     form = DeploymentForm(request.POST or None, initial=initial)
     return service_form(
-        request, form, lambda f: services.create_deployment(request.user, **f.service_data()),
-        lambda deployment: saved(request, f"{deployment} is queued: follow its progress below.",
-                                 "console:deployment-detail", name=deployment.name),
-        "New deployment", cancel=reverse("console:deployment-list"), submit="Deploy",
-        nav="deployments", template="console/deployments/form.html",
-        extra=lambda: {"fit": _fit(form) if form.is_bound else None,
-                       "profiles": EngineProfile.objects.all()},
+        request,
+        form,
+        lambda f: services.create_deployment(request.user, **f.service_data()),
+        lambda deployment: saved(
+            request,
+            f"{deployment} is queued: follow its progress below.",
+            "console:deployment-detail",
+            name=deployment.name,
+        ),
+        "New deployment",
+        cancel=reverse("console:deployment-list"),
+        submit="Deploy",
+        nav="deployments",
+        template="console/deployments/form.html",
+        extra=lambda: {
+            "fit": _fit(form) if form.is_bound else None,
+            "profiles": EngineProfile.objects.all(),
+        },
     )
 
 
 def _fit(form: DeploymentForm) -> dict[str, Any]:
     """The memory-fit verdict for the form's current values, as the service computes it."""
-    data = {k: form.cleaned_data.get(k) for k in ("model", "node", "profile", "replicas")} \
-        if hasattr(form, "cleaned_data") else {}
+    data = (
+        {k: form.cleaned_data.get(k) for k in ("model", "node", "profile", "replicas")}
+        if hasattr(form, "cleaned_data")
+        else {}
+    )
     if not data.get("model"):
         return {"message": "Choose a model to see whether it fits.", "fits": None}
     try:
         # The raw text: flags that do not parse are missing from cleaned_data; say why here.
         flags = parse_flags(form.data.get("engine_args", ""))
-        verdict = services.preview_fit(data["model"], data.get("node"), data.get("profile"),
-                                       data.get("replicas") or 1, flags)
+        verdict = services.preview_fit(
+            data["model"], data.get("node"), data.get("profile"), data.get("replicas") or 1, flags
+        )
     except ValidationError as exc:
         return {"message": " ".join(exc.messages), "fits": False}
     if verdict is None:
@@ -110,24 +144,35 @@ def deployment_fit(request: HttpRequest) -> HttpResponse:
 
 
 def _deployment(name: str) -> Deployment:
-    return get_object_or_404(Deployment.objects.select_related("model", "node", "profile"), name=name)
+    return get_object_or_404(
+        Deployment.objects.select_related("model", "node", "profile"), name=name
+    )
 
 
 @staff_required
 def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _deployment(name)
-    return render(request, "console/deployments/detail.html", {
-        "deployment": deployment, "nav": "deployments", **_live(deployment),
-        "scale_form": ScaleForm(initial={"replicas": deployment.replicas}),
-        "args": deployment.effective_args, "actions": _actions(deployment),
-    })
+    return render(
+        request,
+        "console/deployments/detail.html",
+        {
+            "deployment": deployment,
+            "nav": "deployments",
+            **_live(deployment),
+            "scale_form": ScaleForm(initial={"replicas": deployment.replicas}),
+            "args": deployment.effective_args,
+            "actions": _actions(deployment),
+        },
+    )
 
 
 @staff_required
 def deployment_progress(request: HttpRequest, name: str) -> HttpResponse:
     """htmx: the live part of the detail page (operation progress, replicas, metrics)."""
     deployment = _deployment(name)
-    return render(request, "console/deployments/_live.html", {"deployment": deployment, **_live(deployment)})
+    return render(
+        request, "console/deployments/_live.html", {"deployment": deployment, **_live(deployment)}
+    )
 
 
 def _live(deployment: Deployment) -> dict[str, Any]:
@@ -135,10 +180,14 @@ def _live(deployment: Deployment) -> dict[str, Any]:
     replicas = list(deployment.replica_set.select_related("node").order_by("index"))
     for replica in replicas:
         replica.metrics = queries.replica_metrics(replica)
-    return {"op": op, "op_replicas": _op_steps(op) if op else [], "replicas": replicas,
-            "ready_count": sum(r.state == "ready" for r in replicas),
-            "recent_ops": deployment.operations.all()[:8],
-            "busy": bool(op and op.status in (OperationStatus.QUEUED, OperationStatus.RUNNING))}
+    return {
+        "op": op,
+        "op_replicas": _op_steps(op) if op else [],
+        "replicas": replicas,
+        "ready_count": sum(r.state == "ready" for r in replicas),
+        "recent_ops": deployment.operations.all()[:8],
+        "busy": bool(op and op.status in (OperationStatus.QUEUED, OperationStatus.RUNNING)),
+    }
 
 
 def _op_steps(op: Operation) -> list[dict[str, Any]]:
@@ -151,10 +200,14 @@ def _op_steps(op: Operation) -> list[dict[str, Any]]:
         steps = []
         for key, label in PHASES:
             if key in done:
-                steps.append({"key": key, "label": label, "state": "done", "pct": 100, "seconds": done[key]})
+                steps.append(
+                    {"key": key, "label": label, "state": "done", "pct": 100, "seconds": done[key]}
+                )
             elif key == current:
                 pct = op.progress if key in ("pull", "load") else 50
-                steps.append({"key": key, "label": label, "state": "current", "pct": pct, "seconds": None})
+                steps.append(
+                    {"key": key, "label": label, "state": "current", "pct": pct, "seconds": None}
+                )
             else:
                 steps.append({"key": key, "label": label, "state": "", "pct": 0, "seconds": None})
         out.append({"index": index, "steps": steps, "total": done.get("total")})
@@ -167,14 +220,32 @@ def _actions(deployment: Deployment) -> list[Action]:
     if deployment.external:
         pass
     elif deployment.desired_state == DesiredState.RUNNING:
-        actions += [Action("Restart", url("restart"), method="post",
-                           confirm="Replace every replica, one after the other?"),
-                    Action("Stop", url("stop"), method="post", style="danger",
-                           confirm=f"Stop {deployment}? In-flight requests finish first.")]
+        actions += [
+            Action(
+                "Restart",
+                url("restart"),
+                method="post",
+                confirm="Replace every replica, one after the other?",
+            ),
+            Action(
+                "Stop",
+                url("stop"),
+                method="post",
+                style="danger",
+                confirm=f"Stop {deployment}? In-flight requests finish first.",
+            ),
+        ]
     else:
         actions.append(Action("Start", url("start"), method="post", style="primary"))
-    actions.append(Action("Remove", url("remove"), method="post", style="danger",
-                          confirm=f"Drain, stop and remove {deployment} for good?"))
+    actions.append(
+        Action(
+            "Remove",
+            url("remove"),
+            method="post",
+            style="danger",
+            confirm=f"Drain, stop and remove {deployment} for good?",
+        )
+    )
     return actions
 
 
@@ -192,8 +263,13 @@ def deployment_action(request: HttpRequest, name: str, action: str) -> HttpRespo
         return HttpResponse(status=404)
     detail = redirect("console:deployment-detail", name=name)
     if action == "remove":
-        return service_action(request, act, f"{name} is being drained, stopped and removed.",
-                              detail, onward=redirect("console:deployment-list"))
+        return service_action(
+            request,
+            act,
+            f"{name} is being drained, stopped and removed.",
+            detail,
+            onward=redirect("console:deployment-list"),
+        )
     return service_action(request, act, f"{name}: {action} requested.", detail)
 
 
@@ -208,8 +284,10 @@ def deployment_scale(request: HttpRequest, name: str) -> HttpResponse:
         return detail
     replicas = form.cleaned_data["replicas"]
     return service_action(
-        request, lambda: services.update_deployment(request.user, deployment, replicas=replicas),
-        f"{name}: scaling to {replicas} replicas.", detail,
+        request,
+        lambda: services.update_deployment(request.user, deployment, replicas=replicas),
+        f"{name}: scaling to {replicas} replicas.",
+        detail,
     )
 
 
@@ -224,5 +302,8 @@ def deployment_logs(request: HttpRequest, name: str) -> HttpResponse:
         error = ""
     except ValidationError as exc:
         text, error = "", " ".join(exc.messages)
-    return render(request, "console/deployments/_logs.html",
-                  {"log": text, "error": error, "index": index, "lines": lines})
+    return render(
+        request,
+        "console/deployments/_logs.html",
+        {"log": text, "error": error, "index": index, "lines": lines},
+    )

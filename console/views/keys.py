@@ -30,11 +30,14 @@ from tenants.models import ApiKey, Tenant
 
 class KeyFilter(django_filters.FilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains", label="Name")
-    tenant = django_filters.ModelChoiceFilter(queryset=Tenant.objects.none(), to_field_name="slug",
-                                              empty_label="All tenants")
+    tenant = django_filters.ModelChoiceFilter(
+        queryset=Tenant.objects.none(), to_field_name="slug", empty_label="All tenants"
+    )
     state = django_filters.ChoiceFilter(
-        choices=[("active", "Not revoked"), ("revoked", "Revoked")], method="by_state",
-        empty_label="Any state", label="State",
+        choices=[("active", "Not revoked"), ("revoked", "Revoked")],
+        method="by_state",
+        empty_label="Any state",
+        label="State",
     )
 
     class Meta:
@@ -60,21 +63,27 @@ def key_list(request: HttpRequest) -> HttpResponse:
         filterset_class=KeyFilter,
         default_sort="-created_at",
         nav="keys",
-        intro="" if request.user.is_staff or can_issue else "These are the keys you created; a tenant admin manages the others.",
+        intro=""
+        if request.user.is_staff or can_issue
+        else "These are the keys you created; a tenant admin manages the others.",
         columns=[
             Column("Name", lambda k: k.name, sort="name", href=detail),
             Column("Key", lambda k: k.masked),
             Column("Tenant", lambda k: k.tenant.name, sort="tenant__name"),
             Column("Status", lambda k: badge(k.status), sort="revoked_at"),
             Column("Created", lambda k: k.created_at.strftime("%Y-%m-%d %H:%M"), sort="created_at"),
-            Column("Expires", lambda k: k.expires_at.strftime("%Y-%m-%d %H:%M") if k.expires_at else "never",
-                   sort="expires_at"),
+            Column(
+                "Expires",
+                lambda k: k.expires_at.strftime("%Y-%m-%d %H:%M") if k.expires_at else "never",
+                sort="expires_at",
+            ),
             Column("Last used", lambda k: ago(k.last_used_at), sort="last_used_at"),
         ],
         actions=[Action("New API key", new, style="primary")] if can_issue else [],
         empty_title="No API keys yet",
         empty_hint="A key lets a program call the models through /v1. It is shown once when issued."
-        if can_issue else "Ask a tenant admin of your tenant to issue you a key.",
+        if can_issue
+        else "Ask a tenant admin of your tenant to issue you a key.",
         empty_action=Action("Issue a key", new, style="primary") if can_issue else None,
     )
     return page.render(request)
@@ -92,9 +101,16 @@ def _issue(request: HttpRequest, form: KeyForm) -> services.IssuedKey:
 
 def _created_page(request: HttpRequest, issued: services.IssuedKey) -> HttpResponse:
     # Rendered, not redirected: the plaintext exists only in this response.
-    response = render(request, "console/keys/created.html",
-                      {"key": issued.key, "plaintext": issued.plaintext, "nav": "keys",
-                       "base_url": request.build_absolute_uri("/v1")})
+    response = render(
+        request,
+        "console/keys/created.html",
+        {
+            "key": issued.key,
+            "plaintext": issued.plaintext,
+            "nav": "keys",
+            "base_url": request.build_absolute_uri("/v1"),
+        },
+    )
     response["Cache-Control"] = "no-store"
     return response
 
@@ -107,11 +123,21 @@ def key_new(request: HttpRequest) -> HttpResponse:
     initial = {}
     if request.GET.get("tenant"):
         initial["tenant"] = tenants.filter(slug=request.GET["tenant"]).first()
-    form = KeyForm(request.POST or None, initial=initial, tenants=tenants,
-                   models=models_visible_to(request.user))
+    form = KeyForm(
+        request.POST or None,
+        initial=initial,
+        tenants=tenants,
+        models=models_visible_to(request.user),
+    )
     return service_form(
-        request, form, lambda f: _issue(request, f), lambda issued: _created_page(request, issued),
-        "New API key", cancel=reverse("console:key-list"), submit="Issue key", nav="keys",
+        request,
+        form,
+        lambda f: _issue(request, f),
+        lambda issued: _created_page(request, issued),
+        "New API key",
+        cancel=reverse("console:key-list"),
+        submit="Issue key",
+        nav="keys",
         intro="The key is shown once, right after you issue it. Store it in your secret manager.",
     )
 
@@ -124,25 +150,45 @@ def key_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if admin and key.status != "revoked":
         actions = [
             Action("Edit", reverse("console:key-edit", args=[pk])),
-            Action("Revoke", reverse("console:key-revoke", args=[pk]), method="post", style="danger",
-                   confirm=f"Revoke {key.name}? Programs using it stop working within a second."),
+            Action(
+                "Revoke",
+                reverse("console:key-revoke", args=[pk]),
+                method="post",
+                style="danger",
+                confirm=f"Revoke {key.name}? Programs using it stop working within a second.",
+            ),
         ]
-    return render(request, "console/keys/detail.html", {
-        "key": key, "nav": "keys", "actions": actions,
-        "models": list(key.allowed_models.all()),
-    })
+    return render(
+        request,
+        "console/keys/detail.html",
+        {
+            "key": key,
+            "nav": "keys",
+            "actions": actions,
+            "models": list(key.allowed_models.all()),
+        },
+    )
 
 
 @login_required
 def key_edit(request: HttpRequest, pk: int) -> HttpResponse:
     key = _visible_key(request, pk)
     require_tenant_admin(request.user, key.tenant)
-    form = KeyForm(request.POST or None, initial=KeyForm.initial_for(key), tenants=Tenant.objects.none(),
-                   models=models_visible_to(request.user), editing=True)
+    form = KeyForm(
+        request.POST or None,
+        initial=KeyForm.initial_for(key),
+        tenants=Tenant.objects.none(),
+        models=models_visible_to(request.user),
+        editing=True,
+    )
     return service_form(
-        request, form, lambda f: services.update_api_key(request.user, key, **f.service_data()),
+        request,
+        form,
+        lambda f: services.update_api_key(request.user, key, **f.service_data()),
         lambda _: saved(request, f"Key {key.name} saved.", "console:key-detail", pk=pk),
-        f"Edit key {key.name}", nav="keys", cancel=reverse("console:key-detail", args=[pk]),
+        f"Edit key {key.name}",
+        nav="keys",
+        cancel=reverse("console:key-detail", args=[pk]),
     )
 
 

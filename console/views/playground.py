@@ -38,12 +38,25 @@ FRESH_KEY_RETRIES = 25  # × 0.2 s
 @login_required
 def playground(request: HttpRequest) -> HttpResponse:
     tenants = list(tenants_of(request.user).filter(status="active").order_by("name"))
-    tenant = next((t for t in tenants if t.slug == request.GET.get("tenant")), tenants[0] if tenants else None)
-    models = list(models_for_tenant(tenant).filter(task=Task.GENERATE).order_by("served_name")) if tenant else []
-    return render(request, "console/playground/page.html", {
-        "nav": "playground", "tenants": tenants, "tenant": tenant, "models": models,
-        "max_tokens": MAX_TOKENS,
-    })
+    tenant = next(
+        (t for t in tenants if t.slug == request.GET.get("tenant")), tenants[0] if tenants else None
+    )
+    models = (
+        list(models_for_tenant(tenant).filter(task=Task.GENERATE).order_by("served_name"))
+        if tenant
+        else []
+    )
+    return render(
+        request,
+        "console/playground/page.html",
+        {
+            "nav": "playground",
+            "tenants": tenants,
+            "tenant": tenant,
+            "models": models,
+            "max_tokens": MAX_TOKENS,
+        },
+    )
 
 
 def playground_key(request: HttpRequest, tenant: Tenant) -> tuple[str, bool]:
@@ -53,7 +66,9 @@ def playground_key(request: HttpRequest, tenant: Tenant) -> tuple[str, bool]:
     if entry and ApiKey.objects.usable().filter(pk=entry["id"], tenant=tenant).exists():
         return entry["key"], False
     issued = services.issue_api_key(
-        request.user, tenant, name=f"playground ({request.user.get_username()})",
+        request.user,
+        tenant,
+        name=f"playground ({request.user.get_username()})",
         expires_at=timezone.now() + KEY_LIFETIME,
     )
     held[str(tenant.pk)] = {"id": issued.key.pk, "key": issued.plaintext}
@@ -63,7 +78,10 @@ def playground_key(request: HttpRequest, tenant: Tenant) -> tuple[str, bool]:
 
 def upstream_url(request: HttpRequest) -> str:
     """The gateway: the configured URL, else this very server over loopback."""
-    base = settings.TOLLGATE_PLAYGROUND_UPSTREAM or f"http://127.0.0.1:{request.META.get('SERVER_PORT', '8000')}"
+    base = (
+        settings.TOLLGATE_PLAYGROUND_UPSTREAM
+        or f"http://127.0.0.1:{request.META.get('SERVER_PORT', '8000')}"
+    )
     return base.rstrip("/") + "/v1/chat/completions"
 
 
@@ -82,8 +100,13 @@ def playground_chat(request: HttpRequest) -> HttpResponse:
     model = models_for_tenant(tenant).filter(served_name=model_name).first()
     price = queries.current_price(model, tenant.currency) if model else None
     key, fresh = playground_key(request, tenant)
-    payload = {"model": model_name, "messages": messages, "max_tokens": max_tokens, "stream": True,
-               "stream_options": {"include_usage": True}}
+    payload = {
+        "model": model_name,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     response = StreamingHttpResponse(
         relay(upstream_url(request), key, payload, price, tenant.currency, fresh),
         content_type="text/event-stream",
@@ -97,8 +120,9 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def relay(url: str, key: str, payload: dict[str, Any], price: Any, currency: str,
-                fresh: bool = False) -> AsyncIterator[bytes]:
+async def relay(
+    url: str, key: str, payload: dict[str, Any], price: Any, currency: str, fresh: bool = False
+) -> AsyncIterator[bytes]:
     """The gateway's SSE stream turned into delta / stats / error events for the page."""
     started, state = time.monotonic(), {"ttft": None, "usage": None, "request_id": ""}
     # A key issued a moment ago reaches the gateway's cache through pub/sub: give it a few
@@ -108,27 +132,50 @@ async def relay(url: str, key: str, payload: dict[str, Any], price: Any, currenc
         async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
             for attempt in range(attempts):
                 started = time.monotonic()  # time to first token of the attempt that answered
-                async with client.stream("POST", url, json=payload,
-                                         headers={"Authorization": f"Bearer {key}"}) as answer:
+                async with client.stream(
+                    "POST", url, json=payload, headers={"Authorization": f"Bearer {key}"}
+                ) as answer:
                     state["request_id"] = answer.headers.get("x-request-id", "")
                     if answer.status_code == 401 and attempt + 1 < attempts:
                         await asyncio.sleep(0.2)
                         continue
                     if answer.status_code != 200:
-                        yield sse("error", {"status": answer.status_code,
-                                            "message": _error_message(await answer.aread())})
+                        yield sse(
+                            "error",
+                            {
+                                "status": answer.status_code,
+                                "message": _error_message(await answer.aread()),
+                            },
+                        )
                         return
                     async for frame in _deltas(answer, started, state):
                         yield frame
                     break
     except httpx.HTTPError as exc:
-        yield sse("error", {"status": 502, "message": f"The gateway could not be reached: {exc.__class__.__name__}"})
+        yield sse(
+            "error",
+            {
+                "status": 502,
+                "message": f"The gateway could not be reached: {exc.__class__.__name__}",
+            },
+        )
         return
-    yield sse("stats", _stats(state["usage"], state["ttft"], time.monotonic() - started, price, currency,
-                              state["request_id"]))
+    yield sse(
+        "stats",
+        _stats(
+            state["usage"],
+            state["ttft"],
+            time.monotonic() - started,
+            price,
+            currency,
+            state["request_id"],
+        ),
+    )
 
 
-async def _deltas(answer: httpx.Response, started: float, state: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _deltas(
+    answer: httpx.Response, started: float, state: dict[str, Any]
+) -> AsyncIterator[bytes]:
     async for line in answer.aiter_lines():
         if not line.startswith("data:"):
             continue
@@ -139,7 +186,12 @@ async def _deltas(answer: httpx.Response, started: float, state: dict[str, Any])
         state["usage"] = chunk.get("usage") or state["usage"]
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+            text = (
+                delta.get("content")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+                or ""
+            )
             if text:
                 if state["ttft"] is None:
                     state["ttft"] = time.monotonic() - started
@@ -153,16 +205,26 @@ def _error_message(raw: bytes) -> str:
         return raw.decode(errors="replace")[:300]
 
 
-def _stats(usage: dict | None, ttft: float | None, total: float, price: Any, currency: str,
-           request_id: str) -> dict[str, Any]:
+def _stats(
+    usage: dict | None, ttft: float | None, total: float, price: Any, currency: str, request_id: str
+) -> dict[str, Any]:
     usage = usage or {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    prompt, completion = (
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+    )
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     cost: Decimal | None = queries.cost_of(price, prompt, cached, completion)
     return {
-        "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
-        "ttft_ms": round(ttft * 1000) if ttft is not None else None, "total_ms": round(total * 1000),
-        "tokens_per_s": round(completion / (total - ttft), 1) if ttft is not None and total > ttft and completion else None,
-        "cost": format(cost.normalize(), "f") if cost is not None else None, "currency": currency,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "cached_tokens": cached,
+        "ttft_ms": round(ttft * 1000) if ttft is not None else None,
+        "total_ms": round(total * 1000),
+        "tokens_per_s": round(completion / (total - ttft), 1)
+        if ttft is not None and total > ttft and completion
+        else None,
+        "cost": format(cost.normalize(), "f") if cost is not None else None,
+        "currency": currency,
         "request_id": request_id,
     }

@@ -64,18 +64,32 @@ def tenant_list(request: HttpRequest) -> HttpResponse:
             Column("Slug", lambda t: t.slug, sort="slug"),
             Column("Status", lambda t: badge(t.status, t.get_status_display()), sort="status"),
             Column("Priority", lambda t: t.get_priority_display(), sort="priority"),
-            Column("Requests/min", lambda t: _limit(t.requests_per_minute, "req/min"),
-                   sort="requests_per_minute", numeric=True),
-            Column("Tokens/min", lambda t: _limit(t.tokens_per_minute, "tokens/min"),
-                   sort="tokens_per_minute", numeric=True),
+            Column(
+                "Requests/min",
+                lambda t: _limit(t.requests_per_minute, "req/min"),
+                sort="requests_per_minute",
+                numeric=True,
+            ),
+            Column(
+                "Tokens/min",
+                lambda t: _limit(t.tokens_per_minute, "tokens/min"),
+                sort="tokens_per_minute",
+                numeric=True,
+            ),
             Column("Quota", lambda t: _quota_text(t)),
         ],
-        actions=[Action("New tenant", reverse("console:tenant-new"), style="primary")] if staff else [],
+        actions=[Action("New tenant", reverse("console:tenant-new"), style="primary")]
+        if staff
+        else [],
         empty_title="No tenants yet",
         empty_hint="Create a tenant, then issue it an API key so it can call models."
-        if staff else "You do not belong to any tenant yet. Ask a platform admin to add you.",
-        empty_action=Action("Create the first tenant", reverse("console:tenant-new"), style="primary")
-        if staff else None,
+        if staff
+        else "You do not belong to any tenant yet. Ask a platform admin to add you.",
+        empty_action=Action(
+            "Create the first tenant", reverse("console:tenant-new"), style="primary"
+        )
+        if staff
+        else None,
     )
     return page.render(request)
 
@@ -86,17 +100,29 @@ def _quota_text(tenant: Tenant) -> str:
         parts.append(tokens(tenant.quota_tokens))
     if tenant.quota_amount is not None:
         parts.append(money(tenant.quota_amount, tenant.currency))
-    return f"{' and '.join(parts)} {tenant.get_quota_period_display().lower()}" if parts else "no quota"
+    return (
+        f"{' and '.join(parts)} {tenant.get_quota_period_display().lower()}"
+        if parts
+        else "no quota"
+    )
 
 
 @staff_required
 def tenant_new(request: HttpRequest) -> HttpResponse:
     return service_form(
-        request, TenantForm(request.POST or None),
+        request,
+        TenantForm(request.POST or None),
         lambda form: services.create_tenant(request.user, **form.service_data()),
-        lambda tenant: saved(request, f"Tenant {tenant.name} created. Next: issue it an API key.",
-                             "console:tenant-detail", slug=tenant.slug),
-        "New tenant", cancel=reverse("console:tenant-list"), submit="Create tenant", nav="tenants",
+        lambda tenant: saved(
+            request,
+            f"Tenant {tenant.name} created. Next: issue it an API key.",
+            "console:tenant-detail",
+            slug=tenant.slug,
+        ),
+        "New tenant",
+        cancel=reverse("console:tenant-list"),
+        submit="Create tenant",
+        nav="tenants",
     )
 
 
@@ -107,10 +133,14 @@ def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
     # audit entry must see the before/after difference.
     form = TenantForm(request.POST or None, instance=Tenant.objects.get(pk=tenant.pk))
     return service_form(
-        request, form, lambda f: services.update_tenant(request.user, tenant, **f.service_data()),
-        lambda _: saved(request, f"Tenant {tenant.name} saved.", "console:tenant-detail",
-                        slug=tenant.slug),
-        f"Edit {tenant.name}", cancel=reverse("console:tenant-detail", args=[tenant.slug]),
+        request,
+        form,
+        lambda f: services.update_tenant(request.user, tenant, **f.service_data()),
+        lambda _: saved(
+            request, f"Tenant {tenant.name} saved.", "console:tenant-detail", slug=tenant.slug
+        ),
+        f"Edit {tenant.name}",
+        cancel=reverse("console:tenant-detail", args=[tenant.slug]),
         nav="tenants",
     )
 
@@ -120,11 +150,17 @@ def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
 def tenant_status(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_or_404(request.user, slug)
     status = request.POST.get("status") or request.GET.get("status", "")
-    verb = ("suspended: its keys stop working within a second" if status == TenantStatus.SUSPENDED
-            else "active again")
-    return service_action(request, lambda: services.set_tenant_status(request.user, tenant, status),
-                          f"{tenant.name} is {verb}.",
-                          redirect("console:tenant-detail", slug=tenant.slug))
+    verb = (
+        "suspended: its keys stop working within a second"
+        if status == TenantStatus.SUSPENDED
+        else "active again"
+    )
+    return service_action(
+        request,
+        lambda: services.set_tenant_status(request.user, tenant, status),
+        f"{tenant.name} is {verb}.",
+        redirect("console:tenant-detail", slug=tenant.slug),
+    )
 
 
 @login_required
@@ -144,20 +180,40 @@ def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
     actions = []
     if user.is_staff:
         actions.append(Action("Edit", reverse("console:tenant-edit", args=[slug])))
-        target = TenantStatus.ACTIVE if tenant.status == TenantStatus.SUSPENDED else TenantStatus.SUSPENDED
-        actions.append(Action(
-            "Activate" if target == TenantStatus.ACTIVE else "Suspend",
-            reverse("console:tenant-status", args=[slug]) + f"?status={target}", method="post",
-            style="" if target == TenantStatus.ACTIVE else "danger",
-            confirm="" if target == TenantStatus.ACTIVE else f"Suspend {tenant.name}? Its keys stop working at once.",
-        ))
+        target = (
+            TenantStatus.ACTIVE
+            if tenant.status == TenantStatus.SUSPENDED
+            else TenantStatus.SUSPENDED
+        )
+        actions.append(
+            Action(
+                "Activate" if target == TenantStatus.ACTIVE else "Suspend",
+                reverse("console:tenant-status", args=[slug]) + f"?status={target}",
+                method="post",
+                style="" if target == TenantStatus.ACTIVE else "danger",
+                confirm=""
+                if target == TenantStatus.ACTIVE
+                else f"Suspend {tenant.name}? Its keys stop working at once.",
+            )
+        )
     if admin:
-        actions.insert(0, Action("New API key", reverse("console:key-new") + f"?tenant={slug}", style="primary"))
+        actions.insert(
+            0,
+            Action("New API key", reverse("console:key-new") + f"?tenant={slug}", style="primary"),
+        )
     context = {
-        "tenant": tenant, "nav": "tenants", "admin": admin, "role": role_in(user, tenant),
-        "quota": quota_status(tenant, now), "keys": keys[:20], "key_count": keys.count(),
-        "models": models, "series_json": json.dumps(series), "series": series,
-        "base_url": request.build_absolute_uri("/v1"), "actions": actions,
+        "tenant": tenant,
+        "nav": "tenants",
+        "admin": admin,
+        "role": role_in(user, tenant),
+        "quota": quota_status(tenant, now),
+        "keys": keys[:20],
+        "key_count": keys.count(),
+        "models": models,
+        "series_json": json.dumps(series),
+        "series": series,
+        "base_url": request.build_absolute_uri("/v1"),
+        "actions": actions,
         "members": tenant.memberships.select_related("user") if admin else [],
         "example_model": models[0]["model"].served_name if models else "MODEL",
     }

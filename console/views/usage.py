@@ -20,8 +20,11 @@ from metering.services import filter_usage
 
 def _form(request: HttpRequest) -> UsageFilterForm:
     # export_scope has refused members already: the tenants are those the user administers.
-    return UsageFilterForm(request.GET or None, tenants=admin_tenants(request.user),
-                           models=models_visible_to(request.user))
+    return UsageFilterForm(
+        request.GET or None,
+        tenants=admin_tenants(request.user),
+        models=models_visible_to(request.user),
+    )
 
 
 def _query(form: UsageFilterForm, scope: frozenset[int] | None) -> export.ExportQuery:
@@ -47,19 +50,32 @@ def usage(request: HttpRequest) -> HttpResponse:
     scope = export_scope(request.user)
     form = _form(request)
     q = _query(form, scope)
-    group = (form.cleaned_data.get("group") if form.is_bound and form.is_valid() else "") or "tenant"
+    group = (
+        form.cleaned_data.get("group") if form.is_bound and form.is_valid() else ""
+    ) or "tenant"
     rollups = filter_usage(q)
     series = queries.usage_series(rollups, group, q.granularity, q.start, q.end)
     params = request.GET.copy()
     for name in ("group", "page"):
         params.pop(name, None)
-    return render(request, "console/usage/page.html", {
-        "nav": "usage", "form": form, "query": q, "group": group, "series": series,
-        "totals": export.totals(q), "rows": queries.totals_by(rollups, group),
-        "group_label": "Tenant" if group == "tenant" else "Model",
-        "csv_query": params.urlencode(), "granularity": q.granularity,
-        "last_day": q.end - timedelta(days=1), "currency": series["currency"],
-    })
+    return render(
+        request,
+        "console/usage/page.html",
+        {
+            "nav": "usage",
+            "form": form,
+            "query": q,
+            "group": group,
+            "series": series,
+            "totals": export.totals(q),
+            "rows": queries.totals_by(rollups, group),
+            "group_label": "Tenant" if group == "tenant" else "Model",
+            "csv_query": params.urlencode(),
+            "granularity": q.granularity,
+            "last_day": q.end - timedelta(days=1),
+            "currency": series["currency"],
+        },
+    )
 
 
 @login_required
@@ -70,7 +86,9 @@ def usage_export(request: HttpRequest) -> HttpResponse:
     if form.is_bound and not form.is_valid():
         if "tenant" in form.errors:
             raise Http404("No such tenant.")  # another tenant's slug: as if it did not exist
-        return HttpResponse("Invalid filters: " + form.errors.as_text(), status=400, content_type="text/plain")
+        return HttpResponse(
+            "Invalid filters: " + form.errors.as_text(), status=400, content_type="text/plain"
+        )
     q = _query(form, scope)
     fmt = request.GET.get("format") or "showback"
     if fmt not in export.FORMATS:
@@ -79,4 +97,3 @@ def usage_export(request: HttpRequest) -> HttpResponse:
     response = StreamingHttpResponse(export.csv_lines(q), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{export.filename(q)}"'
     return response
-

@@ -97,16 +97,26 @@ def world(
     local_node: Node,
 ) -> World:
     private_model_b = deployment_services.create_model(
-        None, served_name="bravo-private-7b", source="bravo/private-7b",
-        params_billions=Decimal("7"), context_length=8192, visibility=Visibility.PRIVATE,
+        None,
+        served_name="bravo-private-7b",
+        source="bravo/private-7b",
+        params_billions=Decimal("7"),
+        context_length=8192,
+        visibility=Visibility.PRIVATE,
     )
     deployment_services.grant_model(None, private_model_b, tenant_b)
-    alice_key = services.issue_api_key(alice, tenant_a, name="acme-prod", requests_per_minute=100).key
+    alice_key = services.issue_api_key(
+        alice, tenant_a, name="acme-prod", requests_per_minute=100
+    ).key
     bob_key = services.issue_api_key(bob, tenant_a, name="bob-notebook").key
     carol_key = services.issue_api_key(carol, tenant_b, name="bravo-prod").key
     deployment = deployment_services.create_deployment(
-        root, name="qwen-main", model=public_model, node=local_node,
-        image="tollgate/engine-sim:latest", engine_args={"max-num-seqs": 4},
+        root,
+        name="qwen-main",
+        model=public_model,
+        node=local_node,
+        image="tollgate/engine-sim:latest",
+        engine_args={"max-num-seqs": 4},
     )
     return World(
         tenant_a=tenant_a,

@@ -24,7 +24,9 @@ def slug_a(w: World) -> str:
 
 def price_body(model: Callable[[World], Any]) -> Callable[[World], dict[str, Any]]:
     return lambda w: {
-        "model": model(w).served_name, "input_per_mtok": "0", "output_per_mtok": "0",
+        "model": model(w).served_name,
+        "input_per_mtok": "0",
+        "output_per_mtok": "0",
     }
 
 
@@ -32,16 +34,24 @@ NODE_BODY = {"name": "spark-9", "docker_url": "tcp://spark-9:2375"}
 
 
 def deployment_body(w: World) -> dict[str, Any]:
-    return {"name": "sneaky", "model": w.public_model.served_name,
-            "image": "tollgate/engine-sim:latest"}
+    return {
+        "name": "sneaky",
+        "model": w.public_model.served_name,
+        "image": "tollgate/engine-sim:latest",
+    }
 
 
 # Platform-only operations added with engine profiles and staging: 403 for every non-staff
 # user, before any lookup (so the profile name need not exist), and nothing written.
 PROFILE = "vllm-default"
 PLATFORM_ONLY = [
-    Call("catalogmodel-stage", "POST", FORBIDDEN, lambda w: w.public_model.pk,
-         lambda w: {"node": "spark-1", "image": "vllm/vllm-openai:v0.11.0"}),
+    Call(
+        "catalogmodel-stage",
+        "POST",
+        FORBIDDEN,
+        lambda w: w.public_model.pk,
+        lambda w: {"node": "spark-1", "image": "vllm/vllm-openai:v0.11.0"},
+    ),
     Call("catalogmodel-staged", "GET", FORBIDDEN),
     Call("deployment-restart", "POST", FORBIDDEN, lambda w: w.deployment.name),
     Call("deployment-remove", "POST", FORBIDDEN, lambda w: w.deployment.name),
@@ -82,23 +92,46 @@ CAROL_CALLS = [
     Call("apikey-list", "GET", OK),
     Call("apikey-list", "POST", BAD, body=lambda w: {"tenant": "acme", "name": "planted"}),
     Call("apikey-detail", "GET", NOT_FOUND, lambda w: w.alice_key.pk),
-    Call("apikey-detail", "PUT", NOT_FOUND, lambda w: w.alice_key.pk,
-         lambda w: {"tenant": "acme", "name": "renamed"}),
-    Call("apikey-detail", "PATCH", NOT_FOUND, lambda w: w.alice_key.pk,
-         lambda w: {"requests_per_minute": 1}),
+    Call(
+        "apikey-detail",
+        "PUT",
+        NOT_FOUND,
+        lambda w: w.alice_key.pk,
+        lambda w: {"tenant": "acme", "name": "renamed"},
+    ),
+    Call(
+        "apikey-detail",
+        "PATCH",
+        NOT_FOUND,
+        lambda w: w.alice_key.pk,
+        lambda w: {"requests_per_minute": 1},
+    ),
     Call("apikey-revoke", "POST", NOT_FOUND, lambda w: w.alice_key.pk),
     # Members.
     Call("membership-list", "GET", OK),
-    Call("membership-list", "POST", BAD,
-         body=lambda w: {"tenant": "acme", "user": "carol", "role": "admin"}),
+    Call(
+        "membership-list",
+        "POST",
+        BAD,
+        body=lambda w: {"tenant": "acme", "user": "carol", "role": "admin"},
+    ),
     Call("membership-detail", "GET", NOT_FOUND, lambda w: w.alice_membership.pk),
-    Call("membership-detail", "PATCH", NOT_FOUND, lambda w: w.bob_membership.pk,
-         lambda w: {"role": "admin"}),
+    Call(
+        "membership-detail",
+        "PATCH",
+        NOT_FOUND,
+        lambda w: w.bob_membership.pk,
+        lambda w: {"role": "admin"},
+    ),
     Call("membership-detail", "DELETE", NOT_FOUND, lambda w: w.bob_membership.pk),
     # Users: platform-only.
     Call("user-list", "GET", FORBIDDEN),
-    Call("user-list", "POST", FORBIDDEN,
-         body=lambda w: {"username": "mallory", "password": "a long enough passphrase 9"}),
+    Call(
+        "user-list",
+        "POST",
+        FORBIDDEN,
+        body=lambda w: {"username": "mallory", "password": "a long enough passphrase 9"},
+    ),
     Call("user-detail", "GET", FORBIDDEN, lambda w: w.alice.pk),
     Call("user-detail", "PATCH", FORBIDDEN, lambda w: w.alice.pk, lambda w: {"is_active": False}),
     # Admin tokens: only your own exist.
@@ -108,20 +141,53 @@ CAROL_CALLS = [
     Call("admintoken-revoke", "POST", NOT_FOUND, lambda w: w.alice_token.pk),
     # Models: tenant A's private model does not exist for carol.
     Call("catalogmodel-list", "GET", OK),
-    Call("catalogmodel-list", "POST", FORBIDDEN,
-         body=lambda w: {"served_name": "x", "source": "o/x", "params_billions": "1",
-                         "context_length": 4096}),
+    Call(
+        "catalogmodel-list",
+        "POST",
+        FORBIDDEN,
+        body=lambda w: {
+            "served_name": "x",
+            "source": "o/x",
+            "params_billions": "1",
+            "context_length": 4096,
+        },
+    ),
     Call("catalogmodel-detail", "GET", NOT_FOUND, lambda w: w.private_model_a.pk),
-    Call("catalogmodel-detail", "PUT", NOT_FOUND, lambda w: w.private_model_a.pk,
-         lambda w: {"served_name": "acme-secret-70b", "source": "o/x", "params_billions": "1",
-                    "context_length": 4096, "visibility": "public"}),
-    Call("catalogmodel-detail", "PATCH", NOT_FOUND, lambda w: w.private_model_a.pk,
-         lambda w: {"visibility": "public"}),
+    Call(
+        "catalogmodel-detail",
+        "PUT",
+        NOT_FOUND,
+        lambda w: w.private_model_a.pk,
+        lambda w: {
+            "served_name": "acme-secret-70b",
+            "source": "o/x",
+            "params_billions": "1",
+            "context_length": 4096,
+            "visibility": "public",
+        },
+    ),
+    Call(
+        "catalogmodel-detail",
+        "PATCH",
+        NOT_FOUND,
+        lambda w: w.private_model_a.pk,
+        lambda w: {"visibility": "public"},
+    ),
     Call("catalogmodel-detail", "DELETE", NOT_FOUND, lambda w: w.private_model_a.pk),
-    Call("catalogmodel-grant", "POST", NOT_FOUND, lambda w: w.private_model_a.pk,
-         lambda w: {"tenant": "bravo"}),
-    Call("catalogmodel-ungrant", "POST", NOT_FOUND, lambda w: w.private_model_a.pk,
-         lambda w: {"tenant": "acme"}),
+    Call(
+        "catalogmodel-grant",
+        "POST",
+        NOT_FOUND,
+        lambda w: w.private_model_a.pk,
+        lambda w: {"tenant": "bravo"},
+    ),
+    Call(
+        "catalogmodel-ungrant",
+        "POST",
+        NOT_FOUND,
+        lambda w: w.private_model_a.pk,
+        lambda w: {"tenant": "acme"},
+    ),
     # Prices: writes are platform-only; tenant A's private model's price does not exist.
     Call("price-list", "GET", OK),
     Call("price-list", "POST", FORBIDDEN, body=price_body(lambda w: w.private_model_a)),
@@ -137,8 +203,13 @@ CAROL_CALLS = [
     Call("deployment-list", "POST", FORBIDDEN, body=deployment_body),
     Call("deployment-detail", "GET", FORBIDDEN, lambda w: w.deployment.name),
     Call("deployment-detail", "PUT", FORBIDDEN, lambda w: w.deployment.name, deployment_body),
-    Call("deployment-detail", "PATCH", FORBIDDEN, lambda w: w.deployment.name,
-         lambda w: {"replicas": 4}),
+    Call(
+        "deployment-detail",
+        "PATCH",
+        FORBIDDEN,
+        lambda w: w.deployment.name,
+        lambda w: {"replicas": 4},
+    ),
     Call("deployment-detail", "DELETE", FORBIDDEN, lambda w: w.deployment.name),
     Call("deployment-start", "POST", FORBIDDEN, lambda w: w.deployment.name),
     Call("deployment-stop", "POST", FORBIDDEN, lambda w: w.deployment.name),
@@ -162,10 +233,20 @@ BOB_CALLS = [
     Call("tenant-list", "GET", OK),
     Call("tenant-list", "POST", FORBIDDEN, body=lambda w: {"name": "Bob Co", "slug": "bob-co"}),
     Call("tenant-detail", "GET", OK, slug_a),
-    Call("tenant-detail", "PUT", FORBIDDEN, slug_a,
-         lambda w: {"name": "Acme", "slug": "acme", "requests_per_minute": 100000}),
-    Call("tenant-detail", "PATCH", FORBIDDEN, slug_a, lambda w: {"quota_tokens": None,
-                                                                  "priority": "P0"}),
+    Call(
+        "tenant-detail",
+        "PUT",
+        FORBIDDEN,
+        slug_a,
+        lambda w: {"name": "Acme", "slug": "acme", "requests_per_minute": 100000},
+    ),
+    Call(
+        "tenant-detail",
+        "PATCH",
+        FORBIDDEN,
+        slug_a,
+        lambda w: {"quota_tokens": None, "priority": "P0"},
+    ),
     Call("tenant-detail", "DELETE", FORBIDDEN, slug_a),
     Call("tenant-suspend", "POST", FORBIDDEN, slug_a),
     Call("tenant-activate", "POST", FORBIDDEN, slug_a),
@@ -174,21 +255,44 @@ BOB_CALLS = [
     Call("apikey-list", "POST", FORBIDDEN, body=lambda w: {"tenant": "acme", "name": "mine"}),
     Call("apikey-detail", "GET", OK, lambda w: w.bob_key.pk),
     Call("apikey-detail", "GET", NOT_FOUND, lambda w: w.alice_key.pk, note="admin's key"),
-    Call("apikey-detail", "PUT", FORBIDDEN, lambda w: w.bob_key.pk,
-         lambda w: {"tenant": "acme", "name": "renamed"}),
-    Call("apikey-detail", "PATCH", FORBIDDEN, lambda w: w.bob_key.pk,
-         lambda w: {"name": "renamed", "expires_at": None}),
+    Call(
+        "apikey-detail",
+        "PUT",
+        FORBIDDEN,
+        lambda w: w.bob_key.pk,
+        lambda w: {"tenant": "acme", "name": "renamed"},
+    ),
+    Call(
+        "apikey-detail",
+        "PATCH",
+        FORBIDDEN,
+        lambda w: w.bob_key.pk,
+        lambda w: {"name": "renamed", "expires_at": None},
+    ),
     Call("apikey-revoke", "POST", FORBIDDEN, lambda w: w.bob_key.pk),
     Call("membership-list", "GET", OK),
-    Call("membership-list", "POST", FORBIDDEN,
-         body=lambda w: {"tenant": "acme", "user": "dave", "role": "admin"}),
+    Call(
+        "membership-list",
+        "POST",
+        FORBIDDEN,
+        body=lambda w: {"tenant": "acme", "user": "dave", "role": "admin"},
+    ),
     Call("membership-detail", "GET", OK, lambda w: w.alice_membership.pk),
-    Call("membership-detail", "PATCH", FORBIDDEN, lambda w: w.bob_membership.pk,
-         lambda w: {"role": "admin"}),
+    Call(
+        "membership-detail",
+        "PATCH",
+        FORBIDDEN,
+        lambda w: w.bob_membership.pk,
+        lambda w: {"role": "admin"},
+    ),
     Call("membership-detail", "DELETE", FORBIDDEN, lambda w: w.alice_membership.pk),
     Call("user-list", "GET", FORBIDDEN),
-    Call("user-list", "POST", FORBIDDEN,
-         body=lambda w: {"username": "mallory", "password": "a long enough passphrase 9"}),
+    Call(
+        "user-list",
+        "POST",
+        FORBIDDEN,
+        body=lambda w: {"username": "mallory", "password": "a long enough passphrase 9"},
+    ),
     Call("user-detail", "GET", FORBIDDEN, lambda w: w.bob.pk),
     Call("user-detail", "PATCH", FORBIDDEN, lambda w: w.bob.pk, lambda w: {"is_staff": True}),
     # Admin tokens are the caller's own: a member manages his.
@@ -197,20 +301,52 @@ BOB_CALLS = [
     Call("admintoken-detail", "GET", NOT_FOUND, lambda w: w.alice_token.pk),
     Call("admintoken-revoke", "POST", NOT_FOUND, lambda w: w.alice_token.pk),
     Call("catalogmodel-list", "GET", OK),
-    Call("catalogmodel-list", "POST", FORBIDDEN,
-         body=lambda w: {"served_name": "x", "source": "o/x", "params_billions": "1",
-                         "context_length": 4096}),
+    Call(
+        "catalogmodel-list",
+        "POST",
+        FORBIDDEN,
+        body=lambda w: {
+            "served_name": "x",
+            "source": "o/x",
+            "params_billions": "1",
+            "context_length": 4096,
+        },
+    ),
     Call("catalogmodel-detail", "GET", OK, lambda w: w.private_model_a.pk),
-    Call("catalogmodel-detail", "PUT", FORBIDDEN, lambda w: w.public_model.pk,
-         lambda w: {"served_name": "qwen3-8b", "source": "o/x", "params_billions": "1",
-                    "context_length": 4096}),
-    Call("catalogmodel-detail", "PATCH", FORBIDDEN, lambda w: w.public_model.pk,
-         lambda w: {"context_length": 1024}),
+    Call(
+        "catalogmodel-detail",
+        "PUT",
+        FORBIDDEN,
+        lambda w: w.public_model.pk,
+        lambda w: {
+            "served_name": "qwen3-8b",
+            "source": "o/x",
+            "params_billions": "1",
+            "context_length": 4096,
+        },
+    ),
+    Call(
+        "catalogmodel-detail",
+        "PATCH",
+        FORBIDDEN,
+        lambda w: w.public_model.pk,
+        lambda w: {"context_length": 1024},
+    ),
     Call("catalogmodel-detail", "DELETE", FORBIDDEN, lambda w: w.public_model.pk),
-    Call("catalogmodel-grant", "POST", FORBIDDEN, lambda w: w.private_model_a.pk,
-         lambda w: {"tenant": "bravo"}),
-    Call("catalogmodel-ungrant", "POST", FORBIDDEN, lambda w: w.private_model_a.pk,
-         lambda w: {"tenant": "acme"}),
+    Call(
+        "catalogmodel-grant",
+        "POST",
+        FORBIDDEN,
+        lambda w: w.private_model_a.pk,
+        lambda w: {"tenant": "bravo"},
+    ),
+    Call(
+        "catalogmodel-ungrant",
+        "POST",
+        FORBIDDEN,
+        lambda w: w.private_model_a.pk,
+        lambda w: {"tenant": "acme"},
+    ),
     Call("price-list", "GET", OK),
     Call("price-list", "POST", FORBIDDEN, body=price_body(lambda w: w.public_model)),
     Call("price-detail", "GET", OK, lambda w: w.private_price_a.pk),
@@ -224,8 +360,13 @@ BOB_CALLS = [
     Call("deployment-list", "POST", FORBIDDEN, body=deployment_body),
     Call("deployment-detail", "GET", FORBIDDEN, lambda w: w.deployment.name),
     Call("deployment-detail", "PUT", FORBIDDEN, lambda w: w.deployment.name, deployment_body),
-    Call("deployment-detail", "PATCH", FORBIDDEN, lambda w: w.deployment.name,
-         lambda w: {"replicas": 4}),
+    Call(
+        "deployment-detail",
+        "PATCH",
+        FORBIDDEN,
+        lambda w: w.deployment.name,
+        lambda w: {"replicas": 4},
+    ),
     Call("deployment-detail", "DELETE", FORBIDDEN, lambda w: w.deployment.name),
     Call("deployment-start", "POST", FORBIDDEN, lambda w: w.deployment.name),
     Call("deployment-stop", "POST", FORBIDDEN, lambda w: w.deployment.name),
@@ -233,8 +374,13 @@ BOB_CALLS = [
     Call("operation-detail", "GET", FORBIDDEN, lambda w: w.operation.pk),
     Call("usageevent-list", "GET", OK),
     Call("usageevent-detail", "GET", OK, lambda w: w.usage_bob.request_id),
-    Call("usageevent-detail", "GET", NOT_FOUND, lambda w: w.usage_alice.request_id,
-         note="admin's key"),
+    Call(
+        "usageevent-detail",
+        "GET",
+        NOT_FOUND,
+        lambda w: w.usage_alice.request_id,
+        note="admin's key",
+    ),
     # The audit log is for tenant admins: a member gets nothing from it.
     Call("auditlog-list", "GET", OK),
     Call("auditlog-detail", "GET", (FORBIDDEN, NOT_FOUND), lambda w: w.audit_a.pk),
@@ -258,8 +404,14 @@ def test_tenant_b_admin_cannot_reach_tenant_a(
     response = _send_and_check_db(call, client_for(world.carol), world)
     # Whatever the answer, nothing of tenant A is in it.
     body = response.content.decode()
-    for secret in ['"acme"', "Acme Research", "acme-secret-70b", world.alice_key.prefix,
-                   '"alice"', world.usage_alice.request_id]:
+    for secret in [
+        '"acme"',
+        "Acme Research",
+        "acme-secret-70b",
+        world.alice_key.prefix,
+        '"alice"',
+        world.usage_alice.request_id,
+    ]:
         assert secret not in body
 
 
@@ -310,9 +462,11 @@ def test_api_keys_cannot_be_deleted_only_revoked(
     world: World, client_for: Callable[..., APIClient]
 ) -> None:
     """There is no DELETE on keys (usage refers to them); a tenant admin's attempt is 405."""
-    calls = [(client_for(world.alice), world.alice_key, 405),
-             (client_for(world.root), world.carol_key, 405),
-             (client_for(world.carol), world.alice_key, (404, 405))]
+    calls = [
+        (client_for(world.alice), world.alice_key, 405),
+        (client_for(world.root), world.carol_key, 405),
+        (client_for(world.carol), world.alice_key, (404, 405)),
+    ]
     before = db_state()
     for client, key, status in calls:
         assert client.delete(f"/api/v1/keys/{key.pk}/").status_code in expected(status)
@@ -324,69 +478,158 @@ def test_api_keys_cannot_be_deleted_only_revoked(
 # (who, list, field identifying a row, rows that must be there, rows that must not).
 # The "must be there" half keeps the test honest: an empty list would pass "must not".
 
+
 def _tokens_of(user: str) -> Callable[[World], list[Any]]:
-    return lambda w: list(AdminToken.objects.filter(user=getattr(w, user)).values_list("pk", flat=True))
+    return lambda w: list(
+        AdminToken.objects.filter(user=getattr(w, user)).values_list("pk", flat=True)
+    )
 
 
 def _audit(**filters: Any) -> Callable[[World], list[Any]]:
     return lambda w: list(
-        AuditLog.objects.filter(**{k: v(w) if callable(v) else v for k, v in filters.items()})
-        .values_list("pk", flat=True)
+        AuditLog.objects.filter(
+            **{k: v(w) if callable(v) else v for k, v in filters.items()}
+        ).values_list("pk", flat=True)
     )
 
 
 LISTS = [
     ("carol", "tenants", "slug", lambda w: ["bravo"], lambda w: ["acme"]),
-    ("carol", "keys", "prefix", lambda w: [w.carol_key.prefix],
-     lambda w: [w.alice_key.prefix, w.bob_key.prefix]),
-    ("carol", "members", "id", lambda w: [w.carol_membership.pk],
-     lambda w: [w.alice_membership.pk, w.bob_membership.pk]),
+    (
+        "carol",
+        "keys",
+        "prefix",
+        lambda w: [w.carol_key.prefix],
+        lambda w: [w.alice_key.prefix, w.bob_key.prefix],
+    ),
+    (
+        "carol",
+        "members",
+        "id",
+        lambda w: [w.carol_membership.pk],
+        lambda w: [w.alice_membership.pk, w.bob_membership.pk],
+    ),
     ("carol", "tokens", "id", _tokens_of("carol"), _tokens_of("alice")),
-    ("carol", "models", "served_name", lambda w: ["qwen3-8b", "bravo-private-7b"],
-     lambda w: ["acme-secret-70b"]),
+    (
+        "carol",
+        "models",
+        "served_name",
+        lambda w: ["qwen3-8b", "bravo-private-7b"],
+        lambda w: ["acme-secret-70b"],
+    ),
     ("carol", "prices", "id", lambda w: [w.public_price.pk], lambda w: [w.private_price_a.pk]),
-    ("carol", "usage", "request_id", lambda w: [w.usage_carol.request_id],
-     lambda w: [w.usage_alice.request_id, w.usage_bob.request_id]),
-    ("carol", "audit", "id", _audit(tenant=lambda w: w.tenant_b),
-     lambda w: _audit(tenant=w.tenant_a)(w) + _audit(tenant__isnull=True)(w)),
+    (
+        "carol",
+        "usage",
+        "request_id",
+        lambda w: [w.usage_carol.request_id],
+        lambda w: [w.usage_alice.request_id, w.usage_bob.request_id],
+    ),
+    (
+        "carol",
+        "audit",
+        "id",
+        _audit(tenant=lambda w: w.tenant_b),
+        lambda w: _audit(tenant=w.tenant_a)(w) + _audit(tenant__isnull=True)(w),
+    ),
     ("bob", "tenants", "slug", lambda w: ["acme"], lambda w: ["bravo"]),
-    ("bob", "keys", "prefix", lambda w: [w.bob_key.prefix],
-     lambda w: [w.alice_key.prefix, w.carol_key.prefix]),
-    ("bob", "members", "id", lambda w: [w.alice_membership.pk, w.bob_membership.pk],
-     lambda w: [w.carol_membership.pk]),
+    (
+        "bob",
+        "keys",
+        "prefix",
+        lambda w: [w.bob_key.prefix],
+        lambda w: [w.alice_key.prefix, w.carol_key.prefix],
+    ),
+    (
+        "bob",
+        "members",
+        "id",
+        lambda w: [w.alice_membership.pk, w.bob_membership.pk],
+        lambda w: [w.carol_membership.pk],
+    ),
     ("bob", "tokens", "id", _tokens_of("bob"), _tokens_of("alice")),
-    ("bob", "models", "served_name", lambda w: ["qwen3-8b", "acme-secret-70b"],
-     lambda w: ["bravo-private-7b"]),
+    (
+        "bob",
+        "models",
+        "served_name",
+        lambda w: ["qwen3-8b", "acme-secret-70b"],
+        lambda w: ["bravo-private-7b"],
+    ),
     ("bob", "prices", "id", lambda w: [w.public_price.pk, w.private_price_a.pk], lambda w: []),
-    ("bob", "usage", "request_id", lambda w: [w.usage_bob.request_id],
-     lambda w: [w.usage_alice.request_id, w.usage_carol.request_id]),
+    (
+        "bob",
+        "usage",
+        "request_id",
+        lambda w: [w.usage_bob.request_id],
+        lambda w: [w.usage_alice.request_id, w.usage_carol.request_id],
+    ),
     ("bob", "audit", "id", lambda w: [], _audit()),
-    ("alice", "keys", "prefix", lambda w: [w.alice_key.prefix, w.bob_key.prefix],
-     lambda w: [w.carol_key.prefix]),
-    ("alice", "usage", "request_id", lambda w: [w.usage_alice.request_id, w.usage_bob.request_id],
-     lambda w: [w.usage_carol.request_id]),
-    ("alice", "audit", "id", _audit(tenant=lambda w: w.tenant_a),
-     lambda w: _audit(tenant=w.tenant_b)(w) + _audit(tenant__isnull=True)(w)),
-    ("alice", "members", "id", lambda w: [w.alice_membership.pk, w.bob_membership.pk],
-     lambda w: [w.carol_membership.pk]),
-    ("root", "keys", "prefix",
-     lambda w: [w.alice_key.prefix, w.bob_key.prefix, w.carol_key.prefix], lambda w: []),
-    ("root", "usage", "request_id",
-     lambda w: [w.usage_alice.request_id, w.usage_bob.request_id, w.usage_carol.request_id],
-     lambda w: []),
-    ("root", "models", "served_name",
-     lambda w: ["qwen3-8b", "acme-secret-70b", "bravo-private-7b"], lambda w: []),
+    (
+        "alice",
+        "keys",
+        "prefix",
+        lambda w: [w.alice_key.prefix, w.bob_key.prefix],
+        lambda w: [w.carol_key.prefix],
+    ),
+    (
+        "alice",
+        "usage",
+        "request_id",
+        lambda w: [w.usage_alice.request_id, w.usage_bob.request_id],
+        lambda w: [w.usage_carol.request_id],
+    ),
+    (
+        "alice",
+        "audit",
+        "id",
+        _audit(tenant=lambda w: w.tenant_a),
+        lambda w: _audit(tenant=w.tenant_b)(w) + _audit(tenant__isnull=True)(w),
+    ),
+    (
+        "alice",
+        "members",
+        "id",
+        lambda w: [w.alice_membership.pk, w.bob_membership.pk],
+        lambda w: [w.carol_membership.pk],
+    ),
+    (
+        "root",
+        "keys",
+        "prefix",
+        lambda w: [w.alice_key.prefix, w.bob_key.prefix, w.carol_key.prefix],
+        lambda w: [],
+    ),
+    (
+        "root",
+        "usage",
+        "request_id",
+        lambda w: [w.usage_alice.request_id, w.usage_bob.request_id, w.usage_carol.request_id],
+        lambda w: [],
+    ),
+    (
+        "root",
+        "models",
+        "served_name",
+        lambda w: ["qwen3-8b", "acme-secret-70b", "bravo-private-7b"],
+        lambda w: [],
+    ),
     ("root", "tenants", "slug", lambda w: ["acme", "bravo"], lambda w: []),
 ]
 
 
 @pytest.mark.parametrize(
-    ("who", "resource", "field", "present", "absent"), LISTS,
+    ("who", "resource", "field", "present", "absent"),
+    LISTS,
     ids=[f"{row[0]} {row[1]}" for row in LISTS],
 )
 def test_lists_show_exactly_the_rows_the_user_may_see(
-    who: str, resource: str, field: str, present: Callable[[World], list[Any]],
-    absent: Callable[[World], list[Any]], world: World, client_for: Callable[..., APIClient],
+    who: str,
+    resource: str,
+    field: str,
+    present: Callable[[World], list[Any]],
+    absent: Callable[[World], list[Any]],
+    world: World,
+    client_for: Callable[..., APIClient],
 ) -> None:
     client = client_for(getattr(world, who))
     response = client.get(f"/api/v1/{resource}/", {"limit": 1000})
@@ -398,11 +641,15 @@ def test_lists_show_exactly_the_rows_the_user_may_see(
 
 @pytest.mark.parametrize(
     ("resource", "query"),
-    [("keys", {"tenant__slug": "acme"}), ("members", {"tenant__slug": "acme"}),
-     ("usage", {"tenant__slug": "acme"}), ("audit", {"tenant__slug": "acme"}),
-     ("models", {"served_name": "acme-secret-70b"}),
-     ("prices", {"model__served_name": "acme-secret-70b"}),
-     ("usage", {"model__served_name": "acme-secret-70b"})],
+    [
+        ("keys", {"tenant__slug": "acme"}),
+        ("members", {"tenant__slug": "acme"}),
+        ("usage", {"tenant__slug": "acme"}),
+        ("audit", {"tenant__slug": "acme"}),
+        ("models", {"served_name": "acme-secret-70b"}),
+        ("prices", {"model__served_name": "acme-secret-70b"}),
+        ("usage", {"model__served_name": "acme-secret-70b"}),
+    ],
 )
 def test_filtering_by_tenant_a_gives_tenant_b_an_empty_list(
     resource: str, query: dict[str, str], world: World, client_for: Callable[..., APIClient]

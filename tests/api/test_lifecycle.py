@@ -13,11 +13,28 @@ from tests.api.conftest import World
 # (who acts, first action path, field, value after it, audit action, object type,
 #  the opposite action path and its value, or None)
 ACTIONS = [
-    ("root", lambda w: "/api/v1/tenants/acme/suspend/", "status", "suspended", "suspend",
-     "tenant", lambda w: "/api/v1/tenants/acme/activate/", "active", "activate"),
-    ("root", lambda w: "/api/v1/deployments/qwen-main/stop/", "desired_state", "stopped",
-     "action", "deployment", lambda w: "/api/v1/deployments/qwen-main/start/", "running",
-     "action"),
+    (
+        "root",
+        lambda w: "/api/v1/tenants/acme/suspend/",
+        "status",
+        "suspended",
+        "suspend",
+        "tenant",
+        lambda w: "/api/v1/tenants/acme/activate/",
+        "active",
+        "activate",
+    ),
+    (
+        "root",
+        lambda w: "/api/v1/deployments/qwen-main/stop/",
+        "desired_state",
+        "stopped",
+        "action",
+        "deployment",
+        lambda w: "/api/v1/deployments/qwen-main/start/",
+        "running",
+        "action",
+    ),
 ]
 
 
@@ -26,15 +43,32 @@ def _audit_rows(object_type: str, action: str) -> list[AuditLog]:
 
 
 @pytest.mark.parametrize(
-    ("who", "path", "field", "value", "audit_action", "object_type", "back", "back_value",
-     "back_action"),
+    (
+        "who",
+        "path",
+        "field",
+        "value",
+        "audit_action",
+        "object_type",
+        "back",
+        "back_value",
+        "back_action",
+    ),
     ACTIONS,
     ids=["tenant suspend/activate", "deployment stop/start"],
 )
 def test_actions_show_their_effect_are_audited_and_repeat_harmlessly(
-    who: str, path: Callable[[World], str], field: str, value: str, audit_action: str,
-    object_type: str, back: Callable[[World], str], back_value: str, back_action: str,
-    world: World, client_for: Callable[..., APIClient],
+    who: str,
+    path: Callable[[World], str],
+    field: str,
+    value: str,
+    audit_action: str,
+    object_type: str,
+    back: Callable[[World], str],
+    back_value: str,
+    back_action: str,
+    world: World,
+    client_for: Callable[..., APIClient],
 ) -> None:
     client = client_for(getattr(world, who))
     detail = path(world).rsplit("/", 2)[0] + "/"
@@ -68,9 +102,7 @@ def test_suspending_a_tenant_is_visible_to_its_own_users_and_in_its_audit_log(
     ]
     # Tenant B is untouched and its admin does not see tenant A's entry.
     assert client_for(world.carol).get("/api/v1/tenants/bravo/").json()["status"] == "active"
-    assert client_for(world.carol).get("/api/v1/audit/", {"action": "suspend"}).json()[
-        "count"
-    ] == 0
+    assert client_for(world.carol).get("/api/v1/audit/", {"action": "suspend"}).json()["count"] == 0
 
 
 @pytest.mark.parametrize("who", ["alice", "root"])
@@ -122,13 +154,17 @@ def test_granting_and_ungranting_a_private_model_changes_what_tenant_b_sees(
     assert root.post(path + "grant/", {"tenant": "bravo"}, format="json").status_code == 201
     assert carol.get(path).status_code == 200
     assert sorted(root.get(path).json()["granted_tenants"]) == ["acme", "bravo"]
-    audit = AuditLog.objects.get(action="grant", object_repr="acme-secret-70b", tenant=world.tenant_b)
+    audit = AuditLog.objects.get(
+        action="grant", object_repr="acme-secret-70b", tenant=world.tenant_b
+    )
     assert audit.actor == world.root
 
     assert root.post(path + "ungrant/", {"tenant": "bravo"}, format="json").status_code == 200
     assert carol.get(path).status_code == 404
     assert root.get(path).json()["granted_tenants"] == ["acme"]
-    assert AuditLog.objects.filter(action="ungrant", tenant=world.tenant_b).get().actor == world.root
+    assert (
+        AuditLog.objects.filter(action="ungrant", tenant=world.tenant_b).get().actor == world.root
+    )
     # Ungranting what is not granted is "not found".
     assert root.post(path + "ungrant/", {"tenant": "bravo"}, format="json").status_code == 404
 
@@ -149,18 +185,22 @@ def test_members_and_keys_changed_by_the_tenant_admin_are_audited_with_the_actor
     world: World, client_for: Callable[..., APIClient]
 ) -> None:
     alice = client_for(world.alice)
-    added = alice.post("/api/v1/members/", {"tenant": "acme", "user": "dave", "role": "member"},
-                       format="json")
+    added = alice.post(
+        "/api/v1/members/", {"tenant": "acme", "user": "dave", "role": "member"}, format="json"
+    )
     assert added.status_code == 201
-    promoted = alice.patch(f"/api/v1/members/{added.json()['id']}/", {"role": "admin"},
-                           format="json")
+    promoted = alice.patch(
+        f"/api/v1/members/{added.json()['id']}/", {"role": "admin"}, format="json"
+    )
     assert promoted.status_code == 200 and promoted.json()["role"] == "admin"
     # With a second admin, alice may step down.
-    stepped = alice.patch(f"/api/v1/members/{world.alice_membership.pk}/", {"role": "member"},
-                          format="json")
+    stepped = alice.patch(
+        f"/api/v1/members/{world.alice_membership.pk}/", {"role": "member"}, format="json"
+    )
     assert stepped.status_code == 200
-    renamed = client_for(world.dave).patch(f"/api/v1/keys/{world.alice_key.pk}/",
-                                           {"name": "renamed"}, format="json")
+    renamed = client_for(world.dave).patch(
+        f"/api/v1/keys/{world.alice_key.pk}/", {"name": "renamed"}, format="json"
+    )
     assert renamed.status_code == 200 and renamed.json()["name"] == "renamed"
 
     entries = client_for(world.dave).get("/api/v1/audit/", {"limit": 100}).json()["results"]
@@ -168,7 +208,9 @@ def test_members_and_keys_changed_by_the_tenant_admin_are_audited_with_the_actor
     assert ("alice", "create", "membership") in summary
     assert ("alice", "update", "membership") in summary
     assert ("dave", "update", "apikey") in summary
-    key_update = next(e for e in entries if e["object_type"] == "apikey" and e["action"] == "update")
+    key_update = next(
+        e for e in entries if e["object_type"] == "apikey" and e["action"] == "update"
+    )
     assert key_update["changes"] == {"name": ["acme-prod", "renamed"]}
 
 
@@ -181,7 +223,10 @@ def test_removing_a_member_takes_away_their_view_of_the_tenant(
     assert removed.status_code == 204
     assert bob.get("/api/v1/tenants/acme/").status_code == 404
     assert bob.get(f"/api/v1/keys/{world.bob_key.pk}/").status_code == 404
-    assert AuditLog.objects.filter(action="delete", object_type="membership").get().actor == world.alice
+    assert (
+        AuditLog.objects.filter(action="delete", object_type="membership").get().actor
+        == world.alice
+    )
 
 
 def test_lowering_a_tenant_limit_through_the_api_tightens_its_keys(
@@ -193,4 +238,6 @@ def test_lowering_a_tenant_limit_through_the_api_tightens_its_keys(
     key: Any = client_for(world.alice).get(f"/api/v1/keys/{world.alice_key.pk}/").json()
     assert key["requests_per_minute"] == 50
     # Tenant B's keys are not touched by tenant A's change.
-    assert client_for(world.carol).get("/api/v1/tenants/bravo/").json()["requests_per_minute"] == 600
+    assert (
+        client_for(world.carol).get("/api/v1/tenants/bravo/").json()["requests_per_minute"] == 600
+    )

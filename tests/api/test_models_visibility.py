@@ -78,6 +78,10 @@ def test_a_tenant_limited_to_listed_models_sees_only_those(
         format="json",
     )
     assert response.status_code == 200
-    names = [m["served_name"] for m in client_for(world.carol).get("/api/v1/models/").json()["results"]]
+    names = [
+        m["served_name"] for m in client_for(world.carol).get("/api/v1/models/").json()["results"]
+    ]
     assert names == ["bravo-private-7b"]
-    assert client_for(world.carol).get(f"/api/v1/models/{world.public_model.pk}/").status_code == 404
+    assert (
+        client_for(world.carol).get(f"/api/v1/models/{world.public_model.pk}/").status_code == 404
+    )

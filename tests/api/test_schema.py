@@ -51,16 +51,16 @@ def test_every_route_and_action_of_the_router_is_in_the_schema(schema: dict[str,
     ``id`` (SCHEMA_COERCE_PATH_PK), which is the same route."""
     expected = {(_shape(path), method) for path, method in router_operations()}
     assert len(expected) > 40  # the router was read, not an empty set compared to itself
-    documented = {
-        (_shape(path), method) for path, ops in schema["paths"].items() for method in ops
-    }
+    documented = {(_shape(path), method) for path, ops in schema["paths"].items() for method in ops}
     assert expected - documented == set()
 
 
 def test_only_the_admin_token_and_session_authenticate(schema: dict[str, Any]) -> None:
     schemes = schema["components"]["securitySchemes"]
     assert schemes["adminToken"] == {
-        "type": "http", "scheme": "bearer", "bearerFormat": "tga-<prefix>-<secret>",
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "tga-<prefix>-<secret>",
         "description": "An admin API token created under /api/v1/tokens/.",
     }
 

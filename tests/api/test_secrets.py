@@ -45,7 +45,9 @@ class RawRecords(logging.Handler):
 
 
 @pytest.fixture
-def raw_logs(caplog: pytest.LogCaptureFixture) -> Iterator[tuple[RawRecords, pytest.LogCaptureFixture]]:
+def raw_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> Iterator[tuple[RawRecords, pytest.LogCaptureFixture]]:
     """Every log record at DEBUG from every logger, including SQL with its parameters."""
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.DEBUG, logger="django.db.backends")
@@ -72,7 +74,9 @@ def _assert_nowhere(secrets: list[str], logs: tuple[RawRecords, pytest.LogCaptur
 
 
 def test_a_new_key_is_shown_once_and_stored_as_prefix_and_hmac_only(
-    world: World, client_for: Callable[..., APIClient], raw_logs: tuple[RawRecords, pytest.LogCaptureFixture]
+    world: World,
+    client_for: Callable[..., APIClient],
+    raw_logs: tuple[RawRecords, pytest.LogCaptureFixture],
 ) -> None:
     alice = client_for(world.alice)
     response = alice.post("/api/v1/keys/", {"tenant": "acme", "name": "ci"}, format="json")
@@ -96,7 +100,9 @@ def test_a_new_key_is_shown_once_and_stored_as_prefix_and_hmac_only(
 
 
 def test_a_new_admin_token_is_shown_once_and_stored_as_prefix_and_hmac_only(
-    world: World, client_for: Callable[..., APIClient], raw_logs: tuple[RawRecords, pytest.LogCaptureFixture]
+    world: World,
+    client_for: Callable[..., APIClient],
+    raw_logs: tuple[RawRecords, pytest.LogCaptureFixture],
 ) -> None:
     bob = client_for(world.bob)
     response = bob.post("/api/v1/tokens/", {"name": "laptop"}, format="json")
@@ -122,7 +128,8 @@ def test_a_new_admin_token_is_shown_once_and_stored_as_prefix_and_hmac_only(
 def test_the_log_configuration_shows_keys_by_prefix_only() -> None:
     """A key that does reach a log line comes out of the configured handler redacted."""
     console = next(
-        h for h in logging.getLogger().handlers
+        h
+        for h in logging.getLogger().handlers
         if any(isinstance(f, RedactSecretsFilter) for f in h.filters)
     )
     stream = io.StringIO()

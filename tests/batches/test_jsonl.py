@@ -7,8 +7,12 @@ from batches.jsonl import InvalidFile, parse_requests
 
 
 def line(custom_id: str = "r1", **overrides: object) -> dict:
-    item = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "sim-chat", "messages": [{"role": "user", "content": "hi"}]}}
+    item = {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "sim-chat", "messages": [{"role": "user", "content": "hi"}]},
+    }
     return {**item, **overrides}
 
 
@@ -19,21 +23,26 @@ def jsonl(*items: object) -> bytes:
 def test_valid_file_gives_each_request_with_its_line_number() -> None:
     requests = parse_requests(jsonl(line("a"), b"", line("b", url="/v1/completions")), max_lines=10)
     assert [(r.line, r.custom_id, r.url) for r in requests] == [
-        (1, "a", "/v1/chat/completions"), (3, "b", "/v1/completions")]
+        (1, "a", "/v1/chat/completions"),
+        (3, "b", "/v1/completions"),
+    ]
     assert requests[0].body["model"] == "sim-chat"
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    (b"{not json", "Line 2: This line is not valid JSON."),
-    (b"[1, 2]", "Line 2: Each line must be a JSON object."),
-    (line("x", method="GET"), 'Line 2: method must be "POST".'),
-    (line("x", url="/v1/images/generations"), "Line 2: url must be one of"),
-    (line("x", body="hi"), "Line 2: body must be a JSON object."),
-    (line("x", body={"messages": []}), "Line 2: body.model must be a non-empty string."),
-    (line("x", body={"model": "m", "stream": True}), "Line 2: body.stream is not supported"),
-    (line(""), "Line 2: custom_id must be a non-empty string"),
-    (line("r1"), "Line 2: custom_id 'r1' is already used on line 1"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (b"{not json", "Line 2: This line is not valid JSON."),
+        (b"[1, 2]", "Line 2: Each line must be a JSON object."),
+        (line("x", method="GET"), 'Line 2: method must be "POST".'),
+        (line("x", url="/v1/images/generations"), "Line 2: url must be one of"),
+        (line("x", body="hi"), "Line 2: body must be a JSON object."),
+        (line("x", body={"messages": []}), "Line 2: body.model must be a non-empty string."),
+        (line("x", body={"model": "m", "stream": True}), "Line 2: body.stream is not supported"),
+        (line(""), "Line 2: custom_id must be a non-empty string"),
+        (line("r1"), "Line 2: custom_id 'r1' is already used on line 1"),
+    ],
+)
 def test_the_first_bad_line_is_named(bad: object, message: str) -> None:
     with pytest.raises(InvalidFile) as caught:
         parse_requests(jsonl(line("r1"), bad, b"{also bad"), max_lines=10)

@@ -44,8 +44,15 @@ def client(world: World, key: str | None = None) -> openai.OpenAI:
 
 
 def requests_file(n: int, model: str = "sim-chat", max_tokens: int = 6) -> io.BytesIO:
-    lines = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": model, "messages": HELLO, "max_tokens": max_tokens + i}} for i in range(n)]
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": HELLO, "max_tokens": max_tokens + i},
+        }
+        for i in range(n)
+    ]
     return io.BytesIO(b"".join(orjson.dumps(x) + b"\n" for x in lines))
 
 
@@ -63,7 +70,9 @@ def run_in_thread(batch_id: str) -> threading.Thread:
     return thread
 
 
-def wait_for(world: World, batch_id: str, done: callable, timeout: float = 60.0) -> openai.types.Batch:
+def wait_for(
+    world: World, batch_id: str, done: callable, timeout: float = 60.0
+) -> openai.types.Batch:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         batch = client(world).batches.retrieve(batch_id)
@@ -82,13 +91,18 @@ def test_batch_lifecycle_through_the_sdk(world: World) -> None:
     uploaded = sdk.files.create(file=("requests.jsonl", requests_file(5)), purpose="batch")
     assert uploaded.purpose == "batch" and uploaded.filename == "requests.jsonl"
     assert sdk.files.retrieve(uploaded.id).bytes == uploaded.bytes
-    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                               completion_window="24h", metadata={"job": "nightly"})
+    batch = sdk.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "nightly"},
+    )
     assert batch.status == "validating" and batch.request_counts.total == 5
     queued = [orjson.loads(m)["headers"] for m in broker().lrange("batches", 0, -1)]
     pk = Batch.objects.get(public_id=batch.id).pk
-    assert {"task": "batches.run_batch", "argsrepr": f"[{pk}]"}.items() <= queued[-1].items(), \
+    assert {"task": "batches.run_batch", "argsrepr": f"[{pk}]"}.items() <= queued[-1].items(), (
         "the web process queues the run on the batches queue after commit"
+    )
 
     run_in_thread(batch.id).join(timeout=60)
     done = sdk.batches.retrieve(batch.id)
@@ -106,7 +120,11 @@ def test_batch_lifecycle_through_the_sdk(world: World) -> None:
     # Billed to the key that created the batch, through the gateway's usage stream.
     parent = ApiKey.objects.get(prefix=parse_key(world.key_a))
     event = usage_event(lines[0]["response"]["request_id"])
-    assert (event.api_key_id, event.tenant_id, event.completion_tokens) == (parent.pk, world.tenant_a.pk, 6)
+    assert (event.api_key_id, event.tenant_id, event.completion_tokens) == (
+        parent.pk,
+        world.tenant_a.pk,
+        6,
+    )
     children = ApiKey.objects.filter(parent=parent, name=f"batch {batch.id}")
     assert children.count() == 1 and children.get().revoked_at is not None
     assert [b.id for b in sdk.batches.list()] == [batch.id]
@@ -115,9 +133,12 @@ def test_batch_lifecycle_through_the_sdk(world: World) -> None:
 def test_cancel_mid_run_keeps_partial_output(world: World, settings: object) -> None:
     settings.TOLLGATE_BATCH_CONCURRENCY = 1
     sdk = client(world)
-    uploaded = sdk.files.create(file=("slow.jsonl", requests_file(8, model="sim-slow", max_tokens=10)),
-                                purpose="batch")
-    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    uploaded = sdk.files.create(
+        file=("slow.jsonl", requests_file(8, model="sim-slow", max_tokens=10)), purpose="batch"
+    )
+    batch = sdk.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     thread = run_in_thread(batch.id)
     wait_for(world, batch.id, lambda b: b.request_counts.completed >= 2)
     assert sdk.batches.cancel(batch.id).status in ("cancelling", "cancelled")
@@ -133,8 +154,9 @@ def test_cancel_mid_run_keeps_partial_output(world: World, settings: object) -> 
 
 def test_another_tenants_batch_and_file_are_not_found(world: World) -> None:
     uploaded = client(world).files.create(file=("a.jsonl", requests_file(1)), purpose="batch")
-    batch = client(world).batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                         completion_window="24h")
+    batch = client(world).batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     bravo = client(world, world.key_b)
     with pytest.raises(openai.NotFoundError):
         bravo.batches.retrieve(batch.id)
@@ -156,13 +178,22 @@ def test_bad_jsonl_is_refused_with_the_line_number(world: World) -> None:
 def test_a_batch_whose_runner_died_continues_where_it_stopped(world: World) -> None:
     """The dead runner is simulated: its claim, one stored result, its child key, its lease run out."""
     uploaded = client(world).files.create(file=("r.jsonl", requests_file(3)), purpose="batch")
-    created = client(world).batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                           completion_window="24h")
+    created = client(world).batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     batch = Batch.objects.get(public_id=created.id)
     assert services.claim(batch.pk, "dead") is not None
-    services.record_result(batch.pk, batch.lines.get(line=1).pk, services.result_line(
-        "req-0", response={"status_code": 200, "request_id": "req_before", "body": {"usage": {}}}))
-    orphan = issue_child_key(batch.api_key, name=f"batch {batch.public_id}", expires_at=batch.expires_at)
+    services.record_result(
+        batch.pk,
+        batch.lines.get(line=1).pk,
+        services.result_line(
+            "req-0",
+            response={"status_code": 200, "request_id": "req_before", "body": {"usage": {}}},
+        ),
+    )
+    orphan = issue_child_key(
+        batch.api_key, name=f"batch {batch.public_id}", expires_at=batch.expires_at
+    )
     Batch.objects.filter(pk=batch.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
 
     assert runner.recover() == [batch.pk]

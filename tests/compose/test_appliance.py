@@ -58,16 +58,26 @@ class Stack:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def compose(self, *args: str, check: bool = True, timeout: float = 300) -> str:
-        cmd = ["docker", "compose", "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args]
-        done = subprocess.run(cmd, env=self.env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout)
+        cmd = [
+            "docker",
+            "compose",
+            "-p",
+            self.project,
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            *args,
+        ]
+        done = subprocess.run(
+            cmd, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
 
     def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30,
-                            headers={"Authorization": f"Bearer {self.token}"})
+        return httpx.Client(
+            base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"}
+        )
 
     def wait_healthy(self, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -78,13 +88,24 @@ class Stack:
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise AssertionError(f"/healthz never answered 200:\n{self.compose('logs', '--tail', '60', check=False)}")
+        raise AssertionError(
+            f"/healthz never answered 200:\n{self.compose('logs', '--tail', '60', check=False)}"
+        )
 
     def managed_containers(self) -> list[str]:
         out = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", "label=tollgate.managed=true",
-             "--filter", f"label=tollgate.stack={self.project}"],
-            capture_output=True, text=True, check=True,
+            [
+                "docker",
+                "ps",
+                "-aq",
+                "--filter",
+                "label=tollgate.managed=true",
+                "--filter",
+                f"label=tollgate.stack={self.project}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         return out.split()
 
@@ -95,20 +116,22 @@ def compose_env(project: str, port: int) -> dict[str, str]:
     keep = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "LANG")
     env = {name: os.environ[name] for name in keep if name in os.environ}
     env.update({name: os.environ.get(name, default) for name, default in LOCAL_IMAGES.items()})
-    env.update({
-        "TOLLGATE_HTTP_PORT": str(port),
-        "TOLLGATE_BIND_ADDRESS": "127.0.0.1",
-        "TOLLGATE_PUBLIC_URL": f"http://127.0.0.1:{port}",
-        "TOLLGATE_ADMIN_PASSWORD": ADMIN_PASSWORD,
-        "TOLLGATE_STACK_ID": project,
-        "TOLLGATE_ENGINE_NETWORK": f"{project}-engines",
-        "TOLLGATE_MODEL_CACHE_VOLUME": f"{project}-model-cache",
-        "TOLLGATE_COMPILE_CACHE_VOLUME": f"{project}-compile-cache",
-        "TOLLGATE_PULL_POLICY": "never",
-        "TOLLGATE_WEB_WORKERS": "2",
-        "TOLLGATE_WORKER_CONCURRENCY": "2",
-        "TOLLGATE_DOCKER_POLICY_LOG": "all",  # every call the docker-proxy allowed, for the record
-    })
+    env.update(
+        {
+            "TOLLGATE_HTTP_PORT": str(port),
+            "TOLLGATE_BIND_ADDRESS": "127.0.0.1",
+            "TOLLGATE_PUBLIC_URL": f"http://127.0.0.1:{port}",
+            "TOLLGATE_ADMIN_PASSWORD": ADMIN_PASSWORD,
+            "TOLLGATE_STACK_ID": project,
+            "TOLLGATE_ENGINE_NETWORK": f"{project}-engines",
+            "TOLLGATE_MODEL_CACHE_VOLUME": f"{project}-model-cache",
+            "TOLLGATE_COMPILE_CACHE_VOLUME": f"{project}-compile-cache",
+            "TOLLGATE_PULL_POLICY": "never",
+            "TOLLGATE_WEB_WORKERS": "2",
+            "TOLLGATE_WORKER_CONCURRENCY": "2",
+            "TOLLGATE_DOCKER_POLICY_LOG": "all",  # every call the docker-proxy allowed, for the record
+        }
+    )
     return env
 
 
@@ -120,7 +143,9 @@ def keep_policy_log(stack: "Stack") -> list[str]:
     if text.strip():
         (ROOT / ".pytest-dockerpolicy").mkdir(exist_ok=True)
         (ROOT / ".pytest-dockerpolicy" / f"compose-{stack.project}.log").write_text(text)
-    return [line for line in text.splitlines() if " refused " in line and "(docker-sdk-python/" in line]
+    return [
+        line for line in text.splitlines() if " refused " in line and "(docker-sdk-python/" in line
+    ]
 
 
 def issue_admin_token(stack: Stack) -> str:
@@ -156,8 +181,10 @@ def stack() -> Iterator[Stack]:
         leftovers = stack.managed_containers()
         if leftovers:
             subprocess.run(["docker", "rm", "-f", *leftovers], capture_output=True)
-        subprocess.run(["docker", "volume", "rm", "-f", f"{project}-model-cache",
-                        f"{project}-compile-cache"], capture_output=True)
+        subprocess.run(
+            ["docker", "volume", "rm", "-f", f"{project}-model-cache", f"{project}-compile-cache"],
+            capture_output=True,
+        )
         subprocess.run(["docker", "network", "rm", f"{project}-engines"], capture_output=True)
     assert not refused, f"the Docker API policy refused the worker's own calls: {refused}"
 
@@ -191,8 +218,10 @@ class Traffic:
 
     def one(self, stream: bool) -> str:
         raw = self.client.chat.completions.with_raw_response.create(
-            model=self.model, messages=[{"role": "user", "content": "Count to three."}],
-            max_tokens=12, stream=stream,
+            model=self.model,
+            messages=[{"role": "user", "content": "Count to three."}],
+            max_tokens=12,
+            stream=stream,
         )
         request_id = raw.headers["x-request-id"]
         if stream:
@@ -246,17 +275,33 @@ print(json.dumps({
 """.replace("STACK", stack.project)
     out = stack.compose("exec", "-T", "worker", "python3", "-c", probe)
     answers = json.loads(out.strip().splitlines()[-1])
-    assert answers == {"ping": 200, "list": 200, "list_everything": 403, "exec": 403, "privileged": 403,
-                       "privileged_escaped": 403, "privileged_lower": 403, "host_bind": 403,
-                       "host_bind_escaped": 403, "host_network": 403, "build": 403, "swarm": 403}
+    assert answers == {
+        "ping": 200,
+        "list": 200,
+        "list_everything": 403,
+        "exec": 403,
+        "privileged": 403,
+        "privileged_escaped": 403,
+        "privileged_lower": 403,
+        "host_bind": 403,
+        "host_bind_escaped": 403,
+        "host_network": 403,
+        "build": 403,
+        "swarm": 403,
+    }
     # Each refusal is one line of the docker-proxy's log, with its reason.
     log = stack.compose("logs", "--no-color", "docker-proxy")
     assert "HostConfig.Privileged is not allowed" in log and "HostConfig.Binds[0] mounts '/'" in log
     # The internet-facing web process cannot reach the Docker API at all.
     unreachable = stack.compose(
-        "exec", "-T", "web", "python3", "-c",
+        "exec",
+        "-T",
+        "web",
+        "python3",
+        "-c",
         "import socket\ntry:\n socket.create_connection(('docker-proxy', 2375), 3); print('reached')\n"
-        "except OSError: print('unreachable')")
+        "except OSError: print('unreachable')",
+    )
     assert unreachable.strip() == "unreachable"
 
 
@@ -268,26 +313,64 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert [(n["name"], n["docker_url"]) for n in nodes] == [("local", "tcp://docker-proxy:2375")]
 
     # An admin sets up a model, its price, a tenant and a key, and deploys the model.
-    post(api, "/api/v1/models/", {"served_name": "sim-chat", "source": "tollgate/sim",
-                                   "params_billions": "0.5", "context_length": 8192})
-    post(api, "/api/v1/prices/", {"model": "sim-chat", "currency": "USD", "input_per_mtok": "1.00",
-                                   "cached_input_per_mtok": "0.50", "output_per_mtok": "2.00"})
+    post(
+        api,
+        "/api/v1/models/",
+        {
+            "served_name": "sim-chat",
+            "source": "tollgate/sim",
+            "params_billions": "0.5",
+            "context_length": 8192,
+        },
+    )
+    post(
+        api,
+        "/api/v1/prices/",
+        {
+            "model": "sim-chat",
+            "currency": "USD",
+            "input_per_mtok": "1.00",
+            "cached_input_per_mtok": "0.50",
+            "output_per_mtok": "2.00",
+        },
+    )
     post(api, "/api/v1/tenants/", {"name": "Acme Research", "slug": "acme"})
     key = post(api, "/api/v1/keys/", {"tenant": "acme", "name": "compose-test"})["key"]
-    post(api, "/api/v1/deployments/", {"name": "sim", "model": "sim-chat", "node": "local",
-                                        "image": SIM_IMAGE, "profile": "simulator", "replicas": 1})
+    post(
+        api,
+        "/api/v1/deployments/",
+        {
+            "name": "sim",
+            "model": "sim-chat",
+            "node": "local",
+            "image": SIM_IMAGE,
+            "profile": "simulator",
+            "replicas": 1,
+        },
+    )
     deployment = wait_ready(api, "sim")
     assert len(stack.managed_containers()) == 1
 
     # The engine sits on the internal engine network, published nowhere: only the gateway
     # reaches it.
-    engine = json.loads(subprocess.run(
-        ["docker", "inspect", deployment["replica_set"][0]["container_name"]],
-        capture_output=True, text=True, check=True).stdout)[0]
+    engine = json.loads(
+        subprocess.run(
+            ["docker", "inspect", deployment["replica_set"][0]["container_name"]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )[0]
     assert list(engine["NetworkSettings"]["Networks"]) == [f"{stack.project}-engines"]
     assert not engine["HostConfig"]["PortBindings"]
-    network = json.loads(subprocess.run(["docker", "network", "inspect", f"{stack.project}-engines"],
-                                        capture_output=True, text=True, check=True).stdout)[0]
+    network = json.loads(
+        subprocess.run(
+            ["docker", "network", "inspect", f"{stack.project}-engines"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )[0]
     assert network["Internal"] is True
 
     # A tenant calls it with the official SDK through the published port.
@@ -297,19 +380,36 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert [m.id for m in client.models.list().data] == ["sim-chat"]
 
     # A Batch API job runs on the batches worker; its requests go through the gateway as P2.
-    lines = [json.dumps({"custom_id": f"b{n}", "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"model": "sim-chat", "max_tokens": 4,
-                                  "messages": [{"role": "user", "content": f"hello {n}"}]}})
-             for n in range(3)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"b{n}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "sim-chat",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": f"hello {n}"}],
+                },
+            }
+        )
+        for n in range(3)
+    ]
     upload = client.files.create(file=("batch.jsonl", "\n".join(lines).encode()), purpose="batch")
-    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     deadline = time.monotonic() + 180
-    while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+    while (
+        batch.status not in ("completed", "failed", "expired", "cancelled")
+        and time.monotonic() < deadline
+    ):
         time.sleep(1)
         batch = client.batches.retrieve(batch.id)
     assert batch.status == "completed", batch
-    results = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+    results = [
+        json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()
+    ]
     assert sorted(r["custom_id"] for r in results) == ["b0", "b1", "b2"]
     assert all(r["response"]["status_code"] == 200 for r in results)
 

@@ -11,5 +11,7 @@ def test_env_example_documents_every_compose_variable() -> None:
     files = [ROOT / "docker-compose.yml", ROOT / "compose/cluster.yml"]
     used = {name for f in files for name in re.findall(r"\$\{([A-Z0-9_]+)", f.read_text())}
     documented = set(re.findall(r"^([A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.M))
-    assert used - documented == set(), "variables the Compose files read without a line in .env.example"
+    assert used - documented == set(), (
+        "variables the Compose files read without a line in .env.example"
+    )
     assert documented - used == set(), "variables in .env.example that no Compose file reads"

@@ -20,24 +20,49 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def busy_model(public_model: object, local_node: Node, tenant_a: Tenant) -> object:
     deployment = Deployment.objects.create(
-        name="qwen-dep", model=public_model, node=local_node, image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": 4}, desired_state="running", state="ready")
-    Replica.objects.create(deployment=deployment, index=0, node=local_node, host="127.0.0.1", port=9,
-                           state=ReplicaState.READY, healthy=True)
+        name="qwen-dep",
+        model=public_model,
+        node=local_node,
+        image="tollgate/engine-sim:latest",
+        engine_args={"max-num-seqs": 4},
+        desired_state="running",
+        state="ready",
+    )
+    Replica.objects.create(
+        deployment=deployment,
+        index=0,
+        node=local_node,
+        host="127.0.0.1",
+        port=9,
+        state=ReplicaState.READY,
+        healthy=True,
+    )
     client = get_redis()
     running, queue, _, _, ceiling = pool_keys(public_model.pk)
     client.zadd(running, {"r1": 9e15, "r2": 9e15, "r3": 9e15})
     client.zadd(queue, {"w0": 5.0, "w2a": 2e13 + 1, "w2b": 2e13 + 2})
     client.set(ceiling, 3)
     hour = int(time.time() // 3600)
-    client.hset(wait_stats_key(hour), mapping={f"P2|{tenant_a.pk}|n": 4, f"P2|{tenant_a.pk}|s": "10.0"})
-    AdmissionSample.objects.create(model=public_model, at=timezone.now() - timedelta(seconds=5), budget=4,
-                                   ceiling=3, decision="decrease", tokens_per_second=Decimal("812.5"),
-                                   ttft_ms=420.0, engine_waiting=2, gateway_queued=3)
+    client.hset(
+        wait_stats_key(hour), mapping={f"P2|{tenant_a.pk}|n": 4, f"P2|{tenant_a.pk}|s": "10.0"}
+    )
+    AdmissionSample.objects.create(
+        model=public_model,
+        at=timezone.now() - timedelta(seconds=5),
+        budget=4,
+        ceiling=3,
+        decision="decrease",
+        tokens_per_second=Decimal("812.5"),
+        ttft_ms=420.0,
+        engine_waiting=2,
+        gateway_queued=3,
+    )
     return public_model
 
 
-def test_admins_see_slots_queue_ceiling_and_waits(web: object, root: object, busy_model: object) -> None:
+def test_admins_see_slots_queue_ceiling_and_waits(
+    web: object, root: object, busy_model: object
+) -> None:
     page = web(root).get("/admission/")
     assert page.status_code == 200
     html = page.content.decode()

@@ -41,8 +41,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.django_db(tra
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "tests" / "console" / "screenshots"
 PREFIX = f"consoletest-{secrets.token_hex(5)}"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -60,11 +66,17 @@ def _database_url() -> str:
 
 def _env(stack_id: str) -> dict[str, str]:
     return {
-        **os.environ, "TOLLGATE_ENV": "test", "DATABASE_URL": _database_url(),
-        "TOLLGATE_REDIS_PREFIX": PREFIX, "TOLLGATE_LOG_LEVEL": "WARNING",
-        "TOLLGATE_STACK_ID": stack_id, "TOLLGATE_MODEL_CACHE_VOLUME": f"{stack_id}-models",
-        "TOLLGATE_COMPILE_CACHE_VOLUME": f"{stack_id}-compile", "TOLLGATE_PULL_POLICY": "never",
-        "TOLLGATE_ENGINE_POLL_SECONDS": "0.2", "TOLLGATE_LOGIN_FAILURE_LIMIT": "3",
+        **os.environ,
+        "TOLLGATE_ENV": "test",
+        "DATABASE_URL": _database_url(),
+        "TOLLGATE_REDIS_PREFIX": PREFIX,
+        "TOLLGATE_LOG_LEVEL": "WARNING",
+        "TOLLGATE_STACK_ID": stack_id,
+        "TOLLGATE_MODEL_CACHE_VOLUME": f"{stack_id}-models",
+        "TOLLGATE_COMPILE_CACHE_VOLUME": f"{stack_id}-compile",
+        "TOLLGATE_PULL_POLICY": "never",
+        "TOLLGATE_ENGINE_POLL_SECONDS": "0.2",
+        "TOLLGATE_LOGIN_FAILURE_LIMIT": "3",
     }
 
 
@@ -73,12 +85,31 @@ def live(transactional_db: None, stack: str) -> Iterator[str]:  # noqa: F811
     """The console, admin API and gateway on one port, one worker, like the appliance."""
     port = free_port()
     env = {**_env(stack), "DJANGO_DEBUG": "false"}  # as deployed: the console's own error pages
-    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env,
-                   check=True)
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
-         "-w", "1", "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(ROOT / ".pytest-console.log", "w"),
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "python:config.gunicorn",
+            "config.asgi:application",
+            "-w",
+            "1",
+            "-b",
+            f"127.0.0.1:{port}",
+            "--graceful-timeout",
+            "5",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(ROOT / ".pytest-console.log", "w"),
     )
     wait_listening(port, server)
     yield f"http://127.0.0.1:{port}"
@@ -88,14 +119,37 @@ def live(transactional_db: None, stack: str) -> Iterator[str]:  # noqa: F811
 @pytest.fixture
 def node_worker(transactional_db: None, stack: str) -> Iterator[Node]:  # noqa: F811
     node = deployment_services.register_node(
-        None, name="local", docker_url=django_settings.TOLLGATE_DOCKER_URL, engine_host="127.0.0.1",
-        total_memory_bytes=64 * 10**9, queue=f"node.{stack}",
+        None,
+        name="local",
+        docker_url=django_settings.TOLLGATE_DOCKER_URL,
+        engine_host="127.0.0.1",
+        total_memory_bytes=64 * 10**9,
+        queue=f"node.{stack}",
     )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", node.queue, "--pool", "solo",
-         "--concurrency", "1", "--without-heartbeat", "--without-gossip", "--without-mingle",
-         "--loglevel", "WARNING"],
-        cwd=ROOT, env=_env(stack), stdout=subprocess.DEVNULL, stderr=open(ROOT / ".pytest-console-worker.log", "w"),
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-Q",
+            node.queue,
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=_env(stack),
+        stdout=subprocess.DEVNULL,
+        stderr=open(ROOT / ".pytest-console-worker.log", "w"),
     )
     yield node
     worker.send_signal(signal.SIGTERM)
@@ -115,7 +169,9 @@ def browser(live: str, node_worker: Node, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        chromium = p.chromium.launch(
+            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+        )
         yield chromium
         chromium.close()
 
@@ -132,15 +188,23 @@ def login(page: object, url: str, username: str, password: str = PASSWORD) -> No
 
 
 def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
-    live: str, node_worker: Node, browser: object, stack: str,  # noqa: F811
+    live: str,
+    node_worker: Node,
+    browser: object,
+    stack: str,  # noqa: F811
 ) -> None:
     from django.contrib.auth import get_user_model
 
     User = get_user_model()
     User.objects.create_user("root", "root@example.test", PASSWORD, is_staff=True)
     ensure_builtin_profiles()  # a data migration made them; an earlier test's flush may not have kept them
-    model = deployment_services.create_model(None, served_name="tiny-chat", source="Qwen/Qwen3-0.6B",
-                                             params_billions=Decimal("0.6"), context_length=4096)
+    model = deployment_services.create_model(
+        None,
+        served_name="tiny-chat",
+        source="Qwen/Qwen3-0.6B",
+        params_billions=Decimal("0.6"),
+        context_length=4096,
+    )
     metering_services.set_price(None, model, Decimal("1.00"), Decimal("0.50"), Decimal("2.00"))
 
     context = browser.new_context(viewport={"width": 1366, "height": 900}, accept_downloads=True)
@@ -210,8 +274,9 @@ def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
 
     client = OpenAI(base_url=f"{live}/v1", api_key=secret)
     for i in range(3):
-        reply = client.chat.completions.create(model="tiny-chat", max_tokens=20,
-                                               messages=[{"role": "user", "content": f"hello {i}"}])
+        reply = client.chat.completions.create(
+            model="tiny-chat", max_tokens=20, messages=[{"role": "user", "content": f"hello {i}"}]
+        )
         assert reply.usage.completion_tokens > 0
 
     # The playground: streamed reply with time to first token, tokens and cost.
@@ -248,9 +313,16 @@ def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
     page.goto(f"{live}/dashboard/")
     page.wait_for_selector("text=Acme Research")
     shot(page, "10-dashboard")
-    for path, name in (("/tenants/", "11-tenants"), ("/tenants/acme-research/", "12-tenant-detail"),
-                       ("/keys/", "13-keys"), ("/models/", "14-models"), (f"/models/{model.pk}/", "15-model-detail"),
-                       ("/nodes/", "16-nodes"), ("/deployments/", "17-deployments"), ("/audit/", "18-audit")):
+    for path, name in (
+        ("/tenants/", "11-tenants"),
+        ("/tenants/acme-research/", "12-tenant-detail"),
+        ("/keys/", "13-keys"),
+        ("/models/", "14-models"),
+        (f"/models/{model.pk}/", "15-model-detail"),
+        ("/nodes/", "16-nodes"),
+        ("/deployments/", "17-deployments"),
+        ("/audit/", "18-audit"),
+    ):
         response = page.goto(f"{live}{path}")
         assert response.status == 200, path
         shot(page, name)

@@ -34,7 +34,13 @@ def u(name: str, *args: object) -> str:
 
 def test_pages_need_a_login(tenant_a: Tenant) -> None:
     client = Client()
-    for url in (u("home"), u("dashboard"), u("tenant-list"), u("tenant-detail", "acme"), u("usage")):
+    for url in (
+        u("home"),
+        u("dashboard"),
+        u("tenant-list"),
+        u("tenant-detail", "acme"),
+        u("usage"),
+    ):
         response = client.get(url)
         assert response.status_code == 302 and response["Location"].startswith("/login/?next=")
 
@@ -44,8 +50,9 @@ def test_login_with_the_right_password_then_logout(root: object) -> None:
     page = client.get(u("login"))
     assert page.status_code == 200 and b"csrfmiddlewaretoken" in page.content
     token = page.cookies["csrftoken"].value
-    response = client.post(u("login"), {"username": "root", "password": PASSWORD,
-                                         "csrfmiddlewaretoken": token})
+    response = client.post(
+        u("login"), {"username": "root", "password": PASSWORD, "csrfmiddlewaretoken": token}
+    )
     assert response.status_code == 302 and response["Location"] == "/"
     assert client.get(u("dashboard")).status_code == 200
     assert client.get(u("logout")).status_code == 405  # a link cannot log anyone out
@@ -75,15 +82,28 @@ def test_a_form_without_csrf_token_is_refused(root: object) -> None:
     response = client.post(u("tenant-new"), {"name": "Sneaky"})
     assert response.status_code == 403 and b"security token" in response.content
     assert not Tenant.objects.filter(name="Sneaky").exists()
-    assert Client(enforce_csrf_checks=True).post(u("login"), {"username": "root", "password": PASSWORD}).status_code == 403
+    assert (
+        Client(enforce_csrf_checks=True)
+        .post(u("login"), {"username": "root", "password": PASSWORD})
+        .status_code
+        == 403
+    )
 
 
 def test_password_change(web: object, alice: object) -> None:
     client = web(alice)
-    bad = client.post(u("password-change"), {"old_password": "nope", "new_password1": "x", "new_password2": "x"})
+    bad = client.post(
+        u("password-change"), {"old_password": "nope", "new_password1": "x", "new_password2": "x"}
+    )
     assert bad.status_code == 200 and b"incorrectly" in bad.content
-    ok = client.post(u("password-change"), {"old_password": PASSWORD, "new_password1": "a brand new passphrase 9",
-                                            "new_password2": "a brand new passphrase 9"})
+    ok = client.post(
+        u("password-change"),
+        {
+            "old_password": PASSWORD,
+            "new_password1": "a brand new passphrase 9",
+            "new_password2": "a brand new passphrase 9",
+        },
+    )
     assert ok.status_code == 302
     alice.refresh_from_db()
     assert alice.check_password("a brand new passphrase 9")
@@ -97,10 +117,19 @@ def test_home_sends_each_role_to_its_page(web: object, root: object, alice: obje
     assert web(alice).get(u("home"))["Location"] == u("tenant-detail", "acme")
 
 
-def test_platform_pages_are_forbidden_to_tenant_users(web: object, alice: object, local_node: object) -> None:
+def test_platform_pages_are_forbidden_to_tenant_users(
+    web: object, alice: object, local_node: object
+) -> None:
     client = web(alice)
-    for url in (u("dashboard"), u("node-list"), u("deployment-list"), u("deployment-new"),
-                u("tenant-new"), u("model-new"), u("node-detail", local_node.pk)):
+    for url in (
+        u("dashboard"),
+        u("node-list"),
+        u("deployment-list"),
+        u("deployment-new"),
+        u("tenant-new"),
+        u("model-new"),
+        u("node-detail", local_node.pk),
+    ):
         response = client.get(url)
         assert response.status_code == 403, url
         assert b"Not allowed (403)" in response.content  # the console's own error page
@@ -116,10 +145,16 @@ def test_unknown_page_is_the_consoles_404(web: object, root: object) -> None:
 # --- Dashboard --------------------------------------------------------------------------------
 
 
-def test_dashboard_shows_nodes_deployments_and_live_rates(web: object, root: object, local_node: object,
-                                                          public_model: object) -> None:
-    Deployment.objects.create(name="d1", model=public_model, node=local_node, image="tollgate/engine-sim:latest",
-                              state="ready")
+def test_dashboard_shows_nodes_deployments_and_live_rates(
+    web: object, root: object, local_node: object, public_model: object
+) -> None:
+    Deployment.objects.create(
+        name="d1",
+        model=public_model,
+        node=local_node,
+        image="tollgate/engine-sim:latest",
+        state="ready",
+    )
     client = web(root)
     page = client.get(u("dashboard")).content.decode()
     assert "spark-1" in page and "Ready" in page and "1 deployment" in page
@@ -133,33 +168,65 @@ def test_dashboard_shows_nodes_deployments_and_live_rates(web: object, root: obj
 
 def test_platform_admin_creates_edits_and_suspends_a_tenant(web: object, root: object) -> None:
     client = web(root)
-    response = client.post(u("tenant-new"), {
-        "name": "Delta Corp", "priority": "P1", "requests_per_minute": "60", "tokens_per_minute": "",
-        "max_concurrent_requests": "4", "quota_period": "monthly", "quota_tokens": "100000",
-        "quota_amount": "25.00", "currency": "EUR", "model_access": "all",
-    })
+    response = client.post(
+        u("tenant-new"),
+        {
+            "name": "Delta Corp",
+            "priority": "P1",
+            "requests_per_minute": "60",
+            "tokens_per_minute": "",
+            "max_concurrent_requests": "4",
+            "quota_period": "monthly",
+            "quota_tokens": "100000",
+            "quota_amount": "25.00",
+            "currency": "EUR",
+            "model_access": "all",
+        },
+    )
     assert response.status_code == 302
     tenant = Tenant.objects.get(name="Delta Corp")
-    assert (tenant.slug, tenant.requests_per_minute, tenant.tokens_per_minute) == ("delta-corp", 60, None)
+    assert (tenant.slug, tenant.requests_per_minute, tenant.tokens_per_minute) == (
+        "delta-corp",
+        60,
+        None,
+    )
     page = client.get(u("tenant-detail", "delta-corp")).content.decode()
     assert "100,000 tokens" in page and "25.00 EUR" in page and "60 req/min" in page
-    client.post(u("tenant-edit", "delta-corp"), {
-        "name": "Delta Corp", "slug": "delta-corp", "priority": "P0", "requests_per_minute": "30",
-        "quota_period": "monthly", "currency": "EUR", "model_access": "all",
-    })
+    client.post(
+        u("tenant-edit", "delta-corp"),
+        {
+            "name": "Delta Corp",
+            "slug": "delta-corp",
+            "priority": "P0",
+            "requests_per_minute": "30",
+            "quota_period": "monthly",
+            "currency": "EUR",
+            "model_access": "all",
+        },
+    )
     tenant.refresh_from_db()
     assert tenant.priority == "P0" and tenant.requests_per_minute == 30
-    assert AuditLog.objects.filter(object_type="tenant", action="update", changes__priority=["P1", "P0"]).exists()
+    assert AuditLog.objects.filter(
+        object_type="tenant", action="update", changes__priority=["P1", "P0"]
+    ).exists()
     client.post(u("tenant-status", "delta-corp") + "?status=suspended")
     tenant.refresh_from_db()
     assert tenant.status == "suspended"
 
 
 def test_tenant_form_errors_keep_what_was_typed(web: object, root: object) -> None:
-    response = web(root).post(u("tenant-new"), {
-        "name": "Echo", "priority": "P1", "quota_period": "monthly", "currency": "eu1",
-        "model_access": "all", "requests_per_minute": "-5", "quota_tokens": "123456",
-    })
+    response = web(root).post(
+        u("tenant-new"),
+        {
+            "name": "Echo",
+            "priority": "P1",
+            "quota_period": "monthly",
+            "currency": "eu1",
+            "model_access": "all",
+            "requests_per_minute": "-5",
+            "quota_tokens": "123456",
+        },
+    )
     assert response.status_code == 400
     page = response.content.decode()
     assert "three-letter ISO 4217" in page and 'value="123456"' in page and 'value="Echo"' in page
@@ -182,14 +249,24 @@ def test_tenant_b_sees_nothing_of_tenant_a(web: object, alice: object, carol: ob
     assert client.get(u("usage-export") + "?tenant=acme").status_code == 404
     assert b"acme" not in b"".join(client.get(u("usage-export")).streaming_content)
     assert client.get(u("playground") + "?tenant=acme").status_code == 200
-    assert client.post(u("playground-chat"), '{"tenant": "acme", "model": "x", "messages": [{"role": "user", "content": "hi"}]}',
-                       content_type="application/json").status_code == 404
+    assert (
+        client.post(
+            u("playground-chat"),
+            '{"tenant": "acme", "model": "x", "messages": [{"role": "user", "content": "hi"}]}',
+            content_type="application/json",
+        ).status_code
+        == 404
+    )
 
 
-def test_tenant_page_has_quota_models_prices_and_sdk_snippet(web: object, alice: object, public_model: object) -> None:
+def test_tenant_page_has_quota_models_prices_and_sdk_snippet(
+    web: object, alice: object, public_model: object
+) -> None:
     metering_services.set_price(None, public_model, Decimal("0.20"), None, Decimal("0.80"))
     page = web(alice).get(u("tenant-detail", "acme")).content.decode()
-    assert "qwen3-8b" in page and "0.200000 USD / 1M tokens" in page or "0.20 USD / 1M tokens" in page
+    assert (
+        "qwen3-8b" in page and "0.200000 USD / 1M tokens" in page or "0.20 USD / 1M tokens" in page
+    )
     assert 'base_url="http://testserver/v1"' in page and "No usage yet" in page
 
 
@@ -200,8 +277,14 @@ def test_tenant_admin_issues_a_key_shown_once_then_revokes_it(web: object, alice
     client = web(alice)
     form = client.get(u("key-new") + "?tenant=acme")
     assert form.status_code == 200
-    created = client.post(u("key-new"), {"tenant": Tenant.objects.get(slug="acme").pk, "name": "notebook",
-                                         "requests_per_minute": "10"})
+    created = client.post(
+        u("key-new"),
+        {
+            "tenant": Tenant.objects.get(slug="acme").pk,
+            "name": "notebook",
+            "requests_per_minute": "10",
+        },
+    )
     assert created.status_code == 200 and created["Cache-Control"] == "no-store"
     key = ApiKey.objects.get(name="notebook")
     plaintext = created.context["plaintext"]
@@ -214,8 +297,14 @@ def test_tenant_admin_issues_a_key_shown_once_then_revokes_it(web: object, alice
 
 
 def test_key_limits_above_the_tenant_are_refused_on_the_form(web: object, alice: object) -> None:
-    response = web(alice).post(u("key-new"), {"tenant": Tenant.objects.get(slug="acme").pk, "name": "greedy",
-                                              "requests_per_minute": "999999"})
+    response = web(alice).post(
+        u("key-new"),
+        {
+            "tenant": Tenant.objects.get(slug="acme").pk,
+            "name": "greedy",
+            "requests_per_minute": "999999",
+        },
+    )
     assert response.status_code == 400 and "exceed the tenant" in response.content.decode()
     assert 'value="greedy"' in response.content.decode()
     assert not ApiKey.objects.filter(name="greedy").exists()
@@ -223,12 +312,16 @@ def test_key_limits_above_the_tenant_are_refused_on_the_form(web: object, alice:
 
 def test_key_expiry_in_the_past_is_refused(web: object, alice: object) -> None:
     past = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
-    response = web(alice).post(u("key-new"), {"tenant": Tenant.objects.get(slug="acme").pk, "name": "old",
-                                              "expires_at": past})
+    response = web(alice).post(
+        u("key-new"),
+        {"tenant": Tenant.objects.get(slug="acme").pk, "name": "old", "expires_at": past},
+    )
     assert response.status_code == 400 and "must be in the future" in response.content.decode()
 
 
-def test_members_see_their_own_keys_and_may_not_manage(web: object, alice: object, bob: object) -> None:
+def test_members_see_their_own_keys_and_may_not_manage(
+    web: object, alice: object, bob: object
+) -> None:
     tenant = Tenant.objects.get(slug="acme")
     admins = services.issue_api_key(alice, tenant, name="alices-key").key
     bobs = services.issue_api_key(bob, tenant, name="bobs-key").key
@@ -241,7 +334,9 @@ def test_members_see_their_own_keys_and_may_not_manage(web: object, alice: objec
     assert client.post(u("key-new"), {"tenant": tenant.pk, "name": "x"}).status_code == 403
     assert client.post(u("key-revoke", bobs.pk)).status_code == 403
     assert client.get(u("key-edit", bobs.pk)).status_code == 403
-    assert client.get(u("usage")).status_code == 403 and client.get(u("audit-list")).status_code == 403
+    assert (
+        client.get(u("usage")).status_code == 403 and client.get(u("audit-list")).status_code == 403
+    )
 
 
 def test_key_list_filters_sorts_and_paginates(web: object, root: object, tenant_a: Tenant) -> None:
@@ -267,16 +362,38 @@ def test_empty_key_list_says_what_to_do(web: object, alice: object) -> None:
 
 def test_model_register_price_and_history(web: object, root: object) -> None:
     client = web(root)
-    response = client.post(u("model-new"), {"served_name": "llama-3-8b", "source": "meta/llama-3-8b",
-                                            "task": "generate", "params_billions": "8", "context_length": "8192",
-                                            "visibility": "public", "quantization": ""})
+    response = client.post(
+        u("model-new"),
+        {
+            "served_name": "llama-3-8b",
+            "source": "meta/llama-3-8b",
+            "task": "generate",
+            "params_billions": "8",
+            "context_length": "8192",
+            "visibility": "public",
+            "quantization": "",
+        },
+    )
     assert response.status_code == 302
     from deployments.models import CatalogModel
+
     model = CatalogModel.objects.get(served_name="llama-3-8b")
-    assert client.post(u("price-new", model.pk), {"currency": "usd", "input_per_mtok": "0.1",
-                                                  "output_per_mtok": "0.4"}).status_code == 302
-    backdated = client.post(u("price-new", model.pk), {"currency": "USD", "input_per_mtok": "1",
-                                                       "output_per_mtok": "1", "effective_from": "2020-01-01T00:00"})
+    assert (
+        client.post(
+            u("price-new", model.pk),
+            {"currency": "usd", "input_per_mtok": "0.1", "output_per_mtok": "0.4"},
+        ).status_code
+        == 302
+    )
+    backdated = client.post(
+        u("price-new", model.pk),
+        {
+            "currency": "USD",
+            "input_per_mtok": "1",
+            "output_per_mtok": "1",
+            "effective_from": "2020-01-01T00:00",
+        },
+    )
     assert backdated.status_code == 400 and "cannot be backdated" in backdated.content.decode()
     page = client.get(u("model-detail", model.pk)).content.decode()
     assert "0.400000 USD / 1M tokens" in page and "Price history" in page
@@ -287,11 +404,23 @@ def test_model_register_price_and_history(web: object, root: object) -> None:
 def test_model_edit_refused_by_the_service_keeps_the_form(
     web: object, root: object, public_model: object, local_node: object
 ) -> None:
-    deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
-                                          image="tollgate/engine-sim:latest", engine_args=SMALL)
-    form = {"served_name": "renamed", "source": public_model.source, "task": "generate",
-            "params_billions": "8.2", "context_length": "32768", "visibility": "public",
-            "quantization": ""}
+    deployment_services.create_deployment(
+        root,
+        name="dep",
+        model=public_model,
+        node=local_node,
+        image="tollgate/engine-sim:latest",
+        engine_args=SMALL,
+    )
+    form = {
+        "served_name": "renamed",
+        "source": public_model.source,
+        "task": "generate",
+        "params_billions": "8.2",
+        "context_length": "32768",
+        "visibility": "public",
+        "quantization": "",
+    }
     response = web(root).post(u("model-edit", public_model.pk), form)
     page = response.content.decode()
     assert response.status_code == 400
@@ -314,8 +443,9 @@ def test_granting_a_private_model_says_what_happened(
     assert private_model_a.grants.filter(tenant=tenant_b).count() == 1
 
 
-def test_tenants_see_only_their_models(web: object, carol: object, alice: object, private_model_a: object,
-                                       public_model: object) -> None:
+def test_tenants_see_only_their_models(
+    web: object, carol: object, alice: object, private_model_a: object, public_model: object
+) -> None:
     assert "acme-secret-70b" not in web(carol).get(u("model-list")).content.decode()
     assert web(carol).get(u("model-detail", private_model_a.pk)).status_code == 404
     assert "acme-secret-70b" in web(alice).get(u("model-list")).content.decode()
@@ -323,8 +453,17 @@ def test_tenants_see_only_their_models(web: object, carol: object, alice: object
 
 def test_node_register_and_detail(web: object, root: object) -> None:
     client = web(root)
-    response = client.post(u("node-new"), {"name": "box-2", "docker_url": "tcp://10.0.0.2:2375", "arch": "arm64",
-                                           "gpu_count": "1", "status": "online", "total_memory_gb": "128"})
+    response = client.post(
+        u("node-new"),
+        {
+            "name": "box-2",
+            "docker_url": "tcp://10.0.0.2:2375",
+            "arch": "arm64",
+            "gpu_count": "1",
+            "status": "online",
+            "total_memory_gb": "128",
+        },
+    )
     assert response.status_code == 302
     page = client.get(response["Location"]).content.decode()
     assert "node.box-2" in page and "128.0 GB" in page
@@ -348,33 +487,57 @@ SMALL = {"max-num-seqs": 4, "max-model-len": 4096}
 
 
 def _deploy_form(model: object, node: object, **extra: str) -> dict[str, str]:
-    return {"name": "qwen-main", "model": model.pk, "node": node.pk, "profile": "",
-            "image": "tollgate/engine-sim:latest", "engine_args": "max-num-seqs=4\nmax-model-len=8k",
-            "env": "", "replicas": "1", **extra}
+    return {
+        "name": "qwen-main",
+        "model": model.pk,
+        "node": node.pk,
+        "profile": "",
+        "image": "tollgate/engine-sim:latest",
+        "engine_args": "max-num-seqs=4\nmax-model-len=8k",
+        "env": "",
+        "replicas": "1",
+        **extra,
+    }
 
 
-def test_deployment_with_bad_flags_is_refused_keeping_the_form(web: object, root: object, public_model: object,
-                                                               local_node: object) -> None:
-    response = web(root).post(u("deployment-new"), _deploy_form(public_model, local_node,
-                                                                 engine_args="port=9999\nmax-num-seqs=lots"))
+def test_deployment_with_bad_flags_is_refused_keeping_the_form(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
+    response = web(root).post(
+        u("deployment-new"),
+        _deploy_form(public_model, local_node, engine_args="port=9999\nmax-num-seqs=lots"),
+    )
     page = response.content.decode()
-    assert response.status_code == 400 and "--port cannot be set" in page and "--max-num-seqs expects" in page
+    assert (
+        response.status_code == 400
+        and "--port cannot be set" in page
+        and "--max-num-seqs expects" in page
+    )
     assert "max-num-seqs=lots" in page and not Deployment.objects.exists()
 
 
-def test_memory_fit_preview_before_submitting(web: object, root: object, public_model: object,
-                                              local_node: object) -> None:
+def test_memory_fit_preview_before_submitting(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
     client = web(root)
     ok = client.post(u("deployment-fit"), _deploy_form(public_model, local_node)).content.decode()
     assert "Fits." in ok and "GB" in ok
-    too_big = client.post(u("deployment-fit"), _deploy_form(public_model, local_node, replicas="16",
-                                                             engine_args="max-num-seqs=256\nmax-model-len=32k"))
+    too_big = client.post(
+        u("deployment-fit"),
+        _deploy_form(
+            public_model,
+            local_node,
+            replicas="16",
+            engine_args="max-num-seqs=256\nmax-model-len=32k",
+        ),
+    )
     assert "Does not fit." in too_big.content.decode()
     assert not Deployment.objects.exists()
 
 
-def test_deployment_create_queues_a_deploy_and_shows_it(web: object, root: object, public_model: object,
-                                                        local_node: object) -> None:
+def test_deployment_create_queues_a_deploy_and_shows_it(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
     client = web(root)
     response = client.post(u("deployment-new"), _deploy_form(public_model, local_node))
     assert response.status_code == 302
@@ -387,10 +550,17 @@ def test_deployment_create_queues_a_deploy_and_shows_it(web: object, root: objec
     assert "0 <span" in client.get(u("deployment-progress", "qwen-main")).content.decode()
 
 
-def test_deployment_actions_call_the_services(web: object, root: object, public_model: object,
-                                              local_node: object) -> None:
-    deployment = deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
-                                                       image="tollgate/engine-sim:latest", engine_args=SMALL)
+def test_deployment_actions_call_the_services(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
+    deployment = deployment_services.create_deployment(
+        root,
+        name="dep",
+        model=public_model,
+        node=local_node,
+        image="tollgate/engine-sim:latest",
+        engine_args=SMALL,
+    )
     client = web(root)
     client.post(u("deployment-action", "dep", "stop"))
     deployment.refresh_from_db()
@@ -408,8 +578,14 @@ def test_deployment_actions_call_the_services(web: object, root: object, public_
 def test_removing_a_deployment_goes_back_to_the_list(
     web: object, root: object, public_model: object, local_node: object
 ) -> None:
-    deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
-                                          image="tollgate/engine-sim:latest", engine_args=SMALL)
+    deployment_services.create_deployment(
+        root,
+        name="dep",
+        model=public_model,
+        node=local_node,
+        image="tollgate/engine-sim:latest",
+        engine_args=SMALL,
+    )
     client = web(root)
     assert client.post(u("deployment-action", "dep", "explode")).status_code == 404
     response = client.post(u("deployment-action", "dep", "remove"))
@@ -419,13 +595,23 @@ def test_removing_a_deployment_goes_back_to_the_list(
     assert Operation.objects.filter(kind="remove").exists()
 
 
-def test_deployment_progress_shows_phases(web: object, root: object, public_model: object,
-                                          local_node: object) -> None:
-    deployment = deployment_services.create_deployment(root, name="dep", model=public_model, node=local_node,
-                                                       image="tollgate/engine-sim:latest", engine_args=SMALL)
+def test_deployment_progress_shows_phases(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
+    deployment = deployment_services.create_deployment(
+        root,
+        name="dep",
+        model=public_model,
+        node=local_node,
+        image="tollgate/engine-sim:latest",
+        engine_args=SMALL,
+    )
     Operation.objects.filter(deployment=deployment).update(
-        status="running", phase="load", progress=45.0,
-        detail={"replicas": {"0": {"phases": {"pull": 1.5, "create": 0.2, "start": 0.3}}}})
+        status="running",
+        phase="load",
+        progress=45.0,
+        detail={"replicas": {"0": {"phases": {"pull": 1.5, "create": 0.2, "start": 0.3}}}},
+    )
     page = web(root).get(u("deployment-progress", "dep")).content.decode()
     assert 'class="done" data-phase="pull"' in page and 'class="current" data-phase="load"' in page
     assert "45 %" in page and "1.5 s" in page
@@ -436,12 +622,21 @@ def test_deployment_progress_shows_phases(web: object, root: object, public_mode
 
 def _rollup(tenant: Tenant, model: object, tokens: int, cost: str, hours_ago: int = 1) -> None:
     hour = (timezone.now() - timedelta(hours=hours_ago)).replace(minute=0, second=0, microsecond=0)
-    UsageRollup.objects.create(hour=hour, tenant=tenant, model=model, requests=2, prompt_tokens=tokens,
-                               completion_tokens=tokens, cost=Decimal(cost), currency="USD")
+    UsageRollup.objects.create(
+        hour=hour,
+        tenant=tenant,
+        model=model,
+        requests=2,
+        prompt_tokens=tokens,
+        completion_tokens=tokens,
+        cost=Decimal(cost),
+        currency="USD",
+    )
 
 
-def test_usage_page_charts_and_csv_totals_match(web: object, root: object, tenant_a: Tenant, tenant_b: Tenant,
-                                                public_model: object) -> None:
+def test_usage_page_charts_and_csv_totals_match(
+    web: object, root: object, tenant_a: Tenant, tenant_b: Tenant, public_model: object
+) -> None:
     _rollup(tenant_a, public_model, 1000, "0.5")
     _rollup(tenant_b, public_model, 500, "0.25")
     client = web(root)
@@ -454,18 +649,26 @@ def test_usage_page_charts_and_csv_totals_match(web: object, root: object, tenan
     assert sum(Decimal(r["cost"]) for r in rows) == Decimal("0.75")
     assert {r["tenant"] for r in rows} == {"acme", "bravo"}
     only_a = client.get(u("usage-export") + "?tenant=acme")
-    assert {r["tenant"] for r in csv.DictReader(io.StringIO(b"".join(only_a.streaming_content).decode()))} == {"acme"}
+    assert {
+        r["tenant"]
+        for r in csv.DictReader(io.StringIO(b"".join(only_a.streaming_content).decode()))
+    } == {"acme"}
 
 
-def test_tenant_admin_usage_is_their_tenant_only(web: object, alice: object, tenant_b: Tenant,
-                                                 public_model: object) -> None:
+def test_tenant_admin_usage_is_their_tenant_only(
+    web: object, alice: object, tenant_b: Tenant, public_model: object
+) -> None:
     _rollup(Tenant.objects.get(slug="acme"), public_model, 10, "0.01")
     _rollup(tenant_b, public_model, 999, "9")
     client = web(alice)
     page = client.get(u("usage"))
     assert page.context["totals"]["prompt_tokens"] == 10
     assert [r["tenant__slug"] for r in page.context["rows"]] == ["acme"]
-    rows = list(csv.DictReader(io.StringIO(b"".join(client.get(u("usage-export")).streaming_content).decode())))
+    rows = list(
+        csv.DictReader(
+            io.StringIO(b"".join(client.get(u("usage-export")).streaming_content).decode())
+        )
+    )
     assert {r["tenant"] for r in rows} == {"acme"}
 
 
@@ -477,9 +680,17 @@ def test_tenant_page_shows_members_the_usage_of_their_own_keys(
     bobs = services.issue_api_key(bob, tenant, name="bob's").key
     for key, tokens in ((alices, 100), (bobs, 7)):
         hour = timezone.now().replace(minute=0, second=0, microsecond=0)
-        UsageRollup.objects.create(hour=hour, tenant=tenant, api_key=key, model=public_model,
-                                   requests=1, prompt_tokens=tokens, completion_tokens=0,
-                                   cost=Decimal("0"), currency="USD")
+        UsageRollup.objects.create(
+            hour=hour,
+            tenant=tenant,
+            api_key=key,
+            model=public_model,
+            requests=1,
+            prompt_tokens=tokens,
+            completion_tokens=0,
+            cost=Decimal("0"),
+            currency="USD",
+        )
 
     def tokens_charted(user: object) -> int:
         series = web(user).get(u("tenant-detail", "acme")).context["series"]
@@ -499,13 +710,17 @@ def test_audit_log_by_role(web: object, root: object, alice: object, carol: obje
     assert "audited" in web(root).get(u("audit-list")).content.decode()
     alices = web(alice).get(u("audit-list")).content.decode()
     assert "audited" in alices and "bravo-secret" not in alices
-    assert "audited" in web(root).get(u("audit-list") + "?tenant=acme&action=create").content.decode()
+    assert (
+        "audited" in web(root).get(u("audit-list") + "?tenant=acme&action=create").content.decode()
+    )
 
 
 # --- Playground -----------------------------------------------------------------------------------
 
 
-def test_playground_page_and_chat_validation(web: object, bob: object, public_model: object) -> None:
+def test_playground_page_and_chat_validation(
+    web: object, bob: object, public_model: object
+) -> None:
     client = web(bob)
     page = client.get(u("playground")).content.decode()
     assert "qwen3-8b" in page and "tg-" not in page
@@ -513,10 +728,14 @@ def test_playground_page_and_chat_validation(web: object, bob: object, public_mo
     assert bad.status_code == 400
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(bob)
-    assert strict.post(u("playground-chat"), "{}", content_type="application/json").status_code == 403
+    assert (
+        strict.post(u("playground-chat"), "{}", content_type="application/json").status_code == 403
+    )
 
 
-def test_playground_key_is_issued_once_per_session_and_kept_server_side(web: object, bob: object) -> None:
+def test_playground_key_is_issued_once_per_session_and_kept_server_side(
+    web: object, bob: object
+) -> None:
     from django.test import RequestFactory
 
     from console.views.playground import playground_key
@@ -537,7 +756,14 @@ def test_units_on_numbers() -> None:
     from console.templatetags import console as fmt
 
     assert fmt.tokens(1234567) == "1,234,567 tokens" and fmt.gb(128 * 10**9) == "128.0 GB"
-    assert fmt.money(Decimal("0.000123"), "USD") == "0.000123 USD" and fmt.money(12, "EUR") == "12.00 EUR"
-    assert fmt.rate(2.5, "tokens") == "2.5 tokens/s" and fmt.pct(0.42) == "42 %" and fmt.ms(250) == "250 ms"
+    assert (
+        fmt.money(Decimal("0.000123"), "USD") == "0.000123 USD"
+        and fmt.money(12, "EUR") == "12.00 EUR"
+    )
+    assert (
+        fmt.rate(2.5, "tokens") == "2.5 tokens/s"
+        and fmt.pct(0.42) == "42 %"
+        and fmt.ms(250) == "250 ms"
+    )
     assert fmt.count(1, "request") == "1 request" and fmt.count(3, "request") == "3 requests"
     _ = datetime.now(UTC)

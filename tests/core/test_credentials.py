@@ -20,16 +20,19 @@ from tenants.models import ApiKey, Tenant
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
 
-@pytest.mark.parametrize(("authorization", "api_key", "presented"), [
-    ("Bearer tg-abc", "", "tg-abc"),
-    ("bearer   tg-abc  ", "", "tg-abc"),
-    ("BEARER tg-abc", "tg-other", "tg-abc"),  # the Authorization header wins
-    ("Basic dXNlcjpwYXNz", "tg-azure", "tg-azure"),  # Azure-style clients
-    ("Bearer ", " tg-azure ", "tg-azure"),
-    ("Bearertg-abc", "", ""),
-    ("", "", ""),
-    ("Bearer " + "x" * 1000, "", "x" * MAX_PRESENTED_KEY),
-])
+@pytest.mark.parametrize(
+    ("authorization", "api_key", "presented"),
+    [
+        ("Bearer tg-abc", "", "tg-abc"),
+        ("bearer   tg-abc  ", "", "tg-abc"),
+        ("BEARER tg-abc", "tg-other", "tg-abc"),  # the Authorization header wins
+        ("Basic dXNlcjpwYXNz", "tg-azure", "tg-azure"),  # Azure-style clients
+        ("Bearer ", " tg-azure ", "tg-azure"),
+        ("Bearertg-abc", "", ""),
+        ("", "", ""),
+        ("Bearer " + "x" * 1000, "", "x" * MAX_PRESENTED_KEY),
+    ],
+)
 def test_the_presented_key(authorization: str, api_key: str, presented: str) -> None:
     assert presented_key(authorization, api_key) == presented
 
@@ -46,8 +49,9 @@ def test_unexpired_for_unix_seconds_and_datetimes() -> None:
 def test_unexpired_in_sql_agrees_with_unexpired(tenant_a: Tenant) -> None:
     expiries = [None, T0 - timedelta(seconds=1), T0, T0 + timedelta(seconds=1)]
     for i, expiry in enumerate(expiries):
-        ApiKey.objects.create(tenant=tenant_a, name=f"k{i}", prefix=f"pfx{i:05d}", secret_hash="x",
-                              expires_at=expiry)
+        ApiKey.objects.create(
+            tenant=tenant_a, name=f"k{i}", prefix=f"pfx{i:05d}", secret_hash="x", expires_at=expiry
+        )
     in_sql = set(ApiKey.objects.filter(unexpired_filter(T0)).values_list("expires_at", flat=True))
     assert in_sql == {e for e in expiries if unexpired(e, T0)} == {None, T0 + timedelta(seconds=1)}
 
@@ -58,7 +62,9 @@ def keys(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, str]:
     with time_machine.travel(T0, tick=False):
         issue = services.issue_api_key
         out = {"live": issue(None, tenant_a, "live").plaintext}
-        out["expires soon"] = issue(None, tenant_a, "soon", expires_at=T0 + timedelta(minutes=5)).plaintext
+        out["expires soon"] = issue(
+            None, tenant_a, "soon", expires_at=T0 + timedelta(minutes=5)
+        ).plaintext
         revoked = issue(None, tenant_a, "revoked")
         services.revoke_api_key(None, revoked.key)
         out["revoked"] = revoked.plaintext
@@ -67,10 +73,12 @@ def keys(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, str]:
         out["expired"] = expired.plaintext
         parent = issue(None, tenant_a, "parent", expires_at=T0 + timedelta(minutes=5))
         out["child of a parent expiring soon"] = services.issue_child_key(
-            parent.key, "child", T0 + timedelta(hours=1)).plaintext
+            parent.key, "child", T0 + timedelta(hours=1)
+        ).plaintext
         gone = issue(None, tenant_a, "gone parent")
         out["child of a revoked parent"] = services.issue_child_key(
-            gone.key, "child", T0 + timedelta(hours=1)).plaintext
+            gone.key, "child", T0 + timedelta(hours=1)
+        ).plaintext
         services.revoke_api_key(None, gone.key)
         out["suspended tenant"] = issue(None, tenant_b, "b").plaintext
         services.set_tenant_status(None, tenant_b, TenantStatus.SUSPENDED)
@@ -78,7 +86,10 @@ def keys(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, str]:
 
 
 def _gateway_accepts(gateway: Gateway, plaintext: str) -> bool:
-    return gateway.authenticate({"headers": [(b"authorization", f"Bearer {plaintext}".encode())]}) is not None
+    return (
+        gateway.authenticate({"headers": [(b"authorization", f"Bearer {plaintext}".encode())]})
+        is not None
+    )
 
 
 def _django_accepts(plaintext: str) -> bool:
@@ -105,6 +116,9 @@ def test_the_gateway_the_django_door_and_the_orm_agree_as_time_passes(keys: dict
     for moment, usable in usable_at.items():
         with time_machine.travel(moment, tick=False):
             for name, plaintext in keys.items():
-                verdicts = (_orm_accepts(plaintext), _gateway_accepts(gateway, plaintext),
-                            _django_accepts(plaintext))
+                verdicts = (
+                    _orm_accepts(plaintext),
+                    _gateway_accepts(gateway, plaintext),
+                    _django_accepts(plaintext),
+                )
                 assert verdicts == ((name in usable),) * 3, (moment, name, verdicts)

@@ -7,14 +7,25 @@ from core import keyspace
 def test_every_shared_name_under_the_prefix(settings: object) -> None:
     settings.TOLLGATE_REDIS_PREFIX = "tg"
     assert keyspace.rkey("a", 1) == "tg:a:1"
-    assert keyspace.rate_keys(5, 9) == ("tg:rl:k:5", "tg:rl:k:5:t", "tg:rl:t:9", "tg:rl:t:9:t",
-                                        "tg:cc:k:5", "tg:cc:t:9")
+    assert keyspace.rate_keys(5, 9) == (
+        "tg:rl:k:5",
+        "tg:rl:k:5:t",
+        "tg:rl:t:9",
+        "tg:rl:t:9:t",
+        "tg:cc:k:5",
+        "tg:cc:t:9",
+    )
     assert keyspace.quota_key(9, "2026-11") == "tg:quota:9:2026-11"
     assert keyspace.open_keys() == ("tg:gw:open", "tg:gw:open:rec", "tg:gw:open:cp")
     assert keyspace.settled_stem() + "req_1" == "tg:settled:req_1"
     assert keyspace.usage_stream() == "tg:usage:events"
-    assert keyspace.pool_keys(3) == ("tg:adm:3:run", "tg:adm:3:q", "tg:adm:3:qexp", "tg:adm:3:vft",
-                                     "tg:adm:3:ceiling")
+    assert keyspace.pool_keys(3) == (
+        "tg:adm:3:run",
+        "tg:adm:3:q",
+        "tg:adm:3:qexp",
+        "tg:adm:3:vft",
+        "tg:adm:3:ceiling",
+    )
     assert keyspace.controller_key(3) == "tg:adm:3:ctl"
     assert keyspace.wait_stats_key(493_000) == "tg:adm:waits:493000"
     assert keyspace.wake_channel() == "tg:adm:wake"

@@ -29,8 +29,10 @@ def stack(settings: object, request: pytest.FixtureRequest) -> Iterator[str]:
     settings.TOLLGATE_MODEL_CACHE_VOLUME = f"{stack_id}-models"
     settings.TOLLGATE_COMPILE_CACHE_VOLUME = f"{stack_id}-compile"
     settings.TOLLGATE_ENGINE_NETWORK = f"{stack_id}-net"
-    policy = start_policy(policy_env(stack_id, list(settings.TOLLGATE_ENGINE_IMAGES)),
-                          f"{request.node.name}-{stack_id}")
+    policy = start_policy(
+        policy_env(stack_id, list(settings.TOLLGATE_ENGINE_IMAGES)),
+        f"{request.node.name}-{stack_id}",
+    )
     settings.TOLLGATE_DOCKER_URL = policy.url
     settings.TOLLGATE_PULL_POLICY = "never"
     settings.TOLLGATE_ENGINE_POLL_SECONDS = 0.1
@@ -73,8 +75,11 @@ def eager_tasks() -> Iterator[None]:
 def docker_node(transactional_db: None, stack: str) -> Node:
     """The local Docker Engine as a node; engines publish their port on loopback only."""
     return deployment_services.register_node(
-        None, name=f"n-{stack[-10:]}", docker_url=django_settings.TOLLGATE_DOCKER_URL,
-        engine_host="127.0.0.1", total_memory_bytes=64 * 2**30,
+        None,
+        name=f"n-{stack[-10:]}",
+        docker_url=django_settings.TOLLGATE_DOCKER_URL,
+        engine_host="127.0.0.1",
+        total_memory_bytes=64 * 2**30,
         queue=f"node.{stack}",
     )
 
@@ -82,12 +87,20 @@ def docker_node(transactional_db: None, stack: str) -> Node:
 @pytest.fixture
 def sim_model(transactional_db: None) -> CatalogModel:
     return deployment_services.create_model(
-        None, served_name="tiny-chat", source="Qwen/Qwen3-0.6B",
-        params_billions=Decimal("0.6"), context_length=4096,
+        None,
+        served_name="tiny-chat",
+        source="Qwen/Qwen3-0.6B",
+        params_billions=Decimal("0.6"),
+        context_length=4096,
     )
 
 
 def sim_env(**extra: str) -> dict[str, str]:
     """Simulator knobs through the ordinary, allow-listed engine environment."""
-    return {"SIM_LOAD_SECONDS": "0.4", "SIM_SHARDS": "4", "SIM_DECODE_TPS": "0",
-            "SIM_TTFT_MS": "1", **extra}
+    return {
+        "SIM_LOAD_SECONDS": "0.4",
+        "SIM_SHARDS": "4",
+        "SIM_DECODE_TPS": "0",
+        "SIM_TTFT_MS": "1",
+        **extra,
+    }

@@ -51,8 +51,9 @@ def test_deploy_serves_then_stop_drains_and_removes(
 ) -> None:
     pubsub = get_redis().pubsub()
     pubsub.subscribe(invalidation_channel())
-    deployment = deploy(docker_node, sim_model,
-                        env=sim_env(SIM_DECODE_TPS="25", SIM_OUTPUT_TOKENS_MIN="40"))
+    deployment = deploy(
+        docker_node, sim_model, env=sim_env(SIM_DECODE_TPS="25", SIM_OUTPUT_TOKENS_MIN="40")
+    )
 
     replica = Replica.objects.get(deployment=deployment)
     assert (replica.state, replica.healthy, replica.host) == ("ready", True, "127.0.0.1")
@@ -63,15 +64,27 @@ def test_deploy_serves_then_stop_drains_and_removes(
     assert container.labels[runtime.LABEL_MANAGED] == "true"
     assert container.labels[runtime.LABEL_DEPLOYMENT] == str(deployment.pk)
     assert container.labels[runtime.LABEL_REPLICA] == "0"
-    assert attrs["Config"]["Cmd"] == ["Qwen/Qwen3-0.6B", "--served-model-name", "tiny-chat", "--host",
-                             "0.0.0.0", "--port", "8000", "--max-num-seqs", "4",
-                             "--max-model-len", "4096"]
+    assert attrs["Config"]["Cmd"] == [
+        "Qwen/Qwen3-0.6B",
+        "--served-model-name",
+        "tiny-chat",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--max-num-seqs",
+        "4",
+        "--max-model-len",
+        "4096",
+    ]
     host_config = attrs["HostConfig"]
     # A private IPC namespace with a large /dev/shm: never the host's (ipc=host).
     assert host_config["IpcMode"] in ("private", "shareable")
     assert host_config["ShmSize"] == 16 * 2**30
     assert {m["Destination"]: m["Name"] for m in attrs["Mounts"]} == {
-        "/root/.cache/huggingface": f"{stack}-models", "/root/.cache/vllm": f"{stack}-compile"}
+        "/root/.cache/huggingface": f"{stack}-models",
+        "/root/.cache/vllm": f"{stack}-compile",
+    }
     assert "no-new-privileges" in host_config["SecurityOpt"]
     assert host_config["LogConfig"]["Config"] == {"max-size": "50m", "max-file": "3"}
     assert host_config["PortBindings"]["8000/tcp"][0]["HostIp"] == "127.0.0.1"
@@ -89,8 +102,15 @@ def test_deploy_serves_then_stop_drains_and_removes(
     # The gateway's routing table has it; the replica change was published to gateways.
     routes = load_snapshot().routes[sim_model.pk]
     assert [u.base_url for u in routes] == [replica.base_url]
-    reply = httpx.post(f"{routes[0].base_url}/v1/chat/completions", timeout=10, json={
-        "model": "tiny-chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2})
+    reply = httpx.post(
+        f"{routes[0].base_url}/v1/chat/completions",
+        timeout=10,
+        json={
+            "model": "tiny-chat",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 2,
+        },
+    )
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
     published = []
     while (message := pubsub.get_message(timeout=0.2)) is not None or not published:
@@ -104,9 +124,16 @@ def test_deploy_serves_then_stop_drains_and_removes(
     slow = {}
 
     def long_request() -> None:
-        slow["reply"] = httpx.post(f"{replica.base_url}/v1/chat/completions", timeout=30, json={
-            "model": "tiny-chat", "messages": [{"role": "user", "content": "x"}],
-            "max_tokens": 40, "stream": False})
+        slow["reply"] = httpx.post(
+            f"{replica.base_url}/v1/chat/completions",
+            timeout=30,
+            json={
+                "model": "tiny-chat",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 40,
+                "stream": False,
+            },
+        )
 
     worker = threading.Thread(target=long_request)
     worker.start()
@@ -136,8 +163,13 @@ def test_killed_engine_is_restarted_by_reconcile_with_backoff(
     # Within the backoff nothing restarts it.
     assert reconcile.reconcile_node(docker_node)["restarts"] == 0
 
-    wait_for(lambda: Replica.objects.get(pk=replica.pk).next_restart_at
-             <= __import__("django.utils.timezone").utils.timezone.now(), 5)
+    wait_for(
+        lambda: (
+            Replica.objects.get(pk=replica.pk).next_restart_at
+            <= __import__("django.utils.timezone").utils.timezone.now()
+        ),
+        5,
+    )
     assert reconcile.reconcile_node(docker_node)["restarts"] == 1
     replica.refresh_from_db()
     assert replica.state == ReplicaState.READY and replica.healthy
@@ -149,12 +181,20 @@ def test_engine_that_exits_0_or_answers_503_counts_as_crashed(
     docker_node: Node, sim_model: object, stack: str, eager_tasks: None
 ) -> None:
     # The warm-up is request 1; the engine dies after request 2 with exit code 0.
-    env = sim_env(SIM_CRASH_AFTER_REQUESTS="2", SIM_CRASH_EXIT_CODE="0",
-                  SIM_CRASH_GRACE_SECONDS="1.5")
+    env = sim_env(
+        SIM_CRASH_AFTER_REQUESTS="2", SIM_CRASH_EXIT_CODE="0", SIM_CRASH_GRACE_SECONDS="1.5"
+    )
     deployment = deploy(docker_node, sim_model, env=env)
     replica = Replica.objects.get(deployment=deployment)
-    httpx.post(f"{replica.base_url}/v1/chat/completions", timeout=10, json={
-        "model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    httpx.post(
+        f"{replica.base_url}/v1/chat/completions",
+        timeout=10,
+        json={
+            "model": "tiny-chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        },
+    )
     # During the grace period /health answers 503: out of routing at once.
     assert reconcile.reconcile_node(docker_node)["crashed"] == 1
     replica.refresh_from_db()
@@ -189,8 +229,9 @@ def test_orphans_are_removed_and_foreign_containers_untouched(
     dc = docker.from_env()
     labels = runtime.labels_for(stack, docker_node.name, deployment_id=999999, index=0)
     orphan = dc.containers.create(SIM_IMAGE, labels=labels, name=f"{stack}-orphan")
-    foreign = dc.containers.create(SIM_IMAGE, name=f"{stack}-foreign",
-                                   labels={runtime.LABEL_STACK: stack})  # not managed: not ours
+    foreign = dc.containers.create(
+        SIM_IMAGE, name=f"{stack}-foreign", labels={runtime.LABEL_STACK: stack}
+    )  # not managed: not ours
     try:
         settings.TOLLGATE_ORPHAN_GRACE_SECONDS = 3600.0
         assert reconcile.reconcile_node(docker_node)["orphans"] == 0  # still in its grace period
@@ -237,29 +278,55 @@ def test_a_second_deploy_operation_leaves_a_ready_replica_alone(
 
 
 def test_disallowed_flag_or_image_is_a_400_and_creates_nothing(
-    docker_node: Node, sim_model: object, stack: str, root: object, client_for: Callable,
+    docker_node: Node,
+    sim_model: object,
+    stack: str,
+    root: object,
+    client_for: Callable,
     eager_tasks: None,
 ) -> None:
     api = client_for(root)
     base = {"name": "bad", "model": "tiny-chat", "node": docker_node.name, "image": SIM_IMAGE}
-    for body in ({**base, "engine_args": {"api-key": "x"}},
-                 {**base, "engine_args": {"trust-remote-code": True}},
-                 {**base, "image": "evil/miner:latest"},
-                 {**base, "env": {"LD_PRELOAD": "/tmp/x.so"}}):
+    for body in (
+        {**base, "engine_args": {"api-key": "x"}},
+        {**base, "engine_args": {"trust-remote-code": True}},
+        {**base, "image": "evil/miner:latest"},
+        {**base, "env": {"LD_PRELOAD": "/tmp/x.so"}},
+    ):
         answer = api.post("/api/v1/deployments/", body, format="json")
         assert answer.status_code == 400, answer.content
     assert containers(stack) == [] and not Deployment.objects.exists()
 
 
 def test_a_deployment_that_does_not_fit_is_a_400_with_the_arithmetic(
-    docker_node: Node, stack: str, root: object, client_for: Callable, eager_tasks: None,
+    docker_node: Node,
+    stack: str,
+    root: object,
+    client_for: Callable,
+    eager_tasks: None,
 ) -> None:
     api = client_for(root)
-    api.post("/api/v1/models/", {"served_name": "huge", "source": "org/huge",
-                                 "params_billions": "405", "context_length": 131072}, format="json")
-    answer = api.post("/api/v1/deployments/", {
-        "name": "huge", "model": "huge", "node": docker_node.name, "image": SIM_IMAGE,
-        "engine_args": {"max-num-seqs": 4}}, format="json")
+    api.post(
+        "/api/v1/models/",
+        {
+            "served_name": "huge",
+            "source": "org/huge",
+            "params_billions": "405",
+            "context_length": 131072,
+        },
+        format="json",
+    )
+    answer = api.post(
+        "/api/v1/deployments/",
+        {
+            "name": "huge",
+            "model": "huge",
+            "node": docker_node.name,
+            "image": SIM_IMAGE,
+            "engine_args": {"max-num-seqs": 4},
+        },
+        format="json",
+    )
     assert answer.status_code == 400
     message = answer.json()["memory"][0]
     assert "405 B params × 2 bytes (bf16) = 810.0 GB" in message
@@ -268,13 +335,18 @@ def test_a_deployment_that_does_not_fit_is_a_400_with_the_arithmetic(
 
 
 def test_scale_up_and_down_through_the_api(
-    docker_node: Node, sim_model: object, stack: str, root: object, client_for: Callable,
+    docker_node: Node,
+    sim_model: object,
+    stack: str,
+    root: object,
+    client_for: Callable,
     eager_tasks: None,
 ) -> None:
     ensure_builtin_profiles()  # transactional tests empty the table the migration filled
     profile = EngineProfile.objects.get(name="simulator")
-    services.create_deployment(None, name="tiny", model=sim_model, node=docker_node,
-                               profile=profile, env=sim_env())
+    services.create_deployment(
+        None, name="tiny", model=sim_model, node=docker_node, profile=profile, env=sim_env()
+    )
     api = client_for(root)
     assert api.patch("/api/v1/deployments/tiny/", {"replicas": 2}, format="json").status_code == 200
     assert sorted(c.labels[runtime.LABEL_REPLICA] for c in containers(stack)) == ["0", "1"]
@@ -286,7 +358,9 @@ def test_scale_up_and_down_through_the_api(
 
     assert publish_log_tails(docker_node) == 2
     replica = Replica.objects.get(deployment__name="tiny", index=1)
-    assert "Loading safetensors checkpoint shards: 100% Completed | 4/4" in read_log_tail(replica.pk)
+    assert "Loading safetensors checkpoint shards: 100% Completed | 4/4" in read_log_tail(
+        replica.pk
+    )
     assert api.patch("/api/v1/deployments/tiny/", {"replicas": 1}, format="json").status_code == 200
     assert [c.labels[runtime.LABEL_REPLICA] for c in containers(stack)] == ["0"]
     # The simulator profile's flags reached the engine.
@@ -296,8 +370,14 @@ def test_scale_up_and_down_through_the_api(
 def test_missing_image_with_pulls_disabled_fails_the_operation_clearly(
     docker_node: Node, sim_model: object, stack: str, eager_tasks: None
 ) -> None:
-    services.create_deployment(None, name="ghost", model=sim_model, node=docker_node,
-                               image="tollgate/engine-sim:does-not-exist", env=sim_env())
+    services.create_deployment(
+        None,
+        name="ghost",
+        model=sim_model,
+        node=docker_node,
+        image="tollgate/engine-sim:does-not-exist",
+        env=sim_env(),
+    )
     op = Operation.objects.get(deployment__name="ghost")
     assert op.status == OperationStatus.FAILED
     assert "not on node" in op.error and "TOLLGATE_PULL_POLICY=never" in op.error
@@ -319,10 +399,13 @@ def test_a_deploy_whose_worker_died_is_taken_over_by_reconcile(
     replica = Replica.objects.get(deployment=deployment)
     # What a kill -9 leaves behind: a claimed operation without a living lease holder.
     gone = timezone.now() - timedelta(seconds=30)
-    op = Operation.objects.create(kind="deploy", status="running", deployment=deployment,
-                                  node=docker_node, started_at=gone)
+    op = Operation.objects.create(
+        kind="deploy", status="running", deployment=deployment, node=docker_node, started_at=gone
+    )
     Operation.objects.filter(pk=op.pk).update(created_at=gone)
-    Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.STARTING, healthy=False, updated_at=gone)
+    Replica.objects.filter(pk=replica.pk).update(
+        state=ReplicaState.STARTING, healthy=False, updated_at=gone
+    )
     assert not get_redis().exists(operations.lease_key(op.pk))
 
     assert reconcile.reconcile_node(docker_node)["crashed"] == 1

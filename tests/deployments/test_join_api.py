@@ -8,10 +8,15 @@ from deployments.models import JoinToken
 pytestmark = pytest.mark.django_db
 
 
-def test_a_join_token_is_shown_once_and_lets_that_node_join(client_for: object, root: object) -> None:
+def test_a_join_token_is_shown_once_and_lets_that_node_join(
+    client_for: object, root: object
+) -> None:
     api = client_for(root)
-    response = api.post("/api/v1/nodes/join-token/", {"node_name": "spark-2", "control_plane": "10.0.0.1"},
-                        format="json")
+    response = api.post(
+        "/api/v1/nodes/join-token/",
+        {"node_name": "spark-2", "control_plane": "10.0.0.1"},
+        format="json",
+    )
     assert response.status_code == 201
     body = response.json()
     assert body["token"].startswith("tgj-") and body["token"] in body["command"]
@@ -23,5 +28,7 @@ def test_a_join_token_is_shown_once_and_lets_that_node_join(client_for: object, 
 
 
 def test_bad_node_names_are_refused(client_for: object, root: object) -> None:
-    response = client_for(root).post("/api/v1/nodes/join-token/", {"node_name": "Bad Name!"}, format="json")
+    response = client_for(root).post(
+        "/api/v1/nodes/join-token/", {"node_name": "Bad Name!"}, format="json"
+    )
     assert response.status_code == 400 and "node_name" in response.json()

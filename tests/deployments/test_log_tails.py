@@ -14,9 +14,12 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def replica(public_model: object) -> Replica:
     node = Node.objects.create(name="far", docker_url="tcp://127.0.0.1:1", queue="node.far")
-    deployment = Deployment.objects.create(name="far-dep", model=public_model, node=node,
-                                           image="tollgate/engine-sim:latest")
-    return Replica.objects.create(deployment=deployment, index=0, node=node, container_name="tollgate-far-0")
+    deployment = Deployment.objects.create(
+        name="far-dep", model=public_model, node=node, image="tollgate/engine-sim:latest"
+    )
+    return Replica.objects.create(
+        deployment=deployment, index=0, node=node, container_name="tollgate-far-0"
+    )
 
 
 def test_the_web_process_reads_the_tail_its_node_published(replica: Replica) -> None:
@@ -25,7 +28,9 @@ def test_the_web_process_reads_the_tail_its_node_published(replica: Replica) -> 
     assert text.splitlines() == ["line 298", "line 299", "line 300"]
 
 
-def test_without_a_published_tail_and_no_docker_the_answer_says_when_it_comes(replica: Replica) -> None:
+def test_without_a_published_tail_and_no_docker_the_answer_says_when_it_comes(
+    replica: Replica,
+) -> None:
     with pytest.raises(ValidationError, match="has not been reported by its node yet"):
         services.replica_logs(replica.deployment, 0)
 
@@ -38,5 +43,7 @@ def test_engines_of_staged_models_load_offline(replica: Replica) -> None:
 
     deployment, node = replica.deployment, replica.node
     assert "HF_HUB_OFFLINE" not in engine_environment(deployment, node)
-    StagedModel.objects.create(model=deployment.model, node=node, size_bytes=1, staged_at=timezone.now())
+    StagedModel.objects.create(
+        model=deployment.model, node=node, size_bytes=1, staged_at=timezone.now()
+    )
     assert engine_environment(deployment, node)["HF_HUB_OFFLINE"] == "1"

@@ -17,8 +17,11 @@ from deployments.models import Node, Operation
 
 @pytest.fixture
 def node(transactional_db: None, redis_namespace: str) -> Iterator[Node]:
-    node = Node.objects.create(name=f"n-{uuid.uuid4().hex[:8]}", docker_url="tcp://127.0.0.1:1",
-                               queue=f"node.test-{uuid.uuid4().hex[:12]}")
+    node = Node.objects.create(
+        name=f"n-{uuid.uuid4().hex[:8]}",
+        docker_url="tcp://127.0.0.1:1",
+        queue=f"node.test-{uuid.uuid4().hex[:12]}",
+    )
     yield node
     broker().delete(node.queue)
 
@@ -29,9 +32,19 @@ def broker() -> redis.Redis:
 
 
 def test_every_operation_task_is_registered_under_the_name_services_queue() -> None:
-    names = {task.name for task in (tasks.deploy, tasks.scale, tasks.stop, tasks.restart,
-                                    tasks.remove, tasks.stage_weights, tasks.start_ray_worker,
-                                    tasks.stop_ray_worker)}
+    names = {
+        task.name
+        for task in (
+            tasks.deploy,
+            tasks.scale,
+            tasks.stop,
+            tasks.restart,
+            tasks.remove,
+            tasks.stage_weights,
+            tasks.start_ray_worker,
+            tasks.stop_ray_worker,
+        )
+    }
     assert names == set(operations.TASKS.values())
     assert all(app.tasks[name].name == name for name in names)
 

@@ -39,8 +39,15 @@ def test_moe_kv_estimate_follows_active_parameters() -> None:
 
 def test_a_120b_mxfp4_model_fits_a_spark_and_two_do_not() -> None:
     spark = planner.capacity(128 * 2**30, 118 * 2**30, 0, unified=True)
-    need = planner.footprint(117, "mxfp4", 32768, 4, active_params_billions=5.1,
-                             gpu_memory_utilization=0.6, pool_bytes=128 * 2**30)
+    need = planner.footprint(
+        117,
+        "mxfp4",
+        32768,
+        4,
+        active_params_billions=5.1,
+        gpu_memory_utilization=0.6,
+        pool_bytes=128 * 2**30,
+    )
     assert planner.check_fit(need, 1, 0, "spark", spark).fits
     verdict = planner.check_fit(need, 2, 0, "spark", spark)
     assert not verdict.fits
@@ -64,12 +71,18 @@ GiB = 2**30
 
 @pytest.mark.django_db
 def test_service_refuses_a_deployment_that_does_not_fit(local_node: object) -> None:
-    big = CatalogModel.objects.create(served_name="big", source="org/big", params_billions=Decimal("70"),
-                                      context_length=131072)
+    big = CatalogModel.objects.create(
+        served_name="big", source="org/big", params_billions=Decimal("70"), context_length=131072
+    )
     with pytest.raises(ValidationError) as refused:
-        services.create_deployment(None, name="big", model=big, node=local_node,
-                                   image="vllm/vllm-openai:v0.33.0",
-                                   engine_args={"max-model-len": "128k", "max-num-seqs": 16})
+        services.create_deployment(
+            None,
+            name="big",
+            model=big,
+            node=local_node,
+            image="vllm/vllm-openai:v0.33.0",
+            engine_args={"max-model-len": "128k", "max-num-seqs": 16},
+        )
     message = refused.value.message_dict["memory"][0]
     assert "70 B params × 2 bytes (bf16) = 140.0 GB" in message and "137.4 GB" in message
     assert not Deployment.objects.exists()
@@ -81,11 +94,13 @@ def test_the_fit_preview_checks_flags_as_a_deployment_would_and_saves_nothing(
 ) -> None:
     with pytest.raises(ValidationError, match="--port cannot be set"):
         services.preview_fit(public_model, local_node, None, 1, {"port": 9999})
-    small = services.preview_fit(public_model, local_node, None, 1,
-                                 {"max-num-seqs": 4, "max-model-len": "8k"})
+    small = services.preview_fit(
+        public_model, local_node, None, 1, {"max-num-seqs": 4, "max-model-len": "8k"}
+    )
     assert small.fits
-    big = services.preview_fit(public_model, local_node, None, 16,
-                               {"max-num-seqs": 256, "max-model-len": "32k"})
+    big = services.preview_fit(
+        public_model, local_node, None, 16, {"max-num-seqs": 256, "max-model-len": "32k"}
+    )
     assert not big.fits and "× 16" in big.message
     assert services.preview_fit(public_model, None, None, 1, {}) is None  # placed by Tollgate
     assert not Deployment.objects.exists()
@@ -108,8 +123,9 @@ def test_the_fit_preview_checks_flags_as_a_deployment_would_and_saves_nothing(
         ("removing", None, ReplicaState.STOPPED),
     ],
 )
-def test_container_state_maps_to_replica_state(status: str | None, health: int | None,
-                                               expected: str) -> None:
+def test_container_state_maps_to_replica_state(
+    status: str | None, health: int | None, expected: str
+) -> None:
     assert runtime.replica_state_for(status, health) == expected
 
 
@@ -121,9 +137,11 @@ def test_backoff_doubles_from_ten_seconds_to_five_minutes() -> None:
 
 
 def test_shard_progress_reads_the_last_vllm_line() -> None:
-    log = ("INFO starting\nLoading safetensors checkpoint shards:  10% Completed | 4/39 "
-           "[00:03<00:30,  1.2it/s]\rLoading safetensors checkpoint shards:  46% Completed | "
-           "18/39 [00:12<00:14,  1.50it/s]\n")
+    log = (
+        "INFO starting\nLoading safetensors checkpoint shards:  10% Completed | 4/39 "
+        "[00:03<00:30,  1.2it/s]\rLoading safetensors checkpoint shards:  46% Completed | "
+        "18/39 [00:12<00:14,  1.50it/s]\n"
+    )
     assert progress.shard_progress(log) == (18, 39)
     assert progress.shard_progress("INFO nothing yet") is None
 
@@ -136,10 +154,13 @@ def test_download_progress_reads_the_hf_cli_bar() -> None:
 
 def test_pull_progress_sums_layers() -> None:
     layers: dict[str, tuple[int, int]] = {}
-    progress.record_pull_event(layers, {"id": "a", "status": "Downloading",
-                                        "progressDetail": {"current": 50, "total": 100}})
-    progress.record_pull_event(layers, {"id": "b", "status": "Downloading",
-                                        "progressDetail": {"current": 0, "total": 300}})
+    progress.record_pull_event(
+        layers,
+        {"id": "a", "status": "Downloading", "progressDetail": {"current": 50, "total": 100}},
+    )
+    progress.record_pull_event(
+        layers, {"id": "b", "status": "Downloading", "progressDetail": {"current": 0, "total": 300}}
+    )
     assert progress.pull_progress(layers) == 12.5
     progress.record_pull_event(layers, {"id": "b", "status": "Pull complete"})
     assert progress.pull_progress(layers) == 87.5
@@ -150,9 +171,16 @@ def test_pull_progress_sums_layers() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [{"host": "0.0.0.0"}, {"port": 9000}, {"api-key": "x"}, {"trust-remote-code": True},
-     {"tool-call-parser": "x; rm -rf /"}, {"download-dir": "/etc"}, {"chat-template": "/etc/passwd"},
-     {"quantization": "$(id)"}],
+    [
+        {"host": "0.0.0.0"},
+        {"port": 9000},
+        {"api-key": "x"},
+        {"trust-remote-code": True},
+        {"tool-call-parser": "x; rm -rf /"},
+        {"download-dir": "/etc"},
+        {"chat-template": "/etc/passwd"},
+        {"quantization": "$(id)"},
+    ],
 )
 def test_dangerous_engine_flags_are_refused(args: dict) -> None:
     with pytest.raises(ValidationError):
@@ -163,16 +191,32 @@ def test_trust_remote_code_only_for_trusted_models() -> None:
     assert validate_engine_args({"trust-remote-code": True}, trust_remote_code_allowed=True)
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "PATH", "HF_TOKEN", "VLLM_API_KEY",
-                                  "VLLM_PLUGINS", "HTTPS_PROXY", "BASH_ENV", "lower"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LD_PRELOAD",
+        "PYTHONPATH",
+        "PATH",
+        "HF_TOKEN",
+        "VLLM_API_KEY",
+        "VLLM_PLUGINS",
+        "HTTPS_PROXY",
+        "BASH_ENV",
+        "lower",
+    ],
+)
 def test_engine_env_refuses_dangerous_or_unlisted_names(name: str) -> None:
     with pytest.raises(ValidationError):
         validate_engine_env({name: "x"})
 
 
 def test_engine_env_allows_engine_tuning() -> None:
-    env = {"NCCL_SOCKET_IFNAME": "enp1s0f0np0", "VLLM_HOST_IP": "10.0.0.2",
-           "RAY_memory_usage_threshold": "1.0", "SIM_LOAD_SECONDS": 2}
+    env = {
+        "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
+        "VLLM_HOST_IP": "10.0.0.2",
+        "RAY_memory_usage_threshold": "1.0",
+        "SIM_LOAD_SECONDS": 2,
+    }
     with pytest.raises(ValidationError):  # lower-case letters are not a valid name
         validate_engine_env(env)
     env.pop("RAY_memory_usage_threshold")
@@ -180,13 +224,27 @@ def test_engine_env_allows_engine_tuning() -> None:
 
 
 def test_engine_command_is_vllm_serve_argv() -> None:
-    model = CatalogModel(served_name="qwen3-8b", source="Qwen/Qwen3-8B", revision="abc123",
-                         params_billions=8, context_length=32768)
-    deployment = Deployment(model=model, engine_args={"max-num-seqs": 4, "enforce-eager": True,
-                                                      "enable-prefix-caching": False})
+    model = CatalogModel(
+        served_name="qwen3-8b",
+        source="Qwen/Qwen3-8B",
+        revision="abc123",
+        params_billions=8,
+        context_length=32768,
+    )
+    deployment = Deployment(
+        model=model,
+        engine_args={"max-num-seqs": 4, "enforce-eager": True, "enable-prefix-caching": False},
+    )
     argv = engine.engine_command(deployment)
-    assert argv[:7] == ["Qwen/Qwen3-8B", "--served-model-name", "qwen3-8b", "--host", "0.0.0.0",
-                        "--port", "8000"]
+    assert argv[:7] == [
+        "Qwen/Qwen3-8B",
+        "--served-model-name",
+        "qwen3-8b",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ]
     assert argv[7:] == ["--revision", "abc123", *to_argv(deployment.engine_args)]
     assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
 
@@ -197,10 +255,16 @@ def test_metrics_parse_reads_old_and_new_names() -> None:
         '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="m"} 1\n'
         '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
         '# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{model_name="m"} 42\n'
-        '# TYPE vllm:time_to_first_token_seconds histogram\n'
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
         'vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5\n'
         'vllm:time_to_first_token_seconds_count{model_name="m"} 3\n'
     )
     figures = engine.parse_metrics(text)
-    assert figures == {"running": 3, "waiting": 1, "kv_cache_usage": 0.5,
-                       "generation_tokens_total": 42, "ttft_seconds_sum": 1.5, "ttft_count": 3}
+    assert figures == {
+        "running": 3,
+        "waiting": 1,
+        "kv_cache_usage": 0.5,
+        "generation_tokens_total": 42,
+        "ttft_seconds_sum": 1.5,
+        "ttft_count": 3,
+    }

@@ -38,15 +38,40 @@ def test_a_celery_worker_on_the_node_queue_deploys(
         "TOLLGATE_ENV": "test",
     }
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", docker_node.queue,
-         "--pool", "solo", "--concurrency", "1", "--without-heartbeat", "--without-gossip",
-         "--without-mingle", "--loglevel", "WARNING"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-Q",
+            docker_node.queue,
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
-        services.create_deployment(None, name="tiny", model=sim_model, node=docker_node,
-                                   image=SIM_IMAGE, env=sim_env(),
-                                   engine_args={"max-num-seqs": 4})
+        services.create_deployment(
+            None,
+            name="tiny",
+            model=sim_model,
+            node=docker_node,
+            image=SIM_IMAGE,
+            env=sim_env(),
+            engine_args={"max-num-seqs": 4},
+        )
         op = Operation.objects.get(deployment__name="tiny")
         wait_for(lambda: Operation.objects.get(pk=op.pk).status == OperationStatus.SUCCEEDED, 60)
         assert Replica.objects.get(deployment__name="tiny").state == ReplicaState.READY
@@ -92,8 +117,13 @@ def test_staging_runs_the_cli_in_a_helper_with_the_cache_and_token(
     orchestration: the helper container, the cache volume, HF_TOKEN, progress and size."""
     settings.TOLLGATE_STAGE_ENTRYPOINT = ["python3", "-c", FAKE_HF]
     settings.HF_TOKEN = "hf_test_token"
-    model = services.create_model(None, served_name="m", source="org/model-x",
-                                  params_billions=Decimal("1"), context_length=4096)
+    model = services.create_model(
+        None,
+        served_name="m",
+        source="org/model-x",
+        params_billions=Decimal("1"),
+        context_length=4096,
+    )
     op = staging.stage_weights(None, model, docker_node, SIM_IMAGE)
     tasks.stage_weights(op.pk)
     op.refresh_from_db()
@@ -112,8 +142,13 @@ def test_staging_failure_is_reported_with_the_log_tail(
     """No network here: a download that fails (no token) must fail the operation clearly."""
     settings.TOLLGATE_STAGE_ENTRYPOINT = ["python3", "-c", FAKE_HF]
     settings.HF_TOKEN = ""
-    model = services.create_model(None, served_name="m", source="org/model-y",
-                                  params_billions=Decimal("1"), context_length=4096)
+    model = services.create_model(
+        None,
+        served_name="m",
+        source="org/model-y",
+        params_billions=Decimal("1"),
+        context_length=4096,
+    )
     op = staging.stage_weights(None, model, docker_node, SIM_IMAGE)
     tasks.stage_weights(op.pk)
     op.refresh_from_db()
@@ -134,24 +169,49 @@ def test_external_engine_is_health_checked_routed_and_never_started(
     """An engine Tollgate does not run (here the simulator as a plain process with a key)."""
     port = _free_port()
     engine = subprocess.Popen(
-        [sys.executable, "-m", "engine_sim", "Qwen/Qwen3-0.6B", "--served-model-name",
-         "tiny-chat", "--host", "127.0.0.1", "--port", str(port), "--api-key", "upstream-secret",
-         "--sim-load-seconds", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "engine_sim",
+            "Qwen/Qwen3-0.6B",
+            "--served-model-name",
+            "tiny-chat",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--api-key",
+            "upstream-secret",
+            "--sim-load-seconds",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         api = client_for(root)
-        answer = api.post("/api/v1/deployments/", {
-            "name": "outside", "model": "tiny-chat", "external": True,
-            "external_url": f"http://127.0.0.1:{port}/v1", "upstream_key": "upstream-secret",
-            "engine_args": {"max-num-seqs": 16}}, format="json")
+        answer = api.post(
+            "/api/v1/deployments/",
+            {
+                "name": "outside",
+                "model": "tiny-chat",
+                "external": True,
+                "external_url": f"http://127.0.0.1:{port}/v1",
+                "upstream_key": "upstream-secret",
+                "engine_args": {"max-num-seqs": 16},
+            },
+            format="json",
+        )
         assert answer.status_code == 201, answer.content
         assert "upstream_key" not in answer.json() and answer.json()["has_upstream_key"]
         assert "upstream-secret" not in api.get("/api/v1/audit/").content.decode()
         deployment = Deployment.objects.get(name="outside")
         assert not deployment.operations.exists()  # nothing to start
 
-        replica = wait_for(lambda: fleet.check_external(deployment).healthy, 15) and \
-            Replica.objects.get(deployment=deployment)
+        replica = wait_for(
+            lambda: fleet.check_external(deployment).healthy, 15
+        ) and Replica.objects.get(deployment=deployment)
         assert replica.base_url == f"http://127.0.0.1:{port}"
         assert [u.base_url for u in load_snapshot().routes[sim_model.pk]] == [replica.base_url]
         figures = fleet.scrape_replica(replica)

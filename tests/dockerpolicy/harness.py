@@ -47,45 +47,75 @@ class FakeDocker:
 
     def add_container(self, name: str, labels: dict[str, str]) -> str:
         container_id = uuid.uuid4().hex + uuid.uuid4().hex
-        self.containers[container_id] = {"Id": container_id, "Name": f"/{name}", "Config": {
-            "Labels": labels, "Tty": False, "Env": [], "Image": "x"}, "State": {
-            "Status": "created", "Running": False, "ExitCode": 0}, "Created": "2026-11-26T00:00:00Z",
-            "HostConfig": {}, "NetworkSettings": {"Ports": {}}}
+        self.containers[container_id] = {
+            "Id": container_id,
+            "Name": f"/{name}",
+            "Config": {"Labels": labels, "Tty": False, "Env": [], "Image": "x"},
+            "State": {"Status": "created", "Running": False, "ExitCode": 0},
+            "Created": "2026-11-26T00:00:00Z",
+            "HostConfig": {},
+            "NetworkSettings": {"Ports": {}},
+        }
         return container_id
 
     def find(self, ref: str) -> dict[str, Any] | None:
         for container in self.containers.values():
             if ref in (container["Id"], container["Name"][1:]) or (
-                    len(ref) >= 12 and container["Id"].startswith(ref)):
+                len(ref) >= 12 and container["Id"].startswith(ref)
+            ):
                 return container
         return None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.received.append(Received(request.method, request.raw_path,
-                                      {k.lower(): v for k, v in request.headers.items()}, body))
-        path = request.path.split("/", 2)[2] if request.path.startswith("/v1.") else request.path[1:]
+        self.received.append(
+            Received(
+                request.method,
+                request.raw_path,
+                {k.lower(): v for k, v in request.headers.items()},
+                body,
+            )
+        )
+        path = (
+            request.path.split("/", 2)[2] if request.path.startswith("/v1.") else request.path[1:]
+        )
         parts = path.split("/")
-        handler: Callable = getattr(self, f"on_{request.method.lower()}_{parts[0].strip('_')}", None)
+        handler: Callable = getattr(
+            self, f"on_{request.method.lower()}_{parts[0].strip('_')}", None
+        )
         if handler is None:
             return web.json_response({"message": "page not found"}, status=404)
         return await handler(request, parts, body)
 
-    async def on_get_ping(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
-        return web.Response(text="OK", headers={"Api-Version": "1.41", "Docker-Experimental": "false"})
+    async def on_get_ping(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
+        return web.Response(
+            text="OK", headers={"Api-Version": "1.41", "Docker-Experimental": "false"}
+        )
 
     on_head_ping = on_get_ping
 
-    async def on_get_version(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
-        return web.json_response({"ApiVersion": "1.41", "Version": "20.10.24", "GoVersion": "go1.19"})
+    async def on_get_version(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
+        return web.json_response(
+            {"ApiVersion": "1.41", "Version": "20.10.24", "GoVersion": "go1.19"}
+        )
 
-    async def on_get_info(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_get_info(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         return web.json_response({"ServerVersion": "20.10.24", "MemTotal": 2**34, "NCPU": 2})
 
-    async def on_get_images(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_get_images(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         return web.json_response({"Id": "sha256:" + "0" * 64, "RepoTags": ["/".join(parts[1:-1])]})
 
-    async def on_post_images(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_post_images(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         """A pull: progress lines, each sent only when the test releases it ("pull-<n>")."""
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
@@ -95,15 +125,25 @@ class FakeDocker:
             return response
         for n in range(3):
             await self.gate(f"pull-{n}").wait()
-            line = {"status": "Downloading", "id": "layer", "progressDetail": {"current": n, "total": 3}}
+            line = {
+                "status": "Downloading",
+                "id": "layer",
+                "progressDetail": {"current": n, "total": 3},
+            }
             await response.write(json.dumps(line).encode() + b"\r\n")
         await response.write_eof()
         return response
 
-    async def on_get_containers(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_get_containers(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         if parts[1] == "json":
-            return web.json_response([{"Id": c["Id"], "Names": [c["Name"]], "Labels": c["Config"]["Labels"]}
-                                      for c in self.containers.values()])
+            return web.json_response(
+                [
+                    {"Id": c["Id"], "Names": [c["Name"]], "Labels": c["Config"]["Labels"]}
+                    for c in self.containers.values()
+                ]
+            )
         container = self.find(parts[1])
         if container is None:
             return web.json_response({"message": f"No such container: {parts[1]}"}, status=404)
@@ -111,10 +151,14 @@ class FakeDocker:
             return web.json_response(container)
         # logs: Docker's multiplexed stream (stdout frames)
         payload = b"line one\nline two\n"
-        return web.Response(body=b"\x01\x00\x00\x00" + len(payload).to_bytes(4, "big") + payload,
-                            content_type="application/vnd.docker.raw-stream")
+        return web.Response(
+            body=b"\x01\x00\x00\x00" + len(payload).to_bytes(4, "big") + payload,
+            content_type="application/vnd.docker.raw-stream",
+        )
 
-    async def on_post_containers(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_post_containers(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         if parts[1] == "create":
             spec = json.loads(body)
             container_id = self.add_container(request.query["name"], spec.get("Labels") or {})
@@ -130,18 +174,23 @@ class FakeDocker:
             await response.write(b'{"StatusCode":0}\n')
             await response.write_eof()
             return response
-        container["State"].update(Status="running" if parts[2] == "start" else "exited",
-                                  Running=parts[2] == "start")
+        container["State"].update(
+            Status="running" if parts[2] == "start" else "exited", Running=parts[2] == "start"
+        )
         return web.Response(status=204)
 
-    async def on_delete_containers(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_delete_containers(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         container = self.find(parts[1])
         if container is None:
             return web.json_response({"message": "No such container"}, status=404)
         del self.containers[container["Id"]]
         return web.Response(status=204)
 
-    async def on_get_networks(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_get_networks(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         if len(parts) == 1:
             return web.json_response(list(self.networks.values()))
         for network in self.networks.values():
@@ -149,15 +198,21 @@ class FakeDocker:
                 return web.json_response(network)
         return web.json_response({"message": f"network {parts[1]} not found"}, status=404)
 
-    async def on_post_networks(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_post_networks(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         network_id = uuid.uuid4().hex + uuid.uuid4().hex
         self.networks[network_id] = {"Id": network_id, "Name": json.loads(body)["Name"]}
         return web.json_response({"Id": network_id, "Warning": ""}, status=201)
 
-    async def on_get_volumes(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_get_volumes(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         return web.json_response({"Name": parts[1], "Driver": "local"})
 
-    async def on_post_volumes(self, request: web.Request, parts: list[str], body: bytes) -> web.StreamResponse:
+    async def on_post_volumes(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
         return web.json_response({"Name": json.loads(body)["Name"], "Driver": "local"}, status=201)
 
     def gate(self, name: str) -> asyncio.Event:
@@ -195,7 +250,9 @@ class Harness:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        policy_runner, proxy = await start(self.settings, "127.0.0.1", self.port, self.policy_socket)
+        policy_runner, proxy = await start(
+            self.settings, "127.0.0.1", self.port, self.policy_socket
+        )
         self.runners = [policy_runner, proxy, runner]
 
     def release(self, gate: str) -> None:

@@ -23,7 +23,7 @@ LOG_DIR = ROOT / ".pytest-dockerpolicy"
 
 def docker_socket() -> str:
     host = os.environ.get("DOCKER_HOST", "")
-    return host[len("unix://"):] if host.startswith("unix://") else "/var/run/docker.sock"
+    return host[len("unix://") :] if host.startswith("unix://") else "/var/run/docker.sock"
 
 
 def free_port() -> int:
@@ -83,9 +83,19 @@ def start_policy(env: dict[str, str], log_name: str, socket_path: str = "") -> P
     log_path = LOG_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', log_name)[:150]}.log"
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dockerpolicy", "--listen", f"127.0.0.1:{port}",
-         "--docker-socket", socket_path or docker_socket()],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"),  # noqa: SIM115
+        [
+            sys.executable,
+            "-m",
+            "dockerpolicy",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--docker-socket",
+            socket_path or docker_socket(),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log_path, "w"),  # noqa: SIM115
     )
     deadline = time.monotonic() + 30
     while True:

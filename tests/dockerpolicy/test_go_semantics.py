@@ -27,8 +27,16 @@ pytestmark = pytest.mark.docker
 
 IMG = "tollgate/engine-sim:latest"
 REFUSED, REJECTED = "refused by the policy", "rejected by Docker"
-ZERO = {"Privileged": False, "PidMode": "", "CapAdd": None, "Binds": None, "NetworkMode": "default",
-        "CpuShares": 0, "ShmSize": 67108864, "Image": None}
+ZERO = {
+    "Privileged": False,
+    "PidMode": "",
+    "CapAdd": None,
+    "Binds": None,
+    "NetworkMode": "default",
+    "CpuShares": 0,
+    "ShmSize": 67108864,
+    "Image": None,
+}
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -50,8 +58,12 @@ def engine() -> Iterator[Callable[[bytes], Any]]:
     def create(body: bytes) -> Any:
         conn = UnixConnection(docker_socket())
         name = f"tgdiff-{uuid.uuid4().hex[:10]}"
-        conn.request("POST", f"/v1.41/containers/create?name={name}", body=body,
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            f"/v1.41/containers/create?name={name}",
+            body=body,
+            headers={"Content-Type": "application/json"},
+        )
         answer = conn.getresponse()
         answer.read()
         conn.close()
@@ -74,7 +86,9 @@ def modern_go() -> bool:
 
 
 def host(text: str) -> bytes:
-    return ('{"Image": "IMG", "HostConfig": {TEXT}}'.replace("IMG", IMG).replace("TEXT", text)).encode()
+    return (
+        '{"Image": "IMG", "HostConfig": {TEXT}}'.replace("IMG", IMG).replace("TEXT", text)
+    ).encode()
 
 
 CASES: list[tuple[str, bytes, str, Any, Any]] = [
@@ -102,10 +116,21 @@ CASES: list[tuple[str, bytes, str, Any, Any]] = [
     ("int-with-exponent", host('"ShmSize": 1e8'), "ShmSize", REJECTED, REFUSED),
     ("duplicate-last-wins", host('"PidMode": "", "PidMode": "host"'), "PidMode", "host", REFUSED),
     ("duplicate-case-variant", host('"PidMode": "host", "pidmode": ""'), "PidMode", "", REFUSED),
-    ("duplicate-null-keeps-the-value", host('"Privileged": true, "Privileged": null'), "Privileged", True, REFUSED),
-    ("duplicate-struct-merges",
-     b'{"Image": "%b", "HostConfig": {"Privileged": true}, "HostConfig": {"PidMode": ""}}' % IMG.encode(),
-     "Privileged", True, REFUSED),
+    (
+        "duplicate-null-keeps-the-value",
+        host('"Privileged": true, "Privileged": null'),
+        "Privileged",
+        True,
+        REFUSED,
+    ),
+    (
+        "duplicate-struct-merges",
+        b'{"Image": "%b", "HostConfig": {"Privileged": true}, "HostConfig": {"PidMode": ""}}'
+        % IMG.encode(),
+        "Privileged",
+        True,
+        REFUSED,
+    ),
 ]
 
 
@@ -123,9 +148,18 @@ def policy_value(body: bytes, field: str) -> Any:
     return spec.get(field, spec.get("HostConfig", {}).get(field, ZERO[field]))
 
 
-@pytest.mark.parametrize(("case_id", "data", "field", "by_docker", "by_policy"), CASES, ids=[c[0] for c in CASES])
-def test_docker_reads_what_the_policy_reads(engine: Callable, modern_go: bool, case_id: str, data: bytes,
-                                            field: str, by_docker: Any, by_policy: Any) -> None:
+@pytest.mark.parametrize(
+    ("case_id", "data", "field", "by_docker", "by_policy"), CASES, ids=[c[0] for c in CASES]
+)
+def test_docker_reads_what_the_policy_reads(
+    engine: Callable,
+    modern_go: bool,
+    case_id: str,
+    data: bytes,
+    field: str,
+    by_docker: Any,
+    by_policy: Any,
+) -> None:
     if by_docker == "modern-go":
         by_docker = modern_go
     attrs = engine(data)
@@ -146,15 +180,31 @@ def test_a_canonical_body_means_to_docker_what_the_original_meant(engine: Callab
     """The policy forwards its re-serialisation: Docker creates the same container from it."""
     from dockerpolicy.gojson import encode
 
-    original = ('{"image": "IMG", "hostconfig": {"Bind\u017f": ["/tmp:/x:ro"], "\\u0050idMode": "host",'
-                ' "cAPaDD": "NET_ADMIN", "Unknown": 1}, "LABELS": {"k": "v"}, "env": ["A=\\u0042"]}'
-                ).replace("IMG", IMG).encode()
+    original = (
+        (
+            '{"image": "IMG", "hostconfig": {"Bind\u017f": ["/tmp:/x:ro"], "\\u0050idMode": "host",'
+            ' "cAPaDD": "NET_ADMIN", "Unknown": 1}, "LABELS": {"k": "v"}, "env": ["A=\\u0042"]}'
+        )
+        .replace("IMG", IMG)
+        .encode()
+    )
     canonical = encode(decode(original, dockertypes.CONTAINER_CREATE))
     first, second = engine(original), engine(canonical)
     for attrs in (first, second):
         attrs["Config"].pop("Hostname")
-        for volatile in ("Id", "Name", "Created", "ResolvConfPath", "HostnamePath", "HostsPath", "LogPath",
-                         "GraphDriver", "NetworkSettings", "State", "Mounts"):
+        for volatile in (
+            "Id",
+            "Name",
+            "Created",
+            "ResolvConfPath",
+            "HostnamePath",
+            "HostsPath",
+            "LogPath",
+            "GraphDriver",
+            "NetworkSettings",
+            "State",
+            "Mounts",
+        ):
             attrs.pop(volatile, None)
     assert first == second
     assert first["HostConfig"]["Binds"] == ["/tmp:/x:ro"] and first["Config"]["Env"][0] == "A=B"

@@ -34,35 +34,57 @@ def host(body: str) -> dict:
 # --- Field matching ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", [
-    "Privileged", "privileged", "PRIVILEGED", "pRiViLeGeD",
-    "\\u0050rivileged", "\\u0050\\u0072\\u0069\\u0076\\u0069\\u006c\\u0065\\u0067\\u0065\\u0064",
-    "Pr\u0131vileged",  # dotless i folds to I (Go 1.21+)
-    "Pr\u0130vileged",  # dotted capital I folds to I (Go 1.21+)
-    "Pr\\u0131vileged",  # the same, escaped
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "Privileged",
+        "privileged",
+        "PRIVILEGED",
+        "pRiViLeGeD",
+        "\\u0050rivileged",
+        "\\u0050\\u0072\\u0069\\u0076\\u0069\\u006c\\u0065\\u0067\\u0065\\u0064",
+        "Pr\u0131vileged",  # dotless i folds to I (Go 1.21+)
+        "Pr\u0130vileged",  # dotted capital I folds to I (Go 1.21+)
+        "Pr\\u0131vileged",  # the same, escaped
+    ],
+)
 def test_a_key_names_the_field_go_would_fill(key: str) -> None:
     assert host('{"HostConfig": {"KEY": true}}'.replace("KEY", key)) == {"Privileged": True}
 
 
-@pytest.mark.parametrize(("key", "field"), [
-    ("Bind\u017f", "Binds"),  # long s folds to S
-    ("\u017fecurityOpt", "SecurityOpt"),
-    ("Networ\u212aMode", "NetworkMode"),  # Kelvin sign folds to K
-    ("networ\u212amode", "NetworkMode"),
-    ("MOUNT\u017f", "Mounts"),
-])
+@pytest.mark.parametrize(
+    ("key", "field"),
+    [
+        ("Bind\u017f", "Binds"),  # long s folds to S
+        ("\u017fecurityOpt", "SecurityOpt"),
+        ("Networ\u212aMode", "NetworkMode"),  # Kelvin sign folds to K
+        ("networ\u212amode", "NetworkMode"),
+        ("MOUNT\u017f", "Mounts"),
+    ],
+)
 def test_unicode_case_folding_matches_like_go(key: str, field: str) -> None:
     value = '["x"]' if field in ("Binds", "SecurityOpt", "Mounts") else '"x"'
     if field == "Mounts":
         value = '[{"Type": "bind"}]'
-    assert list(host('{"HostConfig": {"KEY": VALUE}}'.replace("KEY", key).replace("VALUE", value))) == [field]
+    assert list(
+        host('{"HostConfig": {"KEY": VALUE}}'.replace("KEY", key).replace("VALUE", value))
+    ) == [field]
 
 
-@pytest.mark.parametrize("key", [
-    "Privileged\u200b", "Privileged ", " Privileged", "Privi-leged", "Privileg\u00e9d",
-    "Resources", "HostConfig.Privileged", "Privilegedd", "\u0420rivileged",  # Cyrillic Er
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "Privileged\u200b",
+        "Privileged ",
+        " Privileged",
+        "Privi-leged",
+        "Privileg\u00e9d",
+        "Resources",
+        "HostConfig.Privileged",
+        "Privilegedd",
+        "\u0420rivileged",  # Cyrillic Er
+    ],
+)
 def test_keys_that_name_no_field_are_ignored(key: str) -> None:
     assert host('{"HostConfig": {"KEY": true}}'.replace("KEY", key)) == {}
 
@@ -72,7 +94,8 @@ def test_an_embedded_struct_has_no_key_of_its_own() -> None:
     a key "Resources" names nothing."""
     assert host('{"HostConfig": {"Resources": {"Devices": [{"PathOnHost": "/dev/mem"}]}}}') == {}
     assert host('{"HostConfig": {"Devices": [{"PathOnHost": "/dev/mem"}]}}') == {
-        "Devices": [{"PathOnHost": "/dev/mem"}]}
+        "Devices": [{"PathOnHost": "/dev/mem"}]
+    }
 
 
 def test_an_exact_match_wins_over_a_folded_one_and_the_first_folded_field_wins() -> None:
@@ -87,6 +110,7 @@ def test_the_fold_table_is_every_non_ascii_rune_that_folds_onto_ascii() -> None:
     Python exposes full mappings; they differ from the simple ones only where the result
     is several characters, and there the simple mapping is the first character for
     lower-casing U+0130 and the rune itself otherwise."""
+
     def simple(char: str, mapped: str) -> str:
         return mapped if len(mapped) == 1 else (mapped[0] if char == "\u0130" else char)
 
@@ -106,19 +130,22 @@ def test_the_fold_table_is_every_non_ascii_rune_that_folds_onto_ascii() -> None:
 # --- Duplicates: Go keeps the last scalar and merges into structs; both are refused -------------
 
 
-@pytest.mark.parametrize("body", [
-    '{"HostConfig": {"Privileged": true, "Privileged": false}}',
-    '{"HostConfig": {"Privileged": false, "Privileged": true}}',
-    '{"HostConfig": {"Privileged": false, "privileged": true}}',
-    '{"HostConfig": {"privileged": true, "\\u0050rivileged": false}}',
-    '{"HostConfig": {"Privileged": true, "Privileged": null}}',
-    '{"HostConfig": {"Binds": ["a:/a"], "Bind\u017f": ["/:/h"]}}',
-    '{"HostConfig": {"Privileged": true}, "HostConfig": {}}',  # Go merges: privileged
-    '{"HostConfig": {"Privileged": true}, "hostconfig": null}',
-    '{"Image": "a", "image": "b"}',
-    '{"Labels": {"tollgate.managed": "false", "tollgate.managed": "true"}}',
-    '{"HostConfig": {"DeviceRequests": [{"Driver": "x", "driver": "y"}]}}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"HostConfig": {"Privileged": true, "Privileged": false}}',
+        '{"HostConfig": {"Privileged": false, "Privileged": true}}',
+        '{"HostConfig": {"Privileged": false, "privileged": true}}',
+        '{"HostConfig": {"privileged": true, "\\u0050rivileged": false}}',
+        '{"HostConfig": {"Privileged": true, "Privileged": null}}',
+        '{"HostConfig": {"Binds": ["a:/a"], "Bind\u017f": ["/:/h"]}}',
+        '{"HostConfig": {"Privileged": true}, "HostConfig": {}}',  # Go merges: privileged
+        '{"HostConfig": {"Privileged": true}, "hostconfig": null}',
+        '{"Image": "a", "image": "b"}',
+        '{"Labels": {"tollgate.managed": "false", "tollgate.managed": "true"}}',
+        '{"HostConfig": {"DeviceRequests": [{"Driver": "x", "driver": "y"}]}}',
+    ],
+)
 def test_a_field_or_map_key_given_twice_is_refused(body: str) -> None:
     with pytest.raises(DecodeError, match="more than once"):
         decode(body.encode(), dockertypes.CONTAINER_CREATE)
@@ -148,28 +175,32 @@ def test_a_fixed_array_drops_extra_elements_and_zero_fills() -> None:
 
 
 def test_struct_values_inside_objects_ignore_unknown_keys() -> None:
-    assert decode(b'{"ExposedPorts": {"8000/tcp": {"HostPort": "22"}}}',
-                  dockertypes.CONTAINER_CREATE) == {"ExposedPorts": {"8000/tcp": {}}}
+    assert decode(
+        b'{"ExposedPorts": {"8000/tcp": {"HostPort": "22"}}}', dockertypes.CONTAINER_CREATE
+    ) == {"ExposedPorts": {"8000/tcp": {}}}
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ('{"HostConfig": {"Privileged": 1}}', "must be a boolean, not a number"),
-    ('{"HostConfig": {"Privileged": "true"}}', "must be a boolean, not a string"),
-    ('{"HostConfig": {"ShmSize": 1.0}}', "must be an integer"),
-    ('{"HostConfig": {"ShmSize": 1e3}}', "must be an integer"),
-    ('{"HostConfig": {"ShmSize": "1024"}}', "must be an integer"),
-    ('{"HostConfig": {"ShmSize": true}}', "must be an integer"),
-    ('{"HostConfig": {"ShmSize": 9223372036854775808}}', "out of range"),
-    ('{"HostConfig": {"BlkioWeight": 65536}}', "out of range"),
-    ('{"HostConfig": {"BlkioWeight": -1}}', "out of range"),
-    ('{"HostConfig": {"PidMode": 1}}', "must be a string"),
-    ('{"HostConfig": {"Binds": "a:/a"}}', "must be an array"),
-    ('{"HostConfig": {"Binds": [1]}}', "must be a string"),
-    ('{"HostConfig": {"Tmpfs": ["x"]}}', "must be an object"),
-    ('{"HostConfig": []}', "must be an object"),
-    ('{"HostConfig": {"CapAdd": {"x": 1}}}', "must be a string or an array"),
-    ('{"HostConfig": {"PidMode": "\\ud800"}}', "unpaired surrogate"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('{"HostConfig": {"Privileged": 1}}', "must be a boolean, not a number"),
+        ('{"HostConfig": {"Privileged": "true"}}', "must be a boolean, not a string"),
+        ('{"HostConfig": {"ShmSize": 1.0}}', "must be an integer"),
+        ('{"HostConfig": {"ShmSize": 1e3}}', "must be an integer"),
+        ('{"HostConfig": {"ShmSize": "1024"}}', "must be an integer"),
+        ('{"HostConfig": {"ShmSize": true}}', "must be an integer"),
+        ('{"HostConfig": {"ShmSize": 9223372036854775808}}', "out of range"),
+        ('{"HostConfig": {"BlkioWeight": 65536}}', "out of range"),
+        ('{"HostConfig": {"BlkioWeight": -1}}', "out of range"),
+        ('{"HostConfig": {"PidMode": 1}}', "must be a string"),
+        ('{"HostConfig": {"Binds": "a:/a"}}', "must be an array"),
+        ('{"HostConfig": {"Binds": [1]}}', "must be a string"),
+        ('{"HostConfig": {"Tmpfs": ["x"]}}', "must be an object"),
+        ('{"HostConfig": []}', "must be an object"),
+        ('{"HostConfig": {"CapAdd": {"x": 1}}}', "must be a string or an array"),
+        ('{"HostConfig": {"PidMode": "\\ud800"}}', "unpaired surrogate"),
+    ],
+)
 def test_values_go_cannot_decode_into_the_field_are_refused(body: str, message: str) -> None:
     with pytest.raises(DecodeError, match=message):
         decode(body.encode(), dockertypes.CONTAINER_CREATE)
@@ -184,31 +215,36 @@ def test_int64_bounds_are_go_s() -> None:
 # --- JSON syntax: one strict JSON value, like Go's decoder --------------------------------------
 
 
-@pytest.mark.parametrize("body", [
-    b'{"HostConfig": {"Privileged": true}} {"x": 1}',  # a second value after the first
-    b'{"Image": "a"}x',
-    b'\xef\xbb\xbf{"Image": "a"}',  # byte-order mark
-    b'{"ShmSize": NaN}', b'{"ShmSize": Infinity}', b'{"ShmSize": -Infinity}',
-    b'{"Image": "a", /* comment */ "Cmd": []}',
-    b"{'Image': 'a'}",
-    b'{"Image": "a",}',
-    b'{"Cmd": ["a",]}',
-    b'{"ShmSize": 01}',
-    b'{"ShmSize": \xd9\xa1}',  # ARABIC-INDIC DIGIT ONE: a digit to Python's re, not to JSON
-    b'{"ShmSize": +1}',
-    b'{"Image": "a\x01"}',  # raw control character in a string
-    b'{"Privil\xffeged": true}',  # not UTF-8
-    b'{"Image": "\\x41"}',  # not a JSON escape
-    b'',
-    b'   ',
-    b'[' * 100000 + b']' * 100000,
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"HostConfig": {"Privileged": true}} {"x": 1}',  # a second value after the first
+        b'{"Image": "a"}x',
+        b'\xef\xbb\xbf{"Image": "a"}',  # byte-order mark
+        b'{"ShmSize": NaN}',
+        b'{"ShmSize": Infinity}',
+        b'{"ShmSize": -Infinity}',
+        b'{"Image": "a", /* comment */ "Cmd": []}',
+        b"{'Image': 'a'}",
+        b'{"Image": "a",}',
+        b'{"Cmd": ["a",]}',
+        b'{"ShmSize": 01}',
+        b'{"ShmSize": \xd9\xa1}',  # ARABIC-INDIC DIGIT ONE: a digit to Python's re, not to JSON
+        b'{"ShmSize": +1}',
+        b'{"Image": "a\x01"}',  # raw control character in a string
+        b'{"Privil\xffeged": true}',  # not UTF-8
+        b'{"Image": "\\x41"}',  # not a JSON escape
+        b"",
+        b"   ",
+        b"[" * 100000 + b"]" * 100000,
+    ],
+)
 def test_text_that_is_not_exactly_one_json_value_is_refused(body: bytes) -> None:
     with pytest.raises(DecodeError):
         parse(body)
 
 
-@pytest.mark.parametrize("body", [b'[]', b'"x"', b'null', b'1', b'true'])
+@pytest.mark.parametrize("body", [b"[]", b'"x"', b"null", b"1", b"true"])
 def test_the_body_must_be_an_object(body: bytes) -> None:
     with pytest.raises(DecodeError, match="must be a JSON object"):
         decode(body, dockertypes.CONTAINER_CREATE)
@@ -230,13 +266,17 @@ def test_whitespace_is_json_s_only() -> None:
 
 
 def test_encode_is_ascii_canonical_and_decodes_back_to_the_same_value() -> None:
-    body = '{"image": "t\u00e9st", "hostconfig": {"bind\u017f": ["v:/\u2603"], "shmsize": 5},' \
-           ' "Labels": {"k\u00e9y": "v"}, "Env": ["A=\\u0042"]}'
+    body = (
+        '{"image": "t\u00e9st", "hostconfig": {"bind\u017f": ["v:/\u2603"], "shmsize": 5},'
+        ' "Labels": {"k\u00e9y": "v"}, "Env": ["A=\\u0042"]}'
+    )
     value = decode(body.encode(), dockertypes.CONTAINER_CREATE)
     canonical = encode(value)
     assert canonical.isascii() and b" " not in canonical
-    assert canonical == (b'{"Env":["A=B"],"HostConfig":{"Binds":["v:/\\u2603"],"ShmSize":5},'
-                         b'"Image":"t\\u00e9st","Labels":{"k\\u00e9y":"v"}}')
+    assert canonical == (
+        b'{"Env":["A=B"],"HostConfig":{"Binds":["v:/\\u2603"],"ShmSize":5},'
+        b'"Image":"t\\u00e9st","Labels":{"k\\u00e9y":"v"}}'
+    )
     assert decode(canonical, dockertypes.CONTAINER_CREATE) == value
 
 

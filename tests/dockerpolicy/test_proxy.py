@@ -23,10 +23,14 @@ IMAGE = "tollgate/engine-sim:latest"
 
 
 def policy_settings(**more: object) -> Settings:
-    values = dict(images=("tollgate/engine-sim:*", "vllm/vllm-openai:*"),
-                  volumes=frozenset({f"{STACK}-models", f"{STACK}-compile"}),
-                  networks=frozenset({f"{STACK}-net"}), stack=STACK, allow_host_network=False,
-                  log_allowed=True)
+    values = dict(
+        images=("tollgate/engine-sim:*", "vllm/vllm-openai:*"),
+        volumes=frozenset({f"{STACK}-models", f"{STACK}-compile"}),
+        networks=frozenset({f"{STACK}-net"}),
+        stack=STACK,
+        allow_host_network=False,
+        log_allowed=True,
+    )
     return Settings(**{**values, **more})
 
 
@@ -42,8 +46,13 @@ def harness(settings: object) -> Iterator[Harness]:
     h.stop()
 
 
-def raw(h: Harness, method: str, target: str, body: bytes | None = None,
-        headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def raw(
+    h: Harness,
+    method: str,
+    target: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)
     try:
         conn.request(method, target, body=body, headers=headers or {})
@@ -54,17 +63,29 @@ def raw(h: Harness, method: str, target: str, body: bytes | None = None,
 
 
 def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "dockerpolicy" and
-            r.getMessage().startswith("refused")]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "dockerpolicy" and r.getMessage().startswith("refused")
+    ]
 
 
 def engine(name: str, **more: object) -> runtime.EngineSpec:
-    fields = dict(name=name, image=IMAGE, command=["m", "--port", "8000"], env={"HF_TOKEN": "hf_secret"},
-                  labels=runtime.labels_for(STACK, "n1", 1, 0), gpus=True, engine_host="127.0.0.1")
+    fields = dict(
+        name=name,
+        image=IMAGE,
+        command=["m", "--port", "8000"],
+        env={"HF_TOKEN": "hf_secret"},
+        labels=runtime.labels_for(STACK, "n1", 1, 0),
+        gpus=True,
+        engine_host="127.0.0.1",
+    )
     return runtime.engine_spec(**{**fields, **more})
 
 
-def test_every_call_of_the_engine_lifecycle_passes(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
+def test_every_call_of_the_engine_lifecycle_passes(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, "dockerpolicy")
     dc = runtime.client(harness.url)
     assert runtime.info(dc)["ServerVersion"] == "20.10.24"
@@ -81,18 +102,34 @@ def test_every_call_of_the_engine_lifecycle_passes(harness: Harness, caplog: pyt
     assert runtime.logs_tail(published, 20) == "line one\nline two\n"
     assert runtime.find(dc, f"{STACK}-a-1").id == joined.id
     assert {c.id for c in runtime.list_managed(dc, STACK, "n1")} == {published.id, joined.id}
-    helper = runtime.run_to_completion(dc, IMAGE, ["hf", "download"], ["Qwen/Qwen3-0.6B"],
-                                       {"HF_TOKEN": "hf_secret"},
-                                       runtime.labels_for(STACK, "n1", role="stage"), f"{STACK}-stage-1")
+    helper = runtime.run_to_completion(
+        dc,
+        IMAGE,
+        ["hf", "download"],
+        ["Qwen/Qwen3-0.6B"],
+        {"HF_TOKEN": "hf_secret"},
+        runtime.labels_for(STACK, "n1", role="stage"),
+        f"{STACK}-stage-1",
+    )
     for container in (published, joined, helper):
         runtime.stop_and_remove(container, 3)
     assert harness.docker.containers == {}
     assert refusals(caplog) == []
     assert {template(r.method, r.target) for r in harness.docker.received} == {
-        "GET /version", "GET /info", "GET /images/{ref}/json", "POST /images/create",
-        "GET /networks", "POST /networks/create", "GET /networks/{id}", "POST /containers/create",
-        "GET /containers/{id}/json", "POST /containers/{id}/start", "GET /containers/{id}/logs",
-        "GET /containers/json", "POST /containers/{id}/stop", "DELETE /containers/{id}",
+        "GET /version",
+        "GET /info",
+        "GET /images/{ref}/json",
+        "POST /images/create",
+        "GET /networks",
+        "POST /networks/create",
+        "GET /networks/{id}",
+        "POST /containers/create",
+        "GET /containers/{id}/json",
+        "POST /containers/{id}/start",
+        "GET /containers/{id}/logs",
+        "GET /containers/json",
+        "POST /containers/{id}/stop",
+        "DELETE /containers/{id}",
     }
     assert "hf_secret" not in caplog.text
 
@@ -104,47 +141,81 @@ def template(method: str, target: str) -> str:
     return f"{method} {path}"
 
 
-def test_docker_receives_the_canonical_body_and_none_of_the_client_s_headers(harness: Harness) -> None:
-    body = ('{"image" : "IMAGE", "LABELS": {"tollgate.managed": "true", "tollgate.stack": "STACK"},\n'
+def test_docker_receives_the_canonical_body_and_none_of_the_client_s_headers(
+    harness: Harness,
+) -> None:
+    body = (
+        (
+            '{"image" : "IMAGE", "LABELS": {"tollgate.managed": "true", "tollgate.stack": "STACK"},\n'
             ' "hostconfig": {"networkmode": "default", "Bind\u017f": ["STACK-models:/m:ro"]},'
             ' "volumes": {"/m": {}}, "Unknown": {"Privileged": true}, "env": ["A=\\u0042"]}'
-            ).replace("IMAGE", IMAGE).replace("STACK", STACK).encode()
-    status, _, _ = raw(harness, "POST", f"/v1.41/containers/create?name={STACK}-x", body,
-                       {"Content-Type": "application/json; charset=utf-8", "X-Meta-Evil": "1",
-                        "Cookie": "a=b", "X-Registry-Auth": "e30=", "Authorization": "Bearer x"})
+        )
+        .replace("IMAGE", IMAGE)
+        .replace("STACK", STACK)
+        .encode()
+    )
+    status, _, _ = raw(
+        harness,
+        "POST",
+        f"/v1.41/containers/create?name={STACK}-x",
+        body,
+        {
+            "Content-Type": "application/json; charset=utf-8",
+            "X-Meta-Evil": "1",
+            "Cookie": "a=b",
+            "X-Registry-Auth": "e30=",
+            "Authorization": "Bearer x",
+        },
+    )
     assert status == 201
     (received,) = harness.docker.received
     assert received.target == f"/v1.41/containers/create?name={STACK}-x"
     assert received.body == (
         b'{"Env":["A=B"],"HostConfig":{"Binds":["tgunit-models:/m:ro"],"NetworkMode":"default"},'
         b'"Image":"tollgate/engine-sim:latest","Labels":{"tollgate.managed":"true",'
-        b'"tollgate.stack":"tgunit"},"Volumes":{"/m":{}}}')
+        b'"tollgate.stack":"tgunit"},"Volumes":{"/m":{}}}'
+    )
     assert received.headers["content-type"] == "application/json"
-    assert not {"x-meta-evil", "cookie", "x-registry-auth", "authorization", "user-agent"} & set(received.headers)
+    assert not {"x-meta-evil", "cookie", "x-registry-auth", "authorization", "user-agent"} & set(
+        received.headers
+    )
 
 
 def test_a_refusal_is_a_docker_style_403_with_one_log_line_and_reaches_nothing(
-    harness: Harness, caplog: pytest.LogCaptureFixture,
+    harness: Harness,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, "dockerpolicy")
-    body = json.dumps({"Image": IMAGE, "Env": ["HF_TOKEN=hf_topsecret"],
-                       "HostConfig": {"Privileged": True}}).encode()
-    status, headers, answer = raw(harness, "POST", f"/v1.41/containers/create?name={STACK}-x", body,
-                                  {"Content-Type": "application/json", "User-Agent": "evil\r\n"[:4]})
+    body = json.dumps(
+        {"Image": IMAGE, "Env": ["HF_TOKEN=hf_topsecret"], "HostConfig": {"Privileged": True}}
+    ).encode()
+    status, headers, answer = raw(
+        harness,
+        "POST",
+        f"/v1.41/containers/create?name={STACK}-x",
+        body,
+        {"Content-Type": "application/json", "User-Agent": "evil\r\n"[:4]},
+    )
     assert (status, headers["content-type"].split(";")[0]) == (403, "application/json")
     assert json.loads(answer) == {
-        "message": "refused by Tollgate's Docker policy: HostConfig.Privileged is not allowed"}
+        "message": "refused by Tollgate's Docker policy: HostConfig.Privileged is not allowed"
+    }
     assert harness.docker.received == []
     (line,) = refusals(caplog)
-    assert line == (f"refused POST /v1.41/containers/create?name={STACK}-x from 127.0.0.1 (evil): "
-                    "HostConfig.Privileged is not allowed")
+    assert line == (
+        f"refused POST /v1.41/containers/create?name={STACK}-x from 127.0.0.1 (evil): "
+        "HostConfig.Privileged is not allowed"
+    )
     assert "hf_topsecret" not in caplog.text
 
 
 def test_the_sdk_shows_the_policy_s_reason(harness: Harness) -> None:
     dc = runtime.client(harness.url)
-    with pytest.raises(runtime.RuntimeFailure, match="creating container .* refused by Tollgate's "
-                                                     "Docker policy: HostConfig.NetworkMode host"):
+    with pytest.raises(
+        runtime.RuntimeFailure,
+        match="creating container .* refused by Tollgate's "
+        "Docker policy: HostConfig.NetworkMode host",
+    ):
         runtime.create_engine(dc, engine(f"{STACK}-h", host_network=True))
 
 
@@ -155,7 +226,9 @@ def test_host_networking_passes_only_when_allowed(settings: object) -> None:
     h = Harness(policy_settings(allow_host_network=True))
     h.start()
     try:
-        container = runtime.create_engine(runtime.client(h.url), engine(f"{STACK}-h", host_network=True))
+        container = runtime.create_engine(
+            runtime.client(h.url), engine(f"{STACK}-h", host_network=True)
+        )
         assert json.loads(h.docker.received[-2].body)["HostConfig"]["NetworkMode"] == "host"
         assert container.id in h.docker.containers
     finally:
@@ -163,19 +236,32 @@ def test_host_networking_passes_only_when_allowed(settings: object) -> None:
 
 
 def test_calls_on_a_container_act_on_its_full_id_after_its_labels_are_checked(
-    harness: Harness, caplog: pytest.LogCaptureFixture,
+    harness: Harness,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    own = harness.docker.add_container(f"{STACK}-own", {"tollgate.managed": "true", "tollgate.stack": STACK})
+    own = harness.docker.add_container(
+        f"{STACK}-own", {"tollgate.managed": "true", "tollgate.stack": STACK}
+    )
     foreign = harness.docker.add_container("db", {})
-    other = harness.docker.add_container("other-x", {"tollgate.managed": "true", "tollgate.stack": "other"})
+    other = harness.docker.add_container(
+        "other-x", {"tollgate.managed": "true", "tollgate.stack": "other"}
+    )
 
     assert raw(harness, "POST", f"/v1.41/containers/{STACK}-own/start")[0] == 204
     assert [r.target for r in harness.docker.received] == [
-        f"/v1.41/containers/{STACK}-own/json", f"/v1.41/containers/{own}/start"]
+        f"/v1.41/containers/{STACK}-own/json",
+        f"/v1.41/containers/{own}/start",
+    ]
     harness.docker.received.clear()
     for ref in ("db", foreign[:12], "other-x", other):
-        for method, path in (("POST", "start"), ("POST", "stop"), ("POST", "kill"), ("POST", "wait"),
-                             ("GET", "logs"), ("GET", "json")):
+        for method, path in (
+            ("POST", "start"),
+            ("POST", "stop"),
+            ("POST", "kill"),
+            ("POST", "wait"),
+            ("GET", "logs"),
+            ("GET", "json"),
+        ):
             status, _, answer = raw(harness, method, f"/v1.41/containers/{ref}/{path}")
             assert status == 403 and b"is not Tollgate's" in answer, (ref, path)
         assert raw(harness, "DELETE", f"/v1.41/containers/{ref}?force=1")[0] == 403
@@ -190,7 +276,9 @@ def test_pull_progress_streams_line_by_line(harness: Harness) -> None:
     """Each progress line reaches the client before Docker has written the next one: the
     fake Engine writes line n+1 only after the test has read line n through the policy."""
     url = f"http://127.0.0.1:{harness.port}/v1.41/images/create?fromImage=tollgate%2Fengine-sim&tag=latest"
-    with httpx.stream("POST", url, timeout=10, headers={"X-Registry-Auth": "eyJ1IjoieCJ9"}) as answer:
+    with httpx.stream(
+        "POST", url, timeout=10, headers={"X-Registry-Auth": "eyJ1IjoieCJ9"}
+    ) as answer:
         assert answer.status_code == 200
         lines = answer.iter_lines()
         for n in range(3):
@@ -202,7 +290,8 @@ def test_pull_progress_streams_line_by_line(harness: Harness) -> None:
 
 
 def test_a_stream_docker_breaks_off_is_broken_off_for_the_client_too(
-    harness: Harness, caplog: pytest.LogCaptureFixture,
+    harness: Harness,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Not ended cleanly: a client must not take a pull cut short for a finished one."""
     url = f"http://127.0.0.1:{harness.port}/v1.41/images/create?fromImage=tollgate/engine-sim&tag=broken"
@@ -214,8 +303,12 @@ def test_a_stream_docker_breaks_off_is_broken_off_for_the_client_too(
     assert "broke off" in caplog.text
 
 
-def test_wait_answers_its_headers_at_once_and_its_body_when_the_container_exits(harness: Harness) -> None:
-    harness.docker.add_container(f"{STACK}-w", {"tollgate.managed": "true", "tollgate.stack": STACK})
+def test_wait_answers_its_headers_at_once_and_its_body_when_the_container_exits(
+    harness: Harness,
+) -> None:
+    harness.docker.add_container(
+        f"{STACK}-w", {"tollgate.managed": "true", "tollgate.stack": STACK}
+    )
     url = f"http://127.0.0.1:{harness.port}/v1.41/containers/{STACK}-w/wait?condition=not-running"
     with httpx.stream("POST", url, timeout=10) as answer:
         assert answer.status_code == 200  # headers arrived while the container still runs
@@ -223,14 +316,26 @@ def test_wait_answers_its_headers_at_once_and_its_body_when_the_container_exits(
         assert json.loads(answer.read()) == {"StatusCode": 0}
 
 
-def test_registry_credentials_and_bodies_are_never_logged(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
+def test_registry_credentials_and_bodies_are_never_logged(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, "dockerpolicy")
     for n in range(3):
         harness.release(f"pull-{n}")
-    raw(harness, "POST", "/v1.41/images/create?fromImage=tollgate/engine-sim&tag=latest", None,
-        {"X-Registry-Auth": "c2VjcmV0LXBhc3N3b3Jk"})
-    raw(harness, "POST", "/v1.41/images/create?fromImage=alpine&tag=latest", None,
-        {"X-Registry-Auth": "c2VjcmV0LXBhc3N3b3Jk"})
+    raw(
+        harness,
+        "POST",
+        "/v1.41/images/create?fromImage=tollgate/engine-sim&tag=latest",
+        None,
+        {"X-Registry-Auth": "c2VjcmV0LXBhc3N3b3Jk"},
+    )
+    raw(
+        harness,
+        "POST",
+        "/v1.41/images/create?fromImage=alpine&tag=latest",
+        None,
+        {"X-Registry-Auth": "c2VjcmV0LXBhc3N3b3Jk"},
+    )
     assert "c2VjcmV0" not in caplog.text and "secret" not in caplog.text
     assert [r.getMessage().split(" ", 1)[0] for r in caplog.records] == ["allowed", "refused"]
 
@@ -253,9 +358,16 @@ def test_an_unreachable_docker_is_a_502_that_says_so(caplog: pytest.LogCaptureFi
 
 
 def test_an_oversized_or_upgrading_request_is_refused(harness: Harness) -> None:
-    status, _, answer = raw(harness, "POST", f"/v1.41/containers/create?name={STACK}-x",
-                            b'{"Image": "' + b"a" * (2 * 2**20) + b'"}', {"Content-Type": "application/json"})
+    status, _, answer = raw(
+        harness,
+        "POST",
+        f"/v1.41/containers/create?name={STACK}-x",
+        b'{"Image": "' + b"a" * (2 * 2**20) + b'"}',
+        {"Content-Type": "application/json"},
+    )
     assert status == 403 and b"larger than" in answer
-    status, _, answer = raw(harness, "GET", "/_ping", None, {"Upgrade": "tcp", "Connection": "Upgrade"})
+    status, _, answer = raw(
+        harness, "GET", "/_ping", None, {"Upgrade": "tcp", "Connection": "Upgrade"}
+    )
     assert status == 403 and b"upgrades" in answer
     assert harness.docker.received == []

@@ -23,8 +23,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every time knob at zero: the contract tests check shapes, not timing.
-FAST = ["--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0",
-        "--sim-decode-tps", "0"]
+FAST = [
+    "--sim-load-seconds",
+    "0",
+    "--sim-ttft-ms",
+    "0",
+    "--sim-ttft-per-token-ms",
+    "0",
+    "--sim-decode-tps",
+    "0",
+]
 
 
 def free_port() -> int:
@@ -33,7 +41,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
+) -> object:
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,14 +96,30 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., Sim]]:
     def start(*args: str, wait: bool = True, env: dict[str, str] | None = None) -> Sim:
         port = free_port()
         log = tmp_path / f"sim-{port}.log"
-        cmd = [sys.executable, "-m", "engine_sim", *args, "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine_sim",
+            *args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **(env or {})})
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
         sim = Sim(proc, port, log)
         sims.append(sim)
         if wait:
-            wait_until(lambda: sim.proc.poll() is not None or sim.listening(), what="simulator to listen")
+            wait_until(
+                lambda: sim.proc.poll() is not None or sim.listening(), what="simulator to listen"
+            )
             assert sim.proc.poll() is None, f"simulator exited early:\n{sim.output()}"
         return sim
 
@@ -113,12 +139,28 @@ def module_sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         if key not in sims:
             port = free_port()
             log = tmp / f"sim-{port}.log"
-            cmd = [sys.executable, "-m", "engine_sim", *args, "--host", "127.0.0.1", "--port", str(port)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "engine_sim",
+                *args,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ]
             with open(log, "wb") as out:
-                proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})})
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=ROOT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **(env or {})},
+                )
             sim = Sim(proc, port, log)
-            wait_until(lambda: sim.proc.poll() is not None or sim.listening(), what="simulator to listen")
+            wait_until(
+                lambda: sim.proc.poll() is not None or sim.listening(), what="simulator to listen"
+            )
             assert sim.proc.poll() is None, f"simulator exited early:\n{sim.output()}"
             sims[key] = sim
         return sims[key]

@@ -11,8 +11,19 @@ import pytest
 
 from tests.engine_sim.conftest import FAST
 
-CHAT = ["Qwen/Qwen3-8B", "--served-model-name", "qwen3-8b", "alias-b", "--max-model-len", "1k", *FAST]
-MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about tokens."}]
+CHAT = [
+    "Qwen/Qwen3-8B",
+    "--served-model-name",
+    "qwen3-8b",
+    "alias-b",
+    "--max-model-len",
+    "1k",
+    *FAST,
+]
+MSGS = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Tell me about tokens."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +37,9 @@ def sse(resp: httpx.Response) -> list[str]:
 
 
 def raw_chat(sim, **body) -> httpx.Response:
-    return httpx.post(sim.url + "/v1/chat/completions", json={"model": "qwen3-8b", "messages": MSGS, **body})
+    return httpx.post(
+        sim.url + "/v1/chat/completions", json={"model": "qwen3-8b", "messages": MSGS, **body}
+    )
 
 
 def sdk(sim) -> openai.OpenAI:
@@ -35,7 +48,9 @@ def sdk(sim) -> openai.OpenAI:
 
 def chat_nonstream(kind: str, sim, **body) -> dict:
     if kind == "sdk":
-        return sdk(sim).chat.completions.create(model="qwen3-8b", messages=MSGS, **body).model_dump()
+        return (
+            sdk(sim).chat.completions.create(model="qwen3-8b", messages=MSGS, **body).model_dump()
+        )
     r = raw_chat(sim, **body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -43,7 +58,9 @@ def chat_nonstream(kind: str, sim, **body) -> dict:
 
 def chat_stream(kind: str, sim, **body) -> list[dict]:
     if kind == "sdk":
-        stream = sdk(sim).chat.completions.create(model="qwen3-8b", messages=MSGS, stream=True, **body)
+        stream = sdk(sim).chat.completions.create(
+            model="qwen3-8b", messages=MSGS, stream=True, **body
+        )
         return [c.model_dump() for c in stream]
     r = raw_chat(sim, stream=True, **body)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -115,8 +132,12 @@ def test_stream_without_include_usage_has_no_usage(kind, sim):
 
 
 def test_continuous_usage_stats_count_every_token(sim):
-    chunks = chat_stream("http", sim, max_tokens=7,
-                         stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = chat_stream(
+        "http",
+        sim,
+        max_tokens=7,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    )
     running = [c["usage"]["completion_tokens"] for c in chunks[:-1]]
     assert running == [0, 1, 2, 3, 4, 5, 6, 7, 7]  # role chunk, 7 tokens, finish chunk
     assert chunks[-1]["usage"]["completion_tokens"] == 7
@@ -134,24 +155,51 @@ def test_completions_nonstream_and_stream(kind, sim):
     if kind == "sdk":
         c = sdk(sim).completions
         full = c.create(model="alias-b", prompt="Once upon a time", max_tokens=5).model_dump()
-        chunks = [x.model_dump() for x in c.create(model="alias-b", prompt="Once upon a time", max_tokens=5,
-                                                   stream=True, stream_options={"include_usage": True})]
+        chunks = [
+            x.model_dump()
+            for x in c.create(
+                model="alias-b",
+                prompt="Once upon a time",
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        ]
     else:
         url = sim.url + "/v1/completions"
-        full = httpx.post(url, json={"model": "alias-b", "prompt": "Once upon a time", "max_tokens": 5}).json()
-        frames = sse(httpx.post(url, json={"model": "alias-b", "prompt": "Once upon a time", "max_tokens": 5,
-                                           "stream": True, "stream_options": {"include_usage": True}}))
+        full = httpx.post(
+            url, json={"model": "alias-b", "prompt": "Once upon a time", "max_tokens": 5}
+        ).json()
+        frames = sse(
+            httpx.post(
+                url,
+                json={
+                    "model": "alias-b",
+                    "prompt": "Once upon a time",
+                    "max_tokens": 5,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
+        )
         assert frames[-1] == "[DONE]"
         chunks = [json.loads(f) for f in frames[:-1]]
     assert full["id"].startswith("cmpl-") and full["object"] == "text_completion"
     assert full["model"] == "alias-b" and full["usage"]["completion_tokens"] == 5
-    texts = [c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is None]
+    texts = [
+        c["choices"][0]["text"]
+        for c in chunks
+        if c["choices"] and c["choices"][0]["finish_reason"] is None
+    ]
     assert "".join(texts) == full["choices"][0]["text"] and len(texts) == 5
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == []
     u = chunks[-1]["usage"]
     assert (u["prompt_tokens"], u["total_tokens"], u["completion_tokens"]) == (
-        full["usage"]["prompt_tokens"], full["usage"]["total_tokens"], 5)
+        full["usage"]["prompt_tokens"],
+        full["usage"]["total_tokens"],
+        5,
+    )
 
 
 def test_prompt_tokens_agree_with_tokenize_and_are_stable(sim):
@@ -160,15 +208,23 @@ def test_prompt_tokens_agree_with_tokenize_and_are_stable(sim):
     a = chat_nonstream("http", sim)["usage"]["prompt_tokens"]
     b = chat_nonstream("http", sim)["usage"]["prompt_tokens"]
     assert a == b == counted["count"]
-    text = httpx.post(sim.url + "/detokenize", json={"tokens": httpx.post(
-        sim.url + "/tokenize", json={"prompt": "Hello, world!"}).json()["tokens"]}).json()
+    text = httpx.post(
+        sim.url + "/detokenize",
+        json={
+            "tokens": httpx.post(sim.url + "/tokenize", json={"prompt": "Hello, world!"}).json()[
+                "tokens"
+            ]
+        },
+    ).json()
     assert text == {"prompt": "Hello, world!"}
 
 
 def test_request_id_header_is_honoured_and_echoed(sim):
     r = httpx.post(
-        sim.url + "/v1/chat/completions", headers={"X-Request-Id": "abc123"},
-        json={"model": "qwen3-8b", "messages": MSGS, "max_tokens": 1})
+        sim.url + "/v1/chat/completions",
+        headers={"X-Request-Id": "abc123"},
+        json={"model": "qwen3-8b", "messages": MSGS, "max_tokens": 1},
+    )
     assert r.json()["id"] == "chatcmpl-abc123"
     assert r.headers["x-request-id"] == "abc123"
 
@@ -178,16 +234,37 @@ def test_model_defaults_to_first_served_name(sim):
     assert r.status_code == 200 and r.json()["model"] == "qwen3-8b"
 
 
-@pytest.mark.parametrize("body, status, err_type, needle", [
-    ({"model": "nope", "messages": MSGS}, 404, "NotFoundError", "`nope` does not exist"),
-    ({"model": "qwen3-8b", "messages": [{"role": "user", "content": "word " * 1200}]}, 400,
-     "BadRequestError", "This model's maximum context length is 1000 tokens"),
-    ({"model": "qwen3-8b", "messages": MSGS, "max_tokens": 5000}, 400, "BadRequestError", "too large: 5000"),
-    ({"model": "qwen3-8b", "messages": MSGS, "stream_options": {"include_usage": True}}, 400,
-     "Bad Request", "Stream options can only be defined when `stream=True`"),
-    ({"model": "qwen3-8b"}, 400, "Bad Request", "messages"),
-    ({"model": "qwen3-8b", "messages": MSGS, "max_tokens": 0}, 400, "Bad Request", "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, status, err_type, needle",
+    [
+        ({"model": "nope", "messages": MSGS}, 404, "NotFoundError", "`nope` does not exist"),
+        (
+            {"model": "qwen3-8b", "messages": [{"role": "user", "content": "word " * 1200}]},
+            400,
+            "BadRequestError",
+            "This model's maximum context length is 1000 tokens",
+        ),
+        (
+            {"model": "qwen3-8b", "messages": MSGS, "max_tokens": 5000},
+            400,
+            "BadRequestError",
+            "too large: 5000",
+        ),
+        (
+            {"model": "qwen3-8b", "messages": MSGS, "stream_options": {"include_usage": True}},
+            400,
+            "Bad Request",
+            "Stream options can only be defined when `stream=True`",
+        ),
+        ({"model": "qwen3-8b"}, 400, "Bad Request", "messages"),
+        (
+            {"model": "qwen3-8b", "messages": MSGS, "max_tokens": 0},
+            400,
+            "Bad Request",
+            "max_tokens",
+        ),
+    ],
+)
 def test_error_table_raw(sim, body, status, err_type, needle):
     r = httpx.post(sim.url + "/v1/chat/completions", json=body)
     assert r.status_code == status
@@ -203,19 +280,26 @@ def test_errors_through_the_sdk(sim):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=MSGS)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
-        client.chat.completions.create(model="qwen3-8b", messages=[{"role": "user", "content": "x " * 1200}])
+        client.chat.completions.create(
+            model="qwen3-8b", messages=[{"role": "user", "content": "x " * 1200}]
+        )
 
 
 def test_invalid_json_is_400(sim):
-    r = httpx.post(sim.url + "/v1/chat/completions", content=b"{not json",
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        sim.url + "/v1/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "Bad Request"
 
 
 def test_max_tokens_is_clamped_to_the_context_left(sim):
     long = [{"role": "user", "content": "word " * 900}]
-    r = httpx.post(sim.url + "/v1/chat/completions",
-                   json={"model": "qwen3-8b", "messages": long, "max_tokens": 900, "ignore_eos": True})
+    r = httpx.post(
+        sim.url + "/v1/chat/completions",
+        json={"model": "qwen3-8b", "messages": long, "max_tokens": 900, "ignore_eos": True},
+    )
     u = r.json()["usage"]
     assert r.status_code == 200 and u["total_tokens"] == 1000
 
@@ -230,11 +314,20 @@ def test_metrics_names_and_counters_move(sim):
     success = sim.metric("vllm:request_success_total", 'finished_reason="length"')
     chat_nonstream("http", sim, max_tokens=4)
     text = httpx.get(sim.url + "/metrics").text
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
-                 "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
-                 "vllm:inter_token_latency_seconds_sum", "vllm:request_queue_time_seconds_count"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:inter_token_latency_seconds_sum",
+        "vllm:request_queue_time_seconds_count",
+    ):
         assert f'{name}{{engine="0",model_name="qwen3-8b"' in text, name
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
     assert sim.metric("vllm:generation_tokens_total") == before + 4
@@ -243,11 +336,15 @@ def test_metrics_names_and_counters_move(sim):
 
 # --- servers started with other flags ---------------------------------------------------
 
+
 def test_api_key_protects_v1_only(module_sims):
     s = module_sims("m", "--api-key", "sekret", *FAST)
     r = httpx.get(s.url + "/v1/models")
     assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
-    assert httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+    assert (
+        httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer sekret"}).status_code
+        == 200
+    )
     assert httpx.get(s.url + "/health").status_code == 200
     assert httpx.get(s.url + "/metrics").status_code == 200
     with pytest.raises(openai.AuthenticationError):
@@ -257,8 +354,12 @@ def test_api_key_protects_v1_only(module_sims):
 def test_prompt_tokens_details_report_prefix_cache_hits(module_sims):
     s = module_sims("m", "--enable-prompt-tokens-details", *FAST)
     msgs = [{"role": "user", "content": "shared prefix " * 40}]
-    first = httpx.post(s.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}).json()
-    second = httpx.post(s.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}).json()
+    first = httpx.post(
+        s.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}
+    ).json()
+    second = httpx.post(
+        s.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}
+    ).json()
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert 0 < cached < second["usage"]["prompt_tokens"]
@@ -267,8 +368,16 @@ def test_prompt_tokens_details_report_prefix_cache_hits(module_sims):
 
 @both
 def test_reasoning_comes_first_and_is_counted(kind, module_sims):
-    s = module_sims("m", "--served-model-name", "qwen3-8b", "--reasoning-parser", "qwen3",
-                    "--sim-reasoning-tokens", "5", *FAST)
+    s = module_sims(
+        "m",
+        "--served-model-name",
+        "qwen3-8b",
+        "--reasoning-parser",
+        "qwen3",
+        "--sim-reasoning-tokens",
+        "5",
+        *FAST,
+    )
     full = chat_nonstream(kind, s)
     msg = full["choices"][0]["message"]
     assert msg["reasoning"] and msg["content"]
@@ -278,18 +387,39 @@ def test_reasoning_comes_first_and_is_counted(kind, module_sims):
     kinds = ["reasoning" if d.get("reasoning") is not None else "content" for d in deltas]
     assert kinds == ["reasoning"] * 5 + ["content"] * (len(deltas) - 5)
     assert "".join(d["reasoning"] for d in deltas[:5]) == msg["reasoning"]
-    assert chunks[-1]["usage"]["completion_tokens"] == len(deltas) == full["usage"]["completion_tokens"]
+    assert (
+        chunks[-1]["usage"]["completion_tokens"]
+        == len(deltas)
+        == full["usage"]["completion_tokens"]
+    )
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 @both
 def test_tool_call_nonstream_and_stream(kind, module_sims):
-    s = module_sims("m", "--served-model-name", "qwen3-8b", "--enable-auto-tool-choice",
-                    "--tool-call-parser", "hermes", *FAST)
+    s = module_sims(
+        "m",
+        "--served-model-name",
+        "qwen3-8b",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        *FAST,
+    )
     full = chat_nonstream(kind, s, tools=TOOLS)
     choice = full["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -299,7 +429,9 @@ def test_tool_call_nonstream_and_stream(kind, module_sims):
     assert set(json.loads(call["function"]["arguments"])) == {"city", "days"}
     chunks = chat_stream(kind, s, tools=TOOLS, stream_options={"include_usage": True})
     calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks[1:-2]]
-    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith("chatcmpl-tool-")
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith(
+        "chatcmpl-tool-"
+    )
     assert "".join(c["function"]["arguments"] for c in calls) == call["function"]["arguments"]
     assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["usage"]["completion_tokens"] == len(calls)
@@ -308,14 +440,20 @@ def test_tool_call_nonstream_and_stream(kind, module_sims):
 def test_auto_tool_choice_without_the_flag_is_400(sim):
     r = raw_chat(sim, tools=TOOLS)
     assert r.status_code == 400 and "--enable-auto-tool-choice" in r.json()["error"]["message"]
-    named = raw_chat(sim, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert named.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    named = raw_chat(
+        sim, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    assert (
+        named.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    )
 
 
 def test_embeddings_are_deterministic_unit_vectors(module_sims):
     s = module_sims("BAAI/bge-small-en", "--runner", "pooling", "--sim-embedding-dim", "32", *FAST)
     url = s.url + "/v1/embeddings"
-    body = httpx.post(url, json={"model": "BAAI/bge-small-en", "input": ["hello world", "other"]}).json()
+    body = httpx.post(
+        url, json={"model": "BAAI/bge-small-en", "input": ["hello world", "other"]}
+    ).json()
     a, b = (d["embedding"] for d in body["data"])
     assert body["object"] == "list" and len(a) == 32 and a != b
     assert abs(sum(x * x for x in a) - 1) < 1e-6
@@ -323,7 +461,9 @@ def test_embeddings_are_deterministic_unit_vectors(module_sims):
     again = httpx.post(url, json={"input": "hello world"}).json()["data"][0]["embedding"]
     assert again == a
     # The SDK asks for base64 and decodes it: it must land on the same numbers.
-    via_sdk = sdk(s).embeddings.create(model="BAAI/bge-small-en", input="hello world").data[0].embedding
+    via_sdk = (
+        sdk(s).embeddings.create(model="BAAI/bge-small-en", input="hello world").data[0].embedding
+    )
     assert via_sdk == pytest.approx(a, abs=1e-6)
     chat = httpx.post(s.url + "/v1/chat/completions", json={"messages": MSGS})
     assert chat.status_code == 404 and chat.json() == {"detail": "Not Found"}
@@ -334,5 +474,5 @@ def test_stop_string_ends_the_reply_before_it(sim):
     word = full.split()[3]
     cut = chat_nonstream("http", sim, stop=[" " + word])
     choice = cut["choices"][0]
-    assert choice["message"]["content"] == full[:full.index(" " + word)]
+    assert choice["message"]["content"] == full[: full.index(" " + word)]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == " " + word

@@ -20,10 +20,23 @@ def container() -> Iterator[object]:
     client = docker.from_env()
     c = client.containers.run(
         IMAGE,
-        ["Qwen/Qwen3-8B", "--served-model-name", "qwen3-8b", "--max-model-len", "8k",
-         "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray",
-         "--sim-load-seconds", "0.5"],
-        ports={"8000/tcp": ("127.0.0.1", None)}, labels={"tollgate.test": "true"}, detach=True)
+        [
+            "Qwen/Qwen3-8B",
+            "--served-model-name",
+            "qwen3-8b",
+            "--max-model-len",
+            "8k",
+            "--tensor-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "ray",
+            "--sim-load-seconds",
+            "0.5",
+        ],
+        ports={"8000/tcp": ("127.0.0.1", None)},
+        labels={"tollgate.test": "true"},
+        detach=True,
+    )
     try:
         yield c
     finally:
@@ -53,8 +66,15 @@ def test_image_answers_health_and_models(container):
     # The agent-era APIs are in the image too.
     r = httpx.post(url + "/v1/responses", json={"input": "hi", "max_output_tokens": 3}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 3
-    r = httpx.post(url + "/v1/messages", timeout=30,
-                   json={"model": "qwen3-8b", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        url + "/v1/messages",
+        timeout=30,
+        json={
+            "model": "qwen3-8b",
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
     assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 3
     logs = container.logs().decode()
     assert "Loading safetensors checkpoint shards: 100% Completed" in logs

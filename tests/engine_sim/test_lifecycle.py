@@ -15,13 +15,21 @@ from tests.engine_sim.conftest import FAST, ROOT, wait_until
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine_sim", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "engine_sim", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_not_listening_while_loading_and_progress_is_printed(start_sim):
     sim = start_sim("Qwen/Qwen3-8B", "--sim-load-seconds", "1.2", "--sim-shards", "3", wait=False)
-    wait_until(lambda: "checkpoint shards:   0% Completed | 0/3" in sim.output(), what="first progress line")
+    wait_until(
+        lambda: "checkpoint shards:   0% Completed | 0/3" in sim.output(),
+        what="first progress line",
+    )
     with pytest.raises(httpx.ConnectError):
         httpx.get(sim.url + "/health")
     wait_until(sim.listening, what="listening after load")
@@ -33,21 +41,49 @@ def test_not_listening_while_loading_and_progress_is_printed(start_sim):
 
 
 def test_knobs_come_from_the_environment_too(start_sim):
-    sim = start_sim("m", "--sim-ttft-ms", "0", env={"SIM_LOAD_SECONDS": "0", "SIM_SHARDS": "7",
-                                                     "SIM_DECODE_TPS": "0"})
+    sim = start_sim(
+        "m",
+        "--sim-ttft-ms",
+        "0",
+        env={"SIM_LOAD_SECONDS": "0", "SIM_SHARDS": "7", "SIM_DECODE_TPS": "0"},
+    )
     assert "| 7/7 [" in sim.output()
 
 
 def test_vllm_flags_are_accepted(start_sim):
-    sim = start_sim("org/model", "--served-model-name", "a", "--served-model-name", "b",
-                    "--max-model-len", "32k", "--tensor-parallel-size", "2",
-                    "--distributed-executor-backend", "ray", "--gpu-memory-utilization", "0.8",
-                    "--trust-remote-code", "--dtype", "bfloat16", "--enforce-eager",
-                    "--enable-prefix-caching", "--kv-cache-dtype", "fp8", "--max-num-batched-tokens", "8K",
-                    "--disable-log-requests", "--load-format", "dummy", *FAST)
+    sim = start_sim(
+        "org/model",
+        "--served-model-name",
+        "a",
+        "--served-model-name",
+        "b",
+        "--max-model-len",
+        "32k",
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "ray",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--trust-remote-code",
+        "--dtype",
+        "bfloat16",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-num-batched-tokens",
+        "8K",
+        "--disable-log-requests",
+        "--load-format",
+        "dummy",
+        *FAST,
+    )
     cards = httpx.get(sim.url + "/v1/models").json()["data"]
     assert [(c["id"], c["root"], c["max_model_len"]) for c in cards] == [
-        ("a", "org/model", 32000), ("b", "org/model", 32000)]
+        ("a", "org/model", 32000),
+        ("b", "org/model", 32000),
+    ]
 
 
 def test_bad_command_lines_exit_like_vllm():
@@ -64,8 +100,16 @@ def test_load_failure_exits_non_zero():
 
 @pytest.mark.parametrize("code", [0, 1])
 def test_crash_after_n_requests(start_sim, code):
-    sim = start_sim("m", "--sim-crash-after-requests", "2", "--sim-crash-exit-code", str(code),
-                    "--sim-crash-grace-seconds", "0.5", *FAST)
+    sim = start_sim(
+        "m",
+        "--sim-crash-after-requests",
+        "2",
+        "--sim-crash-exit-code",
+        str(code),
+        "--sim-crash-grace-seconds",
+        "0.5",
+        *FAST,
+    )
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for _ in range(2):
         assert httpx.post(sim.url + "/v1/chat/completions", json=body).status_code == 200
@@ -77,10 +121,24 @@ def test_crash_after_n_requests(start_sim, code):
 
 
 def test_crash_mid_stream_sends_an_error_frame(start_sim):
-    sim = start_sim("m", "--sim-crash-after-seconds", "0.3", "--sim-load-seconds", "0", "--sim-ttft-ms", "0",
-                    "--sim-decode-tps", "20", "--sim-crash-grace-seconds", "1")
-    r = httpx.post(sim.url + "/v1/chat/completions", timeout=10, json={
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True})
+    sim = start_sim(
+        "m",
+        "--sim-crash-after-seconds",
+        "0.3",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "20",
+        "--sim-crash-grace-seconds",
+        "1",
+    )
+    r = httpx.post(
+        sim.url + "/v1/chat/completions",
+        timeout=10,
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True},
+    )
     frames = [f for f in r.text.split("\n\n") if f]
     assert frames[-1] == "data: [DONE]"
     assert '"type":"InternalServerError"' in frames[-2]

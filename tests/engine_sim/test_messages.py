@@ -12,13 +12,33 @@ import pytest
 
 from tests.engine_sim.conftest import FAST, sse_events, tokenize
 
-MODEL = ["Qwen/Qwen3-8B", "--served-model-name", "qwen3-8b", "--max-model-len", "4k",
-         "--reasoning-parser", "qwen3", "--sim-reasoning-tokens", "3",
-         "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+MODEL = [
+    "Qwen/Qwen3-8B",
+    "--served-model-name",
+    "qwen3-8b",
+    "--max-model-len",
+    "4k",
+    "--reasoning-parser",
+    "qwen3",
+    "--sim-reasoning-tokens",
+    "3",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+]
 SYSTEM = "You are a careful coding agent."
 MSGS = [{"role": "user", "content": "Explain tokens."}]
-TOOLS = [{"name": "read_file", "description": "Read a file",
-          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+TOOLS = [
+    {
+        "name": "read_file",
+        "description": "Read a file",
+        "input_schema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +68,21 @@ def test_create_through_the_sdk(sim):
 
 def test_stream_through_the_sdk(sim):
     # `thinking` is accepted and ignored: reasoning follows the server's --reasoning-parser.
-    with client(sim).messages.stream(model="qwen3-8b", max_tokens=200, system=SYSTEM, messages=MSGS,
-                                     thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+    with client(sim).messages.stream(
+        model="qwen3-8b",
+        max_tokens=200,
+        system=SYSTEM,
+        messages=MSGS,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content[-1].text == text and final.content[0].type == "thinking"
     assert final.content[0].signature  # the signature_delta before the thinking block stops
     assert final.stop_reason == "end_turn"
-    again = client(sim).messages.create(model="qwen3-8b", max_tokens=200, system=SYSTEM, messages=MSGS)
+    again = client(sim).messages.create(
+        model="qwen3-8b", max_tokens=200, system=SYSTEM, messages=MSGS
+    )
     assert final.usage.output_tokens == again.usage.output_tokens
     assert final.usage.input_tokens == again.usage.input_tokens
     assert again.content[1].text == text
@@ -67,40 +94,72 @@ def test_stream_events_in_order(sim):
     events = sse_events(r)
     assert all(name == data["type"] for name, data in events)
     names = [n if n != "content_block_delta" else d["delta"]["type"] for n, d in events]
-    assert names == (["message_start", "content_block_start"] + ["thinking_delta"] * 3
-                     + ["signature_delta", "content_block_stop", "content_block_start"] + ["text_delta"] * 6
-                     + ["content_block_stop", "message_delta", "message_stop"])  # and no ping
+    assert names == (
+        ["message_start", "content_block_start"]
+        + ["thinking_delta"] * 3
+        + ["signature_delta", "content_block_stop", "content_block_start"]
+        + ["text_delta"] * 6
+        + ["content_block_stop", "message_delta", "message_stop"]
+    )  # and no ping
     start = events[0][1]["message"]
-    count = post(sim, "/v1/messages/count_tokens", system=SYSTEM, messages=MSGS).json()["input_tokens"]
+    count = post(sim, "/v1/messages/count_tokens", system=SYSTEM, messages=MSGS).json()[
+        "input_tokens"
+    ]
     assert start["usage"] == {"input_tokens": count, "output_tokens": 0}
-    assert start["id"].startswith("chatcmpl-") and start["content"] == [] and start["stop_reason"] is None
+    assert (
+        start["id"].startswith("chatcmpl-")
+        and start["content"] == []
+        and start["stop_reason"] is None
+    )
     assert [d["index"] for n, d in events if n.startswith("content_block")] == [0] * 6 + [1] * 8
     delta = events[-2][1]
-    streamed = sum(1 for n, d in events if n == "content_block_delta" and d["delta"]["type"] != "signature_delta")
+    streamed = sum(
+        1
+        for n, d in events
+        if n == "content_block_delta" and d["delta"]["type"] != "signature_delta"
+    )
     assert delta["delta"] == {"stop_reason": "max_tokens"}
     assert delta["usage"] == {"input_tokens": count, "output_tokens": streamed} and streamed == 9
 
 
 def test_tool_use_round_trip_through_the_sdk(sim):
     c = client(sim)
-    first = c.messages.create(model="qwen3-8b", max_tokens=300, system=SYSTEM, tools=TOOLS,
-                              messages=[{"role": "user", "content": "Open README.md"}])
+    first = c.messages.create(
+        model="qwen3-8b",
+        max_tokens=300,
+        system=SYSTEM,
+        tools=TOOLS,
+        messages=[{"role": "user", "content": "Open README.md"}],
+    )
     assert first.stop_reason == "tool_use"
     use = first.content[-1]
     assert use.type == "tool_use" and use.name == "read_file" and isinstance(use.input["path"], str)
-    history = [{"role": "user", "content": "Open README.md"},
-               {"role": "assistant", "content": [b.model_dump() for b in first.content]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "# Tollgate"}]}]
-    second = c.messages.create(model="qwen3-8b", max_tokens=300, system=SYSTEM, tools=TOOLS, messages=history)
+    history = [
+        {"role": "user", "content": "Open README.md"},
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "# Tollgate"}],
+        },
+    ]
+    second = c.messages.create(
+        model="qwen3-8b", max_tokens=300, system=SYSTEM, tools=TOOLS, messages=history
+    )
     assert second.stop_reason == "end_turn" and second.content[-1].type == "text"
-    counted = c.messages.count_tokens(model="qwen3-8b", system=SYSTEM, tools=TOOLS, messages=history)
+    counted = c.messages.count_tokens(
+        model="qwen3-8b", system=SYSTEM, tools=TOOLS, messages=history
+    )
     assert second.usage.input_tokens == counted.input_tokens > first.usage.input_tokens
 
 
 def test_streamed_tool_use(sim):
-    with client(sim).messages.stream(model="qwen3-8b", max_tokens=300, tools=TOOLS,
-                                     tool_choice={"type": "tool", "name": "read_file"},
-                                     messages=[{"role": "user", "content": "Open setup.py"}]) as stream:
+    with client(sim).messages.stream(
+        model="qwen3-8b",
+        max_tokens=300,
+        tools=TOOLS,
+        tool_choice={"type": "tool", "name": "read_file"},
+        messages=[{"role": "user", "content": "Open setup.py"}],
+    ) as stream:
         partial = "".join(e.partial_json for e in stream if e.type == "input_json")
         final = stream.get_final_message()
     use = final.content[-1]
@@ -113,18 +172,21 @@ def test_stop_sequence_is_reported_as_end_turn(sim):
     text = full["content"][1]["text"]
     word = text.split()[2]
     cut = post(sim, max_tokens=200, messages=MSGS, stop_sequences=[" " + word]).json()
-    assert cut["content"][1]["text"] == text[:text.index(" " + word)]
+    assert cut["content"][1]["text"] == text[: text.index(" " + word)]
     assert cut["stop_reason"] == "end_turn" and "stop_sequence" not in cut
 
 
 def test_errors_have_anthropics_shape(sim):
     with pytest.raises(anthropic.NotFoundError) as err:
         client(sim).messages.create(model="nope", max_tokens=5, messages=MSGS)
-    assert err.value.body == {"type": "error", "error": {"type": "NotFoundError",
-                                                          "message": "The model `nope` does not exist."}}
+    assert err.value.body == {
+        "type": "error",
+        "error": {"type": "NotFoundError", "message": "The model `nope` does not exist."},
+    }
     with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
-        client(sim).messages.create(model="qwen3-8b", max_tokens=5,
-                                    messages=[{"role": "user", "content": "word " * 5000}])
+        client(sim).messages.create(
+            model="qwen3-8b", max_tokens=5, messages=[{"role": "user", "content": "word " * 5000}]
+        )
     with pytest.raises(anthropic.NotFoundError):
         client(sim).messages.count_tokens(model="nope", messages=MSGS)
 
@@ -150,20 +212,38 @@ def test_auto_tool_choice_needs_the_server_flags(module_sims):
 def test_count_tokens_follows_vllms_conversion(sim):
     c = client(sim)
     bare = c.messages.count_tokens(model="qwen3-8b", messages=MSGS).input_tokens
-    with_system = c.messages.count_tokens(model="qwen3-8b", system=SYSTEM, messages=MSGS).input_tokens
+    with_system = c.messages.count_tokens(
+        model="qwen3-8b", system=SYSTEM, messages=MSGS
+    ).input_tokens
     # Claude Code's per-request billing header is dropped (it would defeat prefix caching).
-    blocks = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; id=123"},
-              {"type": "text", "text": SYSTEM}]
-    with_header = c.messages.count_tokens(model="qwen3-8b", system=blocks, messages=MSGS).input_tokens
-    with_tools = c.messages.count_tokens(model="qwen3-8b", system=SYSTEM, messages=MSGS, tools=TOOLS).input_tokens
+    blocks = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; id=123"},
+        {"type": "text", "text": SYSTEM},
+    ]
+    with_header = c.messages.count_tokens(
+        model="qwen3-8b", system=blocks, messages=MSGS
+    ).input_tokens
+    with_tools = c.messages.count_tokens(
+        model="qwen3-8b", system=SYSTEM, messages=MSGS, tools=TOOLS
+    ).input_tokens
     assert bare < with_system == with_header < with_tools
     r = post(sim, "/v1/messages/count_tokens", messages=MSGS).json()
     assert r == {"input_tokens": bare, "context_management": {"original_input_tokens": bare}}
 
 
 def test_engine_death_mid_stream_is_an_error_event(start_sim):
-    s = start_sim("m", "--served-model-name", "qwen3-8b", "--sim-crash-after-seconds", "0.3", *FAST,
-                  "--sim-decode-tps", "20", "--sim-crash-grace-seconds", "1")
+    s = start_sim(
+        "m",
+        "--served-model-name",
+        "qwen3-8b",
+        "--sim-crash-after-seconds",
+        "0.3",
+        *FAST,
+        "--sim-decode-tps",
+        "20",
+        "--sim-crash-grace-seconds",
+        "1",
+    )
     r = post(s, max_tokens=100, messages=MSGS, stream=True)
     events = sse_events(r)
     assert events[0][0] == "message_start" and events[-1][0] == "error"

@@ -13,15 +13,29 @@ import httpx
 from tests.engine_sim.conftest import tokenize, wait_until
 
 # 0.25 ms per uncached prompt token: a ~2,400-token prefix takes ~0.6 s to prefill.
-TIMED = ["m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0.25",
-         "--sim-decode-tps", "0", "--enable-prompt-tokens-details"]
+TIMED = [
+    "m",
+    "--sim-load-seconds",
+    "0",
+    "--sim-ttft-ms",
+    "0",
+    "--sim-ttft-per-token-ms",
+    "0.25",
+    "--sim-decode-tps",
+    "0",
+    "--enable-prompt-tokens-details",
+]
 PREFIX = [{"role": "system", "content": "Follow the house style and answer carefully. " * 300}]
 
 
 def first_token(sim, question: str) -> tuple[float, dict]:
     """Seconds to the first content chunk of a streamed chat request, and its final usage."""
-    body = {"messages": PREFIX + [{"role": "user", "content": question}], "max_tokens": 3, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": PREFIX + [{"role": "user", "content": question}],
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.monotonic()
     ttft = None
     usage = None
@@ -58,7 +72,9 @@ def test_a_cached_prefix_skips_its_prefill_on_that_engine_only(start_sim):
     assert a.metric("vllm:prefix_cache_hits_total") == cached
     assert a.metric("vllm:prompt_tokens_cached_total") == cached
     assert a.metric("vllm:prompt_tokens_by_source_total", 'source="local_cache_hit"') == cached
-    assert a.metric("vllm:prompt_tokens_by_source_total", 'source="local_compute"') == total - cached
+    assert (
+        a.metric("vllm:prompt_tokens_by_source_total", 'source="local_compute"') == total - cached
+    )
     assert a.metric("vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"') == 0
     assert a.metric("vllm:request_prefill_kv_computed_tokens_sum") == total - cached
     assert a.metric("vllm:external_prefix_cache_queries_total") == 0
@@ -67,24 +83,44 @@ def test_a_cached_prefix_skips_its_prefill_on_that_engine_only(start_sim):
 
 
 def test_cache_config_info_tells_the_kv_capacity(start_sim):
-    sim = start_sim("m", "--sim-load-seconds", "0", "--block-size", "32", "--sim-kv-cache-tokens", "65536")
-    line = next(x for x in httpx.get(sim.url + "/metrics").text.splitlines()
-                if x.startswith("vllm:cache_config_info{"))
+    sim = start_sim(
+        "m", "--sim-load-seconds", "0", "--block-size", "32", "--sim-kv-cache-tokens", "65536"
+    )
+    line = next(
+        x
+        for x in httpx.get(sim.url + "/metrics").text.splitlines()
+        if x.startswith("vllm:cache_config_info{")
+    )
     assert 'block_size="32"' in line and 'num_gpu_blocks="2048"' in line and 'engine="0"' in line
     assert 'enable_prefix_caching="True"' in line and line.endswith(" 1.0")
 
 
 def chat_usage(sim, text: str) -> dict:
-    r = httpx.post(sim.url + "/v1/chat/completions",
-                   json={"messages": [{"role": "user", "content": text}], "max_tokens": 1}, timeout=30)
+    r = httpx.post(
+        sim.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+        timeout=30,
+    )
     return r.json()["usage"]
 
 
 def test_the_cache_holds_what_the_kv_cache_has_room_for(start_sim):
     """50 blocks of 16 tokens; two ~30-block prompts do not both fit, so the first loses the
     tail of its prefix (vLLM evicts a request's blocks tail first) and keeps its head."""
-    sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0",
-                    "--sim-decode-tps", "0", "--enable-prompt-tokens-details", "--sim-kv-cache-tokens", "800")
+    sim = start_sim(
+        "m",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-ttft-per-token-ms",
+        "0",
+        "--sim-decode-tps",
+        "0",
+        "--enable-prompt-tokens-details",
+        "--sim-kv-cache-tokens",
+        "800",
+    )
     one, two = "alpha beta gamma delta " * 115, "one two three four " * 115
     n = tokenize(sim, messages=[{"role": "user", "content": one}])
     assert 460 < n < 500
@@ -95,8 +131,20 @@ def test_the_cache_holds_what_the_kv_cache_has_room_for(start_sim):
     after = chat_usage(sim, one)["prompt_tokens_details"]["cached_tokens"]
     assert 0 < after < full
     # With room for both, nothing is lost.
-    roomy = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0",
-                      "--sim-decode-tps", "0", "--enable-prompt-tokens-details", "--sim-kv-cache-tokens", "4000")
+    roomy = start_sim(
+        "m",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-ttft-per-token-ms",
+        "0",
+        "--sim-decode-tps",
+        "0",
+        "--enable-prompt-tokens-details",
+        "--sim-kv-cache-tokens",
+        "4000",
+    )
     for text in (one, two):
         chat_usage(roomy, text)
     assert chat_usage(roomy, one)["prompt_tokens_details"]["cached_tokens"] == full
@@ -109,7 +157,9 @@ def test_twin_prompts_in_flight_do_not_share_uncomputed_blocks(start_sim):
     usages: list[dict] = []
     first = threading.Thread(target=lambda: usages.append(first_token(sim, "Twin one?")[1]))
     first.start()
-    wait_until(lambda: sim.metric("vllm:num_requests_running") == 1, what="the first to be prefilling")
+    wait_until(
+        lambda: sim.metric("vllm:num_requests_running") == 1, what="the first to be prefilling"
+    )
     twin = first_token(sim, "Twin two?")[1]
     first.join()
     assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0

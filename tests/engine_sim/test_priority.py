@@ -14,9 +14,23 @@ from tests.engine_sim.conftest import wait_until
 
 MSGS = [{"role": "user", "content": "Count slowly."}]
 # One slot, fast prefill, 100 tok/s decode alone.
-PRIORITY = ["m", "--max-num-seqs", "1", "--scheduling-policy", "priority", "--sim-load-seconds", "0",
-            "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "0.1", "--sim-decode-tps", "100",
-            "--sim-bandwidth-alpha", "0"]
+PRIORITY = [
+    "m",
+    "--max-num-seqs",
+    "1",
+    "--scheduling-policy",
+    "priority",
+    "--sim-load-seconds",
+    "0",
+    "--sim-ttft-ms",
+    "0",
+    "--sim-ttft-per-token-ms",
+    "0.1",
+    "--sim-decode-tps",
+    "100",
+    "--sim-bandwidth-alpha",
+    "0",
+]
 
 
 class Stream(threading.Thread):
@@ -24,9 +38,13 @@ class Stream(threading.Thread):
 
     def __init__(self, url: str, max_tokens: int, priority: int | None, tag: str = "") -> None:
         super().__init__()
-        self.body = {"messages": [{"role": "user", "content": f"Count slowly. {tag}"}],
-                     "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                     "stream_options": {"include_usage": True}}
+        self.body = {
+            "messages": [{"role": "user", "content": f"Count slowly. {tag}"}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if priority is not None:
             self.body["priority"] = priority
         self.url = url
@@ -38,7 +56,9 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         self.start_time = time.monotonic()
-        with httpx.stream("POST", self.url + "/v1/chat/completions", json=self.body, timeout=30) as r:
+        with httpx.stream(
+            "POST", self.url + "/v1/chat/completions", json=self.body, timeout=30
+        ) as r:
             self.status = r.status_code
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -55,11 +75,20 @@ class Stream(threading.Thread):
 
 def open_stream(port: int, priority: int, max_tokens: int = 1000) -> socket.socket:
     """A raw streaming request whose first frame has arrived; close() the socket to abort it."""
-    body = json.dumps({"messages": MSGS, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                       "priority": priority}).encode()
+    body = json.dumps(
+        {
+            "messages": MSGS,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "priority": priority,
+        }
+    ).encode()
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
     assert b"data: " in s.recv(65536)  # the stream has started
     return s
 
@@ -72,15 +101,20 @@ def test_a_better_request_preempts_and_the_long_stream_pauses_then_completes(sta
     short = Stream(sim.url, 5, 0)
     short.start()
     short.join()
-    assert short.status == 200 and short.finish == "length" and short.usage["completion_tokens"] == 5
+    assert (
+        short.status == 200 and short.finish == "length" and short.usage["completion_tokens"] == 5
+    )
     # Its first token comes at once, not after the ~0.5 s the long stream still had to go.
     assert short.times[0] - short.start_time < 0.4
     long.join()
     assert short.times[-1] < long.times[-1] - 0.2
     assert long.status == 200 and long.finish == "length"
     assert len(long.times) == 60, "every token exactly once: a pause, not a restart"
-    assert long.usage == {"prompt_tokens": long.usage["prompt_tokens"], "completion_tokens": 60,
-                          "total_tokens": long.usage["prompt_tokens"] + 60}
+    assert long.usage == {
+        "prompt_tokens": long.usage["prompt_tokens"],
+        "completion_tokens": 60,
+        "total_tokens": long.usage["prompt_tokens"] + 60,
+    }
     # The long stream paused while the short one ran (~50 ms, its steps are 10 ms), and no
     # token of it arrived between the short one's first and last.
     gaps = [b - a for a, b in zip(long.times, long.times[1:], strict=False)]
@@ -89,7 +123,10 @@ def test_a_better_request_preempts_and_the_long_stream_pauses_then_completes(sta
     assert sim.metric("vllm:num_preemptions_total") == 1
     assert sim.metric("vllm:request_success_total", 'finished_reason="length"') == 2
     assert sim.metric("vllm:generation_tokens_total") == 65
-    assert sim.metric("vllm:num_requests_running") == 0 and sim.metric("vllm:num_requests_waiting") == 0
+    assert (
+        sim.metric("vllm:num_requests_running") == 0
+        and sim.metric("vllm:num_requests_waiting") == 0
+    )
     assert sim.metric("vllm:kv_cache_usage_perc") == 0
 
 
@@ -132,7 +169,9 @@ def test_waiting_requests_run_by_priority_then_arrival(start_sim):
     for n, (tag, prio) in enumerate(order):
         streams[tag] = Stream(sim.url, 5, prio, tag)
         streams[tag].start()
-        wait_until(lambda n=n: sim.metric("vllm:num_requests_waiting") == n + 1, what=f"{tag} to queue")
+        wait_until(
+            lambda n=n: sim.metric("vllm:num_requests_waiting") == n + 1, what=f"{tag} to queue"
+        )
     blocker.close()
     for t in streams.values():
         t.join()
@@ -148,18 +187,26 @@ def test_priority_must_be_an_integer(start_sim):
         assert r.status_code == 400, bad
         err = r.json()["error"]
         assert err["param"] == "priority" and err["code"] == 400 and err["type"] == "Bad Request"
-    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "priority": -3})
+    r = httpx.post(
+        sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "priority": -3}
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
 def test_fcfs_refuses_a_non_zero_priority(start_sim):
     sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-decode-tps", "0")
-    for path, body in (("/v1/chat/completions", {"messages": MSGS}), ("/v1/completions", {"prompt": "hi"})):
+    for path, body in (
+        ("/v1/chat/completions", {"messages": MSGS}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ):
         r = httpx.post(sim.url + path, json={**body, "max_tokens": 2, "priority": 1})
         assert r.status_code == 400
         err = r.json()["error"]
         assert "Priority scheduling is not enabled." in err["message"] and err["code"] == 400
-        assert httpx.post(sim.url + path, json={**body, "max_tokens": 2, "priority": 0}).status_code == 200
+        assert (
+            httpx.post(sim.url + path, json={**body, "max_tokens": 2, "priority": 0}).status_code
+            == 200
+        )
 
 
 def test_a_preempted_request_that_disconnects_is_aborted(start_sim):
@@ -170,7 +217,11 @@ def test_a_preempted_request_that_disconnects_is_aborted(start_sim):
     wait_until(lambda: short.times, what="the preempting stream to start")
     assert sim.metric("vllm:num_requests_waiting") == 1
     s.close()
-    wait_until(lambda: sim.metric("vllm:num_requests_waiting") == 0, what="the preempted one to leave")
+    wait_until(
+        lambda: sim.metric("vllm:num_requests_waiting") == 0, what="the preempted one to leave"
+    )
     short.join()
     assert sim.metric("vllm:request_success_total", 'finished_reason="abort"') == 1
-    assert sim.metric("vllm:num_requests_running") == 0 and sim.metric("vllm:kv_cache_usage_perc") == 0
+    assert (
+        sim.metric("vllm:num_requests_running") == 0 and sim.metric("vllm:kv_cache_usage_perc") == 0
+    )

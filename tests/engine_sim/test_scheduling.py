@@ -16,8 +16,12 @@ MSGS = [{"role": "user", "content": "Count slowly."}]
 
 def stream_in_background(url: str, n: int, max_tokens: int) -> list[threading.Thread]:
     def go() -> None:
-        httpx.post(url + "/v1/chat/completions", timeout=30,
-                   json={"messages": MSGS, "max_tokens": max_tokens, "ignore_eos": True, "stream": True})
+        httpx.post(
+            url + "/v1/chat/completions",
+            timeout=30,
+            json={"messages": MSGS, "max_tokens": max_tokens, "ignore_eos": True, "stream": True},
+        )
+
     threads = [threading.Thread(target=go) for _ in range(n)]
     for t in threads:
         t.start()
@@ -25,8 +29,19 @@ def stream_in_background(url: str, n: int, max_tokens: int) -> list[threading.Th
 
 
 def test_requests_beyond_max_num_seqs_wait(start_sim):
-    sim = start_sim("m", "--max-num-seqs", "2", "--sim-load-seconds", "0", "--sim-ttft-ms", "0",
-                    "--sim-decode-tps", "40", "--sim-bandwidth-alpha", "0")
+    sim = start_sim(
+        "m",
+        "--max-num-seqs",
+        "2",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "40",
+        "--sim-bandwidth-alpha",
+        "0",
+    )
     threads = stream_in_background(sim.url, 5, 12)
     wait_until(lambda: sim.metric("vllm:num_requests_waiting") == 3, what="3 waiting")
     assert sim.metric("vllm:num_requests_running") == 2
@@ -34,14 +49,28 @@ def test_requests_beyond_max_num_seqs_wait(start_sim):
     assert httpx.get(sim.url + "/load").json() == {"server_load": 5}
     for t in threads:
         t.join()
-    assert sim.metric("vllm:num_requests_waiting") == 0 and sim.metric("vllm:num_requests_running") == 0
+    assert (
+        sim.metric("vllm:num_requests_waiting") == 0
+        and sim.metric("vllm:num_requests_running") == 0
+    )
     assert sim.metric("vllm:request_success_total", 'finished_reason="length"') == 5
     assert sim.metric("vllm:kv_cache_usage_perc") == 0
 
 
 def test_queue_full_is_503(start_sim):
-    sim = start_sim("m", "--max-num-seqs", "1", "--max-num-queued-reqs", "1", "--sim-load-seconds", "0",
-                    "--sim-ttft-ms", "0", "--sim-decode-tps", "20")
+    sim = start_sim(
+        "m",
+        "--max-num-seqs",
+        "1",
+        "--max-num-queued-reqs",
+        "1",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "20",
+    )
     threads = stream_in_background(sim.url, 2, 20)
     wait_until(lambda: sim.metric("vllm:num_requests_waiting") == 1, what="one waiting")
     r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": MSGS})
@@ -52,19 +81,33 @@ def test_queue_full_is_503(start_sim):
 
 def timed_request(url: str) -> float:
     start = time.monotonic()
-    httpx.post(url + "/v1/chat/completions", timeout=30,
-               json={"messages": MSGS, "max_tokens": 20, "ignore_eos": True})
+    httpx.post(
+        url + "/v1/chat/completions",
+        timeout=30,
+        json={"messages": MSGS, "max_tokens": 20, "ignore_eos": True},
+    )
     return time.monotonic() - start
 
 
 def test_decode_slows_down_as_the_batch_grows(start_sim):
     """20 tokens at 200 tok/s take ~0.1 s alone; with 4 in the batch and alpha=1 each step
     costs 4x, so every request takes ~0.4 s."""
-    sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-decode-tps", "200",
-                    "--sim-bandwidth-alpha", "1")
+    sim = start_sim(
+        "m",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "200",
+        "--sim-bandwidth-alpha",
+        "1",
+    )
     alone = timed_request(sim.url)
     times: list[float] = []
-    threads = [threading.Thread(target=lambda: times.append(timed_request(sim.url))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: times.append(timed_request(sim.url))) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -77,8 +120,10 @@ def test_client_disconnect_aborts_the_request(start_sim):
     sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-decode-tps", "10")
     body = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":100,"stream":true}'
     s = socket.create_connection(("127.0.0.1", sim.port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
     assert b"data: " in s.recv(65536)  # the stream has started
     assert sim.metric("vllm:num_requests_running") == 1
     s.close()
@@ -88,10 +133,23 @@ def test_client_disconnect_aborts_the_request(start_sim):
 
 
 def test_time_to_first_token_grows_with_the_prompt(start_sim):
-    sim = start_sim("m", "--sim-load-seconds", "0", "--sim-ttft-ms", "0", "--sim-ttft-per-token-ms", "1",
-                    "--sim-decode-tps", "0", "--no-enable-prefix-caching")
+    sim = start_sim(
+        "m",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-ttft-per-token-ms",
+        "1",
+        "--sim-decode-tps",
+        "0",
+        "--no-enable-prefix-caching",
+    )
     start = time.monotonic()
-    httpx.post(sim.url + "/v1/chat/completions", timeout=30,
-               json={"messages": [{"role": "user", "content": "word " * 300}], "max_tokens": 1})
+    httpx.post(
+        sim.url + "/v1/chat/completions",
+        timeout=30,
+        json={"messages": [{"role": "user", "content": "word " * 300}], "max_tokens": 1},
+    )
     assert time.monotonic() - start >= 0.3
     assert sim.metric("vllm:time_to_first_token_seconds_sum") >= 0.3

@@ -81,8 +81,10 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 def database_url_for_tests(host: str | None = None, port: int | None = None) -> str:
     db = connection.settings_dict
     auth = (db["USER"] or "postgres") + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-    return (f"postgres://{auth}@{host or db['HOST'] or '127.0.0.1'}:"
-            f"{port or db['PORT'] or 5432}/{db['NAME']}")
+    return (
+        f"postgres://{auth}@{host or db['HOST'] or '127.0.0.1'}:"
+        f"{port or db['PORT'] or 5432}/{db['NAME']}"
+    )
 
 
 # --- Processes ---------------------------------------------------------------------------
@@ -95,10 +97,18 @@ class Procs:
         self.tmp = tmp
         self.started: list[subprocess.Popen] = []
 
-    def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def spawn(
+        self, name: str, cmd: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         log = open(self.tmp / f"{name}-{len(self.started)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or dict(os.environ), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env or dict(os.environ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         proc.log_path = Path(log.name)
         self.started.append(proc)
         return proc
@@ -127,9 +137,24 @@ class Engine:
 
 def start_engine(procs: Procs, names: tuple[str, ...], *args: str) -> Engine:
     port = free_port()
-    proc = procs.spawn(f"engine-{names[0]}", [
-        sys.executable, "-m", "engine_sim", names[0], "--served-model-name", *names,
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096", *args])
+    proc = procs.spawn(
+        f"engine-{names[0]}",
+        [
+            sys.executable,
+            "-m",
+            "engine_sim",
+            names[0],
+            "--served-model-name",
+            *names,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "4096",
+            *args,
+        ],
+    )
     wait_listening(port, proc)
     return Engine(port, proc)
 
@@ -149,11 +174,26 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Gateway:
-        self.proc = self.procs.spawn("gateway", [
-            sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
-            "-w", str(self.workers),
-            "-b", f"127.0.0.1:{self.port}", "--graceful-timeout", "3", "--backlog", "4096",
-        ], self.env)
+        self.proc = self.procs.spawn(
+            "gateway",
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-c",
+                "python:config.gunicorn",
+                "config.asgi:application",
+                "-w",
+                str(self.workers),
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "--graceful-timeout",
+                "3",
+                "--backlog",
+                "4096",
+            ],
+            self.env,
+        )
         wait_listening(self.port, self.proc)
         return self
 
@@ -166,8 +206,14 @@ class Gateway:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gateway not ready:\n{self.log()[-3000:]}")
             try:
-                ok = httpx.get(f"{self.url}/v1/models", headers={"Authorization": f"Bearer {key}"},
-                               timeout=5).status_code == 200
+                ok = (
+                    httpx.get(
+                        f"{self.url}/v1/models",
+                        headers={"Authorization": f"Bearer {key}"},
+                        timeout=5,
+                    ).status_code
+                    == 200
+                )
             except httpx.HTTPError:
                 ok = False
             streak = streak + 1 if ok else 0
@@ -218,9 +264,26 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        self.proc = self.procs.spawn("redis", [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "no"])
+        self.proc = self.procs.spawn(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--protected-mode",
+                "no",
+            ],
+        )
         wait_listening(self.port, self.proc)
         return self
 
@@ -257,11 +320,20 @@ class World:
     deployments: list[Deployment] = field(default_factory=list)
 
 
-def make_model(name: str, task: str = Task.GENERATE, visibility: str = Visibility.PUBLIC,
-               context_length: int = 4096) -> CatalogModel:
+def make_model(
+    name: str,
+    task: str = Task.GENERATE,
+    visibility: str = Visibility.PUBLIC,
+    context_length: int = 4096,
+) -> CatalogModel:
     return deployment_services.create_model(
-        None, served_name=name, source=f"sim/{name}", task=task, params_billions=Decimal("1"),
-        context_length=context_length, visibility=visibility,
+        None,
+        served_name=name,
+        source=f"sim/{name}",
+        task=task,
+        params_billions=Decimal("1"),
+        context_length=context_length,
+        visibility=visibility,
     )
 
 
@@ -269,18 +341,36 @@ def route(model: CatalogModel, node: Node, port: int, max_num_seqs: int = 256) -
     """Rows as the deployments app leaves them once a replica is ready; the engine itself is
     a simulator process (Docker is not what these tests are about)."""
     deployment = Deployment.objects.create(
-        name=f"{model.served_name}-dep", model=model, node=node, image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": max_num_seqs}, desired_state="running", state="ready",
+        name=f"{model.served_name}-dep",
+        model=model,
+        node=node,
+        image="tollgate/engine-sim:latest",
+        engine_args={"max-num-seqs": max_num_seqs},
+        desired_state="running",
+        state="ready",
     )
-    Replica.objects.create(deployment=deployment, index=0, node=node, host="127.0.0.1", port=port,
-                           state=ReplicaState.READY, healthy=True)
+    Replica.objects.create(
+        deployment=deployment,
+        index=0,
+        node=node,
+        host="127.0.0.1",
+        port=port,
+        state=ReplicaState.READY,
+        healthy=True,
+    )
     return deployment
 
 
-def build_world(engine_port: int, *, key_a_limits: dict | None = None, tenant_a: dict | None = None,
-                price: tuple[str, str, str] = ("1.00", "0.50", "2.00")) -> World:
-    node = deployment_services.register_node(None, name="sim-node", docker_url="unix:///x",
-                                             engine_host="127.0.0.1")
+def build_world(
+    engine_port: int,
+    *,
+    key_a_limits: dict | None = None,
+    tenant_a: dict | None = None,
+    price: tuple[str, str, str] = ("1.00", "0.50", "2.00"),
+) -> World:
+    node = deployment_services.register_node(
+        None, name="sim-node", docker_url="unix:///x", engine_host="127.0.0.1"
+    )
     a = tenant_services.create_tenant(None, name="Acme", slug="acme", **(tenant_a or {}))
     b = tenant_services.create_tenant(None, name="Bravo", slug="bravo")
     chat = make_model("sim-chat")
@@ -291,6 +381,13 @@ def build_world(engine_port: int, *, key_a_limits: dict | None = None, tenant_a:
     return World(node, a, b, key_a, key_b, chat, [dep])
 
 
-def chat_body(model: str = "sim-chat", max_tokens: int = 8, stream: bool = False, **extra: object) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
-            "stream": stream, **extra}
+def chat_body(
+    model: str = "sim-chat", max_tokens: int = 8, stream: bool = False, **extra: object
+) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }

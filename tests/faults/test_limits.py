@@ -37,8 +37,9 @@ async def burst(url: str, key: str, n: int, body: dict) -> list[tuple[int, dict[
 
         async def one() -> tuple[int, dict[str, str], bytes]:
             await start.wait()
-            async with session.post(f"{url}/v1/chat/completions", json=body,
-                                    headers={"Authorization": f"Bearer {key}"}) as r:
+            async with session.post(
+                f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
                 return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read()
 
         tasks = [asyncio.create_task(one()) for _ in range(n)]
@@ -48,10 +49,14 @@ async def burst(url: str, key: str, n: int, body: dict) -> list[tuple[int, dict[
 
 
 def test_1000_concurrent_requests_on_a_60_rpm_key_admit_exactly_60(procs, gateway_env) -> None:
-    engine = start_engine(procs, ("sim-chat",), "--sim-ttft-ms", "1", "--sim-decode-tps", "0",
-                          "--max-num-seqs", "256")
-    world = build_world(engine.port, key_a_limits={"requests_per_minute": 60},
-                        tenant_a={"requests_per_minute": None, "max_concurrent_requests": None})
+    engine = start_engine(
+        procs, ("sim-chat",), "--sim-ttft-ms", "1", "--sim-decode-tps", "0", "--max-num-seqs", "256"
+    )
+    world = build_world(
+        engine.port,
+        key_a_limits={"requests_per_minute": 60},
+        tenant_a={"requests_per_minute": None, "max_concurrent_requests": None},
+    )
     gw = Gateway(procs, gateway_env()).start().wait_ready(world.key_a)
 
     answers = asyncio.run(burst(gw.url, world.key_a, 1000, chat_body(max_tokens=4)))
@@ -88,8 +93,15 @@ async def _edge_burst() -> list[int]:
 
     async def attempt(at: datetime, n: int) -> None:
         with time_machine.travel(at, tick=False):
-            decision = await limiter.admit(f"r{at.timestamp()}-{n}", key, tenant, 10, 0,
-                                           admission.slot_request(1, 10**6, "P1", 1), _record(key, tenant))
+            decision = await limiter.admit(
+                f"r{at.timestamp()}-{n}",
+                key,
+                tenant,
+                10,
+                0,
+                admission.slot_request(1, 10**6, "P1", 1),
+                _record(key, tenant),
+            )
             if decision.admitted:
                 admitted.append(int(at.timestamp() * 1000))
 
@@ -106,33 +118,72 @@ async def _edge_burst() -> list[int]:
 NO_LIMITS = Limits()
 
 
-def _key_tenant(n: int, key_limits: Limits = NO_LIMITS, tenant_limits: Limits = NO_LIMITS,
-                quota_tokens: int = 0) -> tuple[KeyInfo, TenantInfo]:
-    tenant = TenantInfo(id=n, slug=f"t{n}", priority="P1", boost_until=0, weight=1,
-                        limits=tenant_limits, quota_period="daily", quota_tokens=quota_tokens,
-                        quota_money_nano=0, currency="USD", model_ids=frozenset({1}))
-    key = KeyInfo(id=n, prefix=f"k{n}", secret_hash="", tenant_id=n, expires_at=0, limits=key_limits,
-                  model_ids=frozenset())
+def _key_tenant(
+    n: int, key_limits: Limits = NO_LIMITS, tenant_limits: Limits = NO_LIMITS, quota_tokens: int = 0
+) -> tuple[KeyInfo, TenantInfo]:
+    tenant = TenantInfo(
+        id=n,
+        slug=f"t{n}",
+        priority="P1",
+        boost_until=0,
+        weight=1,
+        limits=tenant_limits,
+        quota_period="daily",
+        quota_tokens=quota_tokens,
+        quota_money_nano=0,
+        currency="USD",
+        model_ids=frozenset({1}),
+    )
+    key = KeyInfo(
+        id=n,
+        prefix=f"k{n}",
+        secret_hash="",
+        tenant_id=n,
+        expires_at=0,
+        limits=key_limits,
+        model_ids=frozenset(),
+    )
     return key, tenant
 
 
 def _record(key: KeyInfo, tenant: TenantInfo) -> dict:
-    return {"event": {"request_id": "", "occurred_at": 0, "tenant_id": tenant.id, "api_key_id": key.id,
-                      "model_id": 1, "deployment_id": None, "endpoint": "chat", "priority": "P1",
-                      "price_id": None}, "price": None}
+    return {
+        "event": {
+            "request_id": "",
+            "occurred_at": 0,
+            "tenant_id": tenant.id,
+            "api_key_id": key.id,
+            "model_id": 1,
+            "deployment_id": None,
+            "endpoint": "chat",
+            "priority": "P1",
+            "price_id": None,
+        },
+        "price": None,
+    }
 
 
 def test_200_concurrent_requests_against_a_budget_for_20_overrun_it_by_at_most_one_reservation(
-    procs, gateway_env,
+    procs,
+    gateway_env,
 ) -> None:
-    engine = start_engine(procs, ("sim-chat",), "--sim-ttft-ms", "5", "--sim-decode-tps", "0",
-                          "--max-num-seqs", "256")
+    engine = start_engine(
+        procs, ("sim-chat",), "--sim-ttft-ms", "5", "--sim-decode-tps", "0", "--max-num-seqs", "256"
+    )
     # USD 100 / 1M input and 1,000 / 1M output tokens: one request reserves its prompt
     # estimate (body / 4 + 8 tokens) plus max_tokens=100, about USD 0.105.
     body = chat_body(max_tokens=100)
-    world = build_world(engine.port, price=("100.00", "50.00", "1000.00"), tenant_a={
-        "requests_per_minute": None, "max_concurrent_requests": None, "tokens_per_minute": None,
-        "quota_amount": Decimal("2.1000"), "quota_period": "daily"})
+    world = build_world(
+        engine.port,
+        price=("100.00", "50.00", "1000.00"),
+        tenant_a={
+            "requests_per_minute": None,
+            "max_concurrent_requests": None,
+            "tokens_per_minute": None,
+            "quota_amount": Decimal("2.1000"),
+            "quota_period": "daily",
+        },
+    )
     gw = Gateway(procs, gateway_env()).start().wait_ready(world.key_a)
     prompt_est = len(orjson.dumps(body)) // 4 + 8
     reservation = Decimal(prompt_est * 100 + 100 * 1000) / 1_000_000
@@ -146,13 +197,17 @@ def test_200_concurrent_requests_against_a_budget_for_20_overrun_it_by_at_most_o
     assert statuses.count(200) + statuses.count(429) == 200
     ingest.drain("faults", seconds=30)
     billed = UsageEvent.objects.filter(tenant=world.tenant_a).aggregate(c=Sum("cost"))["c"]
-    assert UsageEvent.objects.filter(tenant=world.tenant_a, status="ok").count() == statuses.count(200)
+    assert UsageEvent.objects.filter(tenant=world.tenant_a, status="ok").count() == statuses.count(
+        200
+    )
     assert billed <= Decimal("2.1") + reservation, f"billed {billed} on a budget of 2.1"
     quota = get_redis().hgetall(quota_key(world.tenant_a.pk, period_id("daily", datetime.now(UTC))))
     assert int(quota[b"money_reserved"]) == 0 and int(quota[b"tokens_reserved"]) == 0, quota
 
 
-def test_a_day_of_traffic_leaves_only_keys_that_expire_within_their_window(settings: object) -> None:
+def test_a_day_of_traffic_leaves_only_keys_that_expire_within_their_window(
+    settings: object,
+) -> None:
     """A simulated day (clock moved with time_machine) of admits and settles for 20 keys of 4
     tenants with every limit and a daily quota on. Afterwards every key under the prefix
     has a TTL no longer than its window, and the key count does not grow with traffic.
@@ -171,7 +226,11 @@ def test_a_day_of_traffic_leaves_only_keys_that_expire_within_their_window(setti
 
 
 WINDOWS_MS = {  # key kind -> the longest life it may have
-    "rl": 60_000, "cc": 15 * 60_000, "quota": None, "settled": 3_600_000, "adm": 3_600_000,
+    "rl": 60_000,
+    "cc": 15 * 60_000,
+    "quota": None,
+    "settled": 3_600_000,
+    "adm": 3_600_000,
     "gw": None,
 }
 
@@ -181,12 +240,27 @@ async def _a_day(prefix: str) -> tuple[dict, dict, list[tuple[str, int, int]]]:
 
     client = aioredis.from_url(settings.REDIS_URL)
     limiter, admission = Limiter(client), Admission(client)
-    scopes = [_key_tenant(100 + i, Limits(rpm=30, tpm=50_000, concurrent=4),
-                          Limits(rpm=100, tpm=200_000, concurrent=10), quota_tokens=10**9)
-              for i in range(20)]
+    scopes = [
+        _key_tenant(
+            100 + i,
+            Limits(rpm=30, tpm=50_000, concurrent=4),
+            Limits(rpm=100, tpm=200_000, concurrent=10),
+            quota_tokens=10**9,
+        )
+        for i in range(20)
+    ]
     # Four tenants, five keys each.
-    scopes = [(k, _key_tenant(100 + (i % 4), tenant_limits=Limits(rpm=100, tpm=200_000, concurrent=10),
-                              quota_tokens=10**9)[1]) for i, (k, _) in enumerate(scopes)]
+    scopes = [
+        (
+            k,
+            _key_tenant(
+                100 + (i % 4),
+                tenant_limits=Limits(rpm=100, tpm=200_000, concurrent=10),
+                quota_tokens=10**9,
+            )[1],
+        )
+        for i, (k, _) in enumerate(scopes)
+    ]
     start = datetime(2031, 5, 1, 0, 0, tzinfo=UTC)
     snapshots: dict[int, dict] = {}
     n = 0
@@ -195,12 +269,14 @@ async def _a_day(prefix: str) -> tuple[dict, dict, list[tuple[str, int, int]]]:
             for minute in range(24 * 60):
                 now = start + timedelta(minutes=minute)
                 traveller.move_to(now)
-                for key, tenant in scopes[minute % 5::5]:  # every key every 5 minutes
+                for key, tenant in scopes[minute % 5 :: 5]:  # every key every 5 minutes
                     for _ in range(3):
                         n += 1
                         rid = f"day-{n}"
                         slot = admission.slot_request(1, 10**6, "P1", 1)
-                        decision = await limiter.admit(rid, key, tenant, 500, 0, slot, _record(key, tenant))
+                        decision = await limiter.admit(
+                            rid, key, tenant, 500, 0, slot, _record(key, tenant)
+                        )
                         if decision.admitted:
                             await limiter.settle(decision.reservation, 120, 0, b"", 1)
                 if minute in (2 * 60, 24 * 60 - 1):
@@ -208,7 +284,7 @@ async def _a_day(prefix: str) -> tuple[dict, dict, list[tuple[str, int, int]]]:
         ttls = []
         async for raw in client.scan_iter(f"{prefix}:*", count=1000):
             name = raw.decode()
-            kind = name[len(prefix) + 1:].split(":")[0]
+            kind = name[len(prefix) + 1 :].split(":")[0]
             if name.endswith(":usage:events"):
                 continue  # the usage stream: trimmed by the metering consumer, not by TTL
             limit = WINDOWS_MS.get(kind, 0)
@@ -227,7 +303,7 @@ async def _census(client: aioredis.Redis, prefix: str) -> dict:
     scoped, largest = 0, 0
     async for raw in client.scan_iter(f"{prefix}:*", count=1000):
         name = raw.decode()
-        kind = name[len(prefix) + 1:].split(":")[0]
+        kind = name[len(prefix) + 1 :].split(":")[0]
         if kind in ("settled",) or name.endswith(":usage:events"):
             continue
         scoped += 1

@@ -33,7 +33,11 @@ from tests.metering.test_consumer_process import Proxy
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
-UNLIMITED_TENANT = {"requests_per_minute": None, "max_concurrent_requests": None, "tokens_per_minute": None}
+UNLIMITED_TENANT = {
+    "requests_per_minute": None,
+    "max_concurrent_requests": None,
+    "tokens_per_minute": None,
+}
 
 
 @dataclass
@@ -59,10 +63,19 @@ class Load:
             with httpx.Client(timeout=15) as http:
                 while not self.stop.is_set() and time.monotonic() < until:
                     try:
-                        r = http.post(f"{self.url}/v1/chat/completions", json=chat_body(max_tokens=4),
-                                      headers={"Authorization": f"Bearer {self.key}"})
-                        self.answers.append(Answer(time.monotonic(), r.status_code,
-                                                   r.headers.get("x-request-id", ""), r.content))
+                        r = http.post(
+                            f"{self.url}/v1/chat/completions",
+                            json=chat_body(max_tokens=4),
+                            headers={"Authorization": f"Bearer {self.key}"},
+                        )
+                        self.answers.append(
+                            Answer(
+                                time.monotonic(),
+                                r.status_code,
+                                r.headers.get("x-request-id", ""),
+                                r.content,
+                            )
+                        )
                     except httpx.HTTPError as exc:
                         self.answers.append(Answer(time.monotonic(), 0, "", repr(exc).encode()))
                         time.sleep(0.05)
@@ -88,7 +101,9 @@ def stream_request_ids() -> list[str]:
     return [orjson.loads(fields[b"e"])["request_id"] for _, fields in entries]
 
 
-def test_redis_stopped_under_load_fails_closed_and_recovers_by_itself(procs, gateway_env, own_redis) -> None:
+def test_redis_stopped_under_load_fails_closed_and_recovers_by_itself(
+    procs, gateway_env, own_redis
+) -> None:
     """The gateway's Redis is this test's own redis-server, killed with SIGKILL and restarted
     on the same port and data directory (AOF), without touching the gateway."""
     engine = start_engine(procs, ("sim-chat",), "--sim-ttft-ms", "1", "--sim-decode-tps", "0")
@@ -103,8 +118,11 @@ def test_redis_stopped_under_load_fails_closed_and_recovers_by_itself(procs, gat
         time.sleep(8)
         restarted = time.monotonic()
         own_redis.start()
-        wait_for(lambda: any(a.status == 200 for a in load.between(restarted, 1e12)), 30,
-                 "a successful request after Redis came back")
+        wait_for(
+            lambda: any(a.status == 200 for a in load.between(restarted, 1e12)),
+            30,
+            "a successful request after Redis came back",
+        )
         time.sleep(2)
     finally:
         load.finish()
@@ -131,7 +149,9 @@ def test_redis_stopped_under_load_fails_closed_and_recovers_by_itself(procs, gat
 
 @pytest.mark.slow
 def test_postgresql_unreachable_for_60s_the_gateway_serves_and_usage_lands_afterwards(
-    procs, gateway_env, redis_namespace,
+    procs,
+    gateway_env,
+    redis_namespace,
 ) -> None:
     """The shared PostgreSQL is never stopped: the gateway and the usage consumer reach it
     through a TCP proxy on a loopback port, which the test closes for 60 s (refusing new
@@ -147,8 +167,19 @@ def test_postgresql_unreachable_for_60s_the_gateway_serves_and_usage_lands_after
     proxy.start()
     db_url = database_url_for_tests("127.0.0.1", proxy.port)
     gw = Gateway(procs, gateway_env(DATABASE_URL=db_url)).start().wait_ready(world.key_a)
-    consumer = procs.spawn("consumer", [sys.executable, "manage.py", "consume_usage", "--block-ms", "200",
-                                        "--claim-idle-ms", "500"], gateway_env(DATABASE_URL=db_url))
+    consumer = procs.spawn(
+        "consumer",
+        [
+            sys.executable,
+            "manage.py",
+            "consume_usage",
+            "--block-ms",
+            "200",
+            "--claim-idle-ms",
+            "500",
+        ],
+        gateway_env(DATABASE_URL=db_url),
+    )
     load = Load(gw.url, world.key_a, clients=3)
     load.run(until=time.monotonic() + 150)
     try:
@@ -173,9 +204,14 @@ def test_postgresql_unreachable_for_60s_the_gateway_serves_and_usage_lands_after
         assert not failed, failed[:5]
         assert stored_after_outage == stored_at_outage  # usage waited in Redis
         ok = load.ok_ids()
-        wait_for(lambda: UsageEvent.objects.filter(tenant=world.tenant_a).count() >= len(ok), 60,
-                 "the waiting usage to land")
-        ledger = list(UsageEvent.objects.filter(tenant=world.tenant_a).values_list("request_id", flat=True))
+        wait_for(
+            lambda: UsageEvent.objects.filter(tenant=world.tenant_a).count() >= len(ok),
+            60,
+            "the waiting usage to land",
+        )
+        ledger = list(
+            UsageEvent.objects.filter(tenant=world.tenant_a).values_list("request_id", flat=True)
+        )
         assert len(ledger) == len(set(ledger)) == len(ok)
         assert set(ledger) == ok
         assert b"database unavailable" in consumer.log_path.read_bytes()
@@ -184,15 +220,21 @@ def test_postgresql_unreachable_for_60s_the_gateway_serves_and_usage_lands_after
         proxy.stop()
 
 
-async def _streams(url: str, key: str, n: int, body: dict, progress: dict[str, int],
-                   stop_reading: asyncio.Event) -> None:
+async def _streams(
+    url: str, key: str, n: int, body: dict, progress: dict[str, int], stop_reading: asyncio.Event
+) -> None:
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as s:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as s:
 
         async def one(i: int) -> None:
             try:
-                async with s.post(f"{url}/v1/chat/completions", json=body,
-                                  headers={"Authorization": f"Bearer {key}"}) as r:
+                async with s.post(
+                    f"{url}/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as r:
                     assert r.status == 200, await r.text()
                     rid = r.headers["x-request-id"]
                     progress[rid] = 0
@@ -208,35 +250,63 @@ async def _streams(url: str, key: str, n: int, body: dict, progress: dict[str, i
 
 
 def test_kill_9_of_the_gateway_during_100_streams_bills_each_delivered_request_once(
-    procs, gateway_env,
+    procs,
+    gateway_env,
 ) -> None:
     """100 streams at 10 tokens/s each; once every one has delivered 20 tokens, SIGKILL to the
     gunicorn master and both workers. A new gateway starts; the beat task that reaps
     orphaned requests (``gateway.reap_orphans``, every 10 s in production) is run here in a
     loop, then the usage consumer's ingestion."""
-    engine = start_engine(procs, ("sim-chat",), "--sim-ttft-ms", "5", "--sim-decode-tps", "10",
-                          "--sim-bandwidth-alpha", "0", "--sim-output-tokens-min", "300",
-                          "--sim-output-tokens-max", "300", "--max-num-seqs", "256")
-    world = build_world(engine.port, tenant_a={**UNLIMITED_TENANT, "quota_tokens": 10**9,
-                                               "quota_period": "daily"})
+    engine = start_engine(
+        procs,
+        ("sim-chat",),
+        "--sim-ttft-ms",
+        "5",
+        "--sim-decode-tps",
+        "10",
+        "--sim-bandwidth-alpha",
+        "0",
+        "--sim-output-tokens-min",
+        "300",
+        "--sim-output-tokens-max",
+        "300",
+        "--max-num-seqs",
+        "256",
+    )
+    world = build_world(
+        engine.port, tenant_a={**UNLIMITED_TENANT, "quota_tokens": 10**9, "quota_period": "daily"}
+    )
     env = gateway_env(TOLLGATE_GATEWAY_LEASE_SECONDS="3")
     gw = Gateway(procs, env).start().wait_ready(world.key_a)
     progress: dict[str, int] = {}
 
     def run() -> None:
-        asyncio.run(_streams(gw.url, world.key_a, 100, chat_body(max_tokens=300, stream=True),
-                             progress, asyncio.Event()))
+        asyncio.run(
+            _streams(
+                gw.url,
+                world.key_a,
+                100,
+                chat_body(max_tokens=300, stream=True),
+                progress,
+                asyncio.Event(),
+            )
+        )
 
     reader = threading.Thread(target=run, daemon=True)
     reader.start()
-    wait_for(lambda: len(progress) == 100 and min(progress.values()) >= 20, 60,
-             "100 streams with 20 tokens each")
+    wait_for(
+        lambda: len(progress) == 100 and min(progress.values()) >= 20,
+        60,
+        "100 streams with 20 tokens each",
+    )
     gw.kill9()
     reader.join(timeout=30)
     delivered = dict(progress)
     assert all(n >= 20 for n in delivered.values())
 
-    Gateway(procs, env).start().wait_ready(world.key_a)  # the restarted gateway (a fresh process, nothing carried over)
+    Gateway(procs, env).start().wait_ready(
+        world.key_a
+    )  # the restarted gateway (a fresh process, nothing carried over)
     from gateway import tasks
 
     def all_billed() -> bool:
@@ -255,6 +325,10 @@ def test_kill_9_of_the_gateway_during_100_streams_bills_each_delivered_request_o
         # Billed up to the last checkpoint (about a second's worth behind), never more than
         # the client received.
         assert 0 < rows[rid].completion_tokens <= tokens, (rid, rows[rid].completion_tokens, tokens)
-        assert rows[rid].completion_tokens >= tokens - 25, (rid, rows[rid].completion_tokens, tokens)
+        assert rows[rid].completion_tokens >= tokens - 25, (
+            rid,
+            rows[rid].completion_tokens,
+            tokens,
+        )
     quota = get_redis().hgetall(quota_key(world.tenant_a.pk, period_id("daily", datetime.now(UTC))))
     assert int(quota[b"tokens_reserved"]) == 0, quota

@@ -50,7 +50,9 @@ def test_seed_demo_builds_the_whole_flow_and_prints_a_working_key_once() -> None
     key = ApiKey.objects.get(tenant__slug="demo")
     assert verify_key(plaintext, key.secret_hash)
     deployment = Deployment.objects.get(model__served_name="demo-chat")
-    assert deployment.image == "tollgate/engine-sim:latest" and deployment.desired_state == "running"
+    assert (
+        deployment.image == "tollgate/engine-sim:latest" and deployment.desired_state == "running"
+    )
     assert Price.objects.filter(model__served_name="demo-chat").count() == 1
     again = run("seed_demo")
     assert "tg-" not in again

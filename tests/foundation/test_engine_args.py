@@ -22,7 +22,10 @@ def errors_of(args: object, **kwargs: bool) -> list[str]:
         ({"privileged": True}, "--privileged is not an allowed engine flag"),
         ({"max-num-seqs": 0}, "--max-num-seqs expects a whole number from 1 to 4096"),
         ({"max-num-seqs": "4; rm -rf /"}, "--max-num-seqs expects a whole number"),
-        ({"gpu-memory-utilization": 1.5}, "--gpu-memory-utilization expects a number from 0.05 to 0.98"),
+        (
+            {"gpu-memory-utilization": 1.5},
+            "--gpu-memory-utilization expects a number from 0.05 to 0.98",
+        ),
         ({"kv-cache-dtype": "int2"}, "--kv-cache-dtype expects one of auto, fp8"),
         ({"scheduling-policy": "lifo"}, "--scheduling-policy expects one of fcfs, priority"),
         ({"reasoning-parser": "../../x"}, "--reasoning-parser expects a plain name"),
@@ -46,15 +49,33 @@ def test_not_an_object_is_refused() -> None:
 
 def test_good_args_are_normalised_and_rendered_as_argv() -> None:
     args = validate_engine_args(
-        {"--max-model-len": "32k", "max-num-seqs": 4, "gpu-memory-utilization": "0.8",
-         "enable-prefix-caching": False, "enforce-eager": True,
-         "enable-auto-tool-choice": True, "tool-call-parser": "hermes", "trust-remote-code": True,
-         "scheduling-policy": "priority"},
+        {
+            "--max-model-len": "32k",
+            "max-num-seqs": 4,
+            "gpu-memory-utilization": "0.8",
+            "enable-prefix-caching": False,
+            "enforce-eager": True,
+            "enable-auto-tool-choice": True,
+            "tool-call-parser": "hermes",
+            "trust-remote-code": True,
+            "scheduling-policy": "priority",
+        },
         trust_remote_code_allowed=True,
     )
     assert args["max-model-len"] == 32768 and args["gpu-memory-utilization"] == 0.8
     assert to_argv(args) == [
-        "--max-model-len", "32768", "--max-num-seqs", "4", "--gpu-memory-utilization", "0.8",
-        "--no-enable-prefix-caching", "--enforce-eager", "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes", "--trust-remote-code", "--scheduling-policy", "priority",
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "4",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--no-enable-prefix-caching",
+        "--enforce-eager",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--trust-remote-code",
+        "--scheduling-policy",
+        "priority",
     ]

@@ -39,7 +39,9 @@ def test_redaction_keeps_the_prefix_and_drops_the_secret() -> None:
 def test_log_filter_rewrites_records_with_arguments() -> None:
     key = generate_key("tg")
     logger = logging.getLogger("tollgate.test")
-    record = logger.makeRecord("tollgate.test", logging.WARNING, __file__, 1, "bad key %s", (key.plaintext,), None)
+    record = logger.makeRecord(
+        "tollgate.test", logging.WARNING, __file__, 1, "bad key %s", (key.plaintext,), None
+    )
     RedactSecretsFilter().filter(record)
     assert key.plaintext not in record.getMessage()
     assert f"tg-{key.prefix}-…" in record.getMessage()

@@ -24,8 +24,16 @@ def test_hash_depends_on_the_pepper(settings: object) -> None:
 
 @pytest.mark.parametrize(
     "presented",
-    ["", "tg-", "Bearer x", "tg-ABCDEFGH-" + "a" * 40, "tg-abcdefgh-" + "a" * 39,
-     "tga-abcdefgh-" + "a" * 40, "tg-abcdefgh-" + "a" * 40 + "\n", "' OR '1'='1"],
+    [
+        "",
+        "tg-",
+        "Bearer x",
+        "tg-ABCDEFGH-" + "a" * 40,
+        "tg-abcdefgh-" + "a" * 39,
+        "tga-abcdefgh-" + "a" * 40,
+        "tg-abcdefgh-" + "a" * 40 + "\n",
+        "' OR '1'='1",
+    ],
 )
 def test_malformed_or_wrong_kind_keys_do_not_parse(presented: str) -> None:
     assert parse_key(presented, TENANT_KEY) is None

@@ -59,10 +59,14 @@ def test_lowering_a_tenant_limit_tightens_its_keys(tenant_a: Tenant) -> None:
 
 def test_key_expiry_must_be_in_the_future(tenant_a: Tenant) -> None:
     with pytest.raises(ValidationError, match="future"):
-        services.issue_api_key(None, tenant_a, name="old", expires_at=timezone.now() - timedelta(seconds=1))
+        services.issue_api_key(
+            None, tenant_a, name="old", expires_at=timezone.now() - timedelta(seconds=1)
+        )
 
 
-def test_usable_keys_exclude_revoked_expired_and_suspended(tenant_a: Tenant, tenant_b: Tenant) -> None:
+def test_usable_keys_exclude_revoked_expired_and_suspended(
+    tenant_a: Tenant, tenant_b: Tenant
+) -> None:
     live = services.issue_api_key(None, tenant_a, name="live").key
     revoked = services.revoke_api_key(None, services.issue_api_key(None, tenant_a, name="gone").key)
     expiring = services.issue_api_key(
@@ -102,7 +106,9 @@ def test_model_access_public_granted_listed_and_per_key(
 
     assert set(models_for_tenant(tenant_a)) == {public_model, private_model_a}
     assert set(models_for_tenant(tenant_b)) == {public_model}
-    services.update_tenant(None, tenant_a, model_access=ModelAccess.LISTED, allowed_models=[private_model_a])
+    services.update_tenant(
+        None, tenant_a, model_access=ModelAccess.LISTED, allowed_models=[private_model_a]
+    )
     assert set(models_for_tenant(tenant_a)) == {private_model_a}
     services.update_tenant(None, tenant_a, model_access=ModelAccess.ALL)
     key = services.issue_api_key(None, tenant_a, name="narrow", allowed_models=[public_model]).key
@@ -124,16 +130,27 @@ def test_prices_are_versioned_and_never_backdated(public_model: CatalogModel) ->
     assert metering_services.price_at(public_model, "EUR", later) is None
     with pytest.raises(ValidationError, match="cannot be backdated"):
         metering_services.set_price(
-            None, public_model, Decimal("1"), None, Decimal("1"), effective_from=start - timedelta(days=1)
+            None,
+            public_model,
+            Decimal("1"),
+            None,
+            Decimal("1"),
+            effective_from=start - timedelta(days=1),
         )
 
 
-def test_cost_is_exact_decimal_with_cached_tokens_at_the_cached_rate(public_model: CatalogModel) -> None:
+def test_cost_is_exact_decimal_with_cached_tokens_at_the_cached_rate(
+    public_model: CatalogModel,
+) -> None:
     price = metering_services.set_price(
         None, public_model, Decimal("0.15"), Decimal("0.075"), Decimal("0.60")
     )
     # 1,000 prompt tokens of which 400 cached, 250 completion tokens.
-    expected = (Decimal(600) * Decimal("0.15") + Decimal(400) * Decimal("0.075") + Decimal(250) * Decimal("0.60")) / 1_000_000
+    expected = (
+        Decimal(600) * Decimal("0.15")
+        + Decimal(400) * Decimal("0.075")
+        + Decimal(250) * Decimal("0.60")
+    ) / 1_000_000
     assert price.cost(1000, 400, 250) == expected == Decimal("0.00027")
 
 
@@ -164,9 +181,15 @@ def test_changes_are_announced_to_gateways_after_commit(
     assert orjson.loads(message["data"]) == {"kind": "tenant", "id": str(tenant_a.pk)}
 
 
-def test_deployment_desired_state_is_compare_and_set(public_model: CatalogModel, local_node: Node) -> None:
+def test_deployment_desired_state_is_compare_and_set(
+    public_model: CatalogModel, local_node: Node
+) -> None:
     deployment = deployment_services.create_deployment(
-        None, name="qwen", model=public_model, node=local_node, image="vllm/vllm-openai:v0.33.0",
+        None,
+        name="qwen",
+        model=public_model,
+        node=local_node,
+        image="vllm/vllm-openai:v0.33.0",
         engine_args={"max-num-seqs": "4", "max-model-len": "32k"},
     )
     assert deployment.engine_args == {"max-num-seqs": 4, "max-model-len": 32768}
@@ -180,7 +203,9 @@ def test_deployment_desired_state_is_compare_and_set(public_model: CatalogModel,
         deployment_services.delete_deployment(None, deployment)
 
 
-def test_deployment_images_come_only_from_the_allow_list(public_model: CatalogModel, local_node: Node) -> None:
+def test_deployment_images_come_only_from_the_allow_list(
+    public_model: CatalogModel, local_node: Node
+) -> None:
     with pytest.raises(ValidationError) as error:
         deployment_services.create_deployment(
             None, name="evil", model=public_model, node=local_node, image="evil/miner:latest"
@@ -200,11 +225,14 @@ def test_an_interactive_boost_lasts_its_window_then_falls_back(tenant_a: Tenant)
     assert tenant_a.priority_boost_until is None and tenant_a.effective_priority == "P1"
 
 
-def test_child_keys_act_for_their_parent_and_die_with_it(tenant_a: Tenant, public_model: CatalogModel) -> None:
+def test_child_keys_act_for_their_parent_and_die_with_it(
+    tenant_a: Tenant, public_model: CatalogModel
+) -> None:
     from gateway.state import load_snapshot
 
-    parent = services.issue_api_key(None, tenant_a, name="p", requests_per_minute=30,
-                                    allowed_models=[public_model]).key
+    parent = services.issue_api_key(
+        None, tenant_a, name="p", requests_per_minute=30, allowed_models=[public_model]
+    ).key
     child = services.issue_child_key(parent, "batch 1", timezone.now() + timedelta(hours=1))
     info = load_snapshot().keys[child.key.prefix]
     assert info.id == parent.pk and info.limits.rpm == 30 and info.model_ids == {public_model.pk}

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 GOOD_SECRET = "tollgate-test-" + "aB3dE5gH7jK9mN1pQ2rS4tU6vW8xY0z" * 2
 
 
-def test_env_bool_reads_usual_spellings_and_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_bool_reads_usual_spellings_and_refuses_nonsense(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("FLAG", "yes")
     assert env_bool("FLAG") is True
     monkeypatch.setenv("FLAG", "off")
@@ -34,7 +36,9 @@ def test_env_int_and_list(monkeypatch: pytest.MonkeyPatch) -> None:
         env_int("N", 1)
 
 
-def test_env_secret_prefers_the_file_compose_mounts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_env_secret_prefers_the_file_compose_mounts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     secret_file = tmp_path / "db_url"
     secret_file.write_text("postgres://from-file\n")
     monkeypatch.setenv("DATABASE_URL", "postgres://from-env")
@@ -46,10 +50,18 @@ def test_env_secret_prefers_the_file_compose_mounts(monkeypatch: pytest.MonkeyPa
 
 
 def run_manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TOLLGATE_", "DATABASE_URL", "REDIS_URL"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "TOLLGATE_", "DATABASE_URL", "REDIS_URL"))
+    }
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -86,7 +98,9 @@ def test_production_refuses_debug_and_short_secret() -> None:
 
 
 def test_check_deploy_is_clean_with_production_settings_over_https() -> None:
-    result = run_manage({**PRODUCTION, "TOLLGATE_HTTPS": "true"}, "check", "--deploy", "--fail-level", "WARNING")
+    result = run_manage(
+        {**PRODUCTION, "TOLLGATE_HTTPS": "true"}, "check", "--deploy", "--fail-level", "WARNING"
+    )
     assert result.returncode == 0, result.stderr
     assert "no issues" in result.stdout
 

@@ -73,8 +73,21 @@ class Engine:
 
 def start_engine(names: tuple[str, ...], *args: str) -> tuple[Engine, subprocess.Popen]:
     port = free_port()
-    cmd = [sys.executable, "-m", "engine_sim", names[0], "--served-model-name", *names,
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine_sim",
+        names[0],
+        "--served-model-name",
+        *names,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "4096",
+        *args,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_listening(port, proc)
     return Engine(port, names), proc
@@ -84,10 +97,26 @@ def start_engine(names: tuple[str, ...], *args: str) -> tuple[Engine, subprocess
 def engines() -> Iterator[dict[str, Engine]]:
     """Fast chat engine (also serving a private alias), a slow one, an embedding one."""
     started = {
-        "chat": start_engine(("sim-chat", "acme-private"), "--sim-ttft-ms", "2", "--sim-decode-tps", "2000",
-                             "--max-num-seqs", "256"),
-        "slow": start_engine(("sim-slow",), "--sim-ttft-ms", "5", "--sim-decode-tps", "20",
-                             "--sim-output-tokens-min", "400", "--sim-output-tokens-max", "400"),
+        "chat": start_engine(
+            ("sim-chat", "acme-private"),
+            "--sim-ttft-ms",
+            "2",
+            "--sim-decode-tps",
+            "2000",
+            "--max-num-seqs",
+            "256",
+        ),
+        "slow": start_engine(
+            ("sim-slow",),
+            "--sim-ttft-ms",
+            "5",
+            "--sim-decode-tps",
+            "20",
+            "--sim-output-tokens-min",
+            "400",
+            "--sim-output-tokens-max",
+            "400",
+        ),
         "embed": start_engine(("sim-embed",), "--runner", "pooling"),
     }
     yield {name: engine for name, (engine, _) in started.items()}
@@ -108,12 +137,29 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
         "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
         "TOLLGATE_LOG_LEVEL": "WARNING",
         # Short queue timeouts, so the admission tests see them without long waits.
-        "TOLLGATE_QUEUE_TIMEOUT_P0": "20", "TOLLGATE_QUEUE_TIMEOUT_P1": "4", "TOLLGATE_QUEUE_TIMEOUT_P2": "4",
+        "TOLLGATE_QUEUE_TIMEOUT_P0": "20",
+        "TOLLGATE_QUEUE_TIMEOUT_P1": "4",
+        "TOLLGATE_QUEUE_TIMEOUT_P2": "4",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application",
-         "-w", "2", "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(ROOT / ".pytest-gateway.log", "w"),
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "python:config.gunicorn",
+            "config.asgi:application",
+            "-w",
+            "2",
+            "-b",
+            f"127.0.0.1:{port}",
+            "--graceful-timeout",
+            "5",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(ROOT / ".pytest-gateway.log", "w"),
     )
     wait_listening(port, proc)
     yield f"http://127.0.0.1:{port}"
@@ -145,10 +191,17 @@ class World:
         return f"{self.url}/v1"
 
 
-def make_model(name: str, task: str = Task.GENERATE, visibility: str = Visibility.PUBLIC) -> CatalogModel:
+def make_model(
+    name: str, task: str = Task.GENERATE, visibility: str = Visibility.PUBLIC
+) -> CatalogModel:
     return deployment_services.create_model(
-        None, served_name=name, source=f"sim/{name}", task=task, params_billions=Decimal("1"),
-        context_length=4096, visibility=visibility,
+        None,
+        served_name=name,
+        source=f"sim/{name}",
+        task=task,
+        params_billions=Decimal("1"),
+        context_length=4096,
+        visibility=visibility,
     )
 
 
@@ -156,12 +209,24 @@ def deploy(model: CatalogModel, node: Node, *ports: int, max_num_seqs: int = 256
     # Rows as the deployments app leaves them once its replicas are ready; the engines
     # themselves are the simulator processes started above (no Docker needed here).
     deployment = Deployment.objects.create(
-        name=f"{model.served_name}-dep", model=model, node=node, image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": max_num_seqs}, desired_state="running", state="ready",
+        name=f"{model.served_name}-dep",
+        model=model,
+        node=node,
+        image="tollgate/engine-sim:latest",
+        engine_args={"max-num-seqs": max_num_seqs},
+        desired_state="running",
+        state="ready",
     )
     for index, port in enumerate(ports):
-        Replica.objects.create(deployment=deployment, index=index, node=node, host="127.0.0.1", port=port,
-                               state=ReplicaState.READY, healthy=True)
+        Replica.objects.create(
+            deployment=deployment,
+            index=index,
+            node=node,
+            host="127.0.0.1",
+            port=port,
+            state=ReplicaState.READY,
+            healthy=True,
+        )
     publish_change("deployment", deployment.pk)
     return deployment
 
@@ -181,7 +246,9 @@ def wait_until_served(url: str, key: str, model: str, timeout: float = 5.0) -> N
 
 @pytest.fixture
 def world(transactional_db: None, gateway_url: str, engines: dict[str, Engine]) -> World:
-    node = deployment_services.register_node(None, name="sim-node", docker_url="unix:///x", engine_host="127.0.0.1")
+    node = deployment_services.register_node(
+        None, name="sim-node", docker_url="unix:///x", engine_host="127.0.0.1"
+    )
     tenant_a = tenant_services.create_tenant(None, name="Acme", slug="acme")
     tenant_b = tenant_services.create_tenant(None, name="Bravo", slug="bravo")
     chat = make_model("sim-chat")

@@ -24,8 +24,16 @@ async def admission() -> tuple[Admission, aioredis.Redis]:
     return Admission(client), client
 
 
-async def acquire(adm: Admission, model: int, budget: int, rid: str, prio: str, tenant: int, cost: int,
-                  gone: asyncio.Event | None = None) -> object:
+async def acquire(
+    adm: Admission,
+    model: int,
+    budget: int,
+    rid: str,
+    prio: str,
+    tenant: int,
+    cost: int,
+    gone: asyncio.Event | None = None,
+) -> object:
     """As the gateway does: one try at admission (which queues the request), then wait."""
     from gateway.admission import Ticket
 
@@ -38,10 +46,20 @@ async def acquire(adm: Admission, model: int, budget: int, rid: str, prio: str, 
 
 @pytest.mark.parametrize(
     ("tenant", "asked", "expected"),
-    [("P1", None, "P1"), ("P1", "P2", "P2"), ("P1", "p2", "P2"), ("P1", "P0", "P1"), ("P2", "P0", "P2"),
-     ("P0", 2, "P2"), ("P1", "nonsense", "P1"), ("P1", True, "P1")],
+    [
+        ("P1", None, "P1"),
+        ("P1", "P2", "P2"),
+        ("P1", "p2", "P2"),
+        ("P1", "P0", "P1"),
+        ("P2", "P0", "P2"),
+        ("P0", 2, "P2"),
+        ("P1", "nonsense", "P1"),
+        ("P1", True, "P1"),
+    ],
 )
-def test_a_request_may_lower_its_class_never_raise_it(tenant: str, asked: object, expected: str) -> None:
+def test_a_request_may_lower_its_class_never_raise_it(
+    tenant: str, asked: object, expected: str
+) -> None:
     assert lowered(tenant, asked) == expected
 
 
@@ -64,8 +82,14 @@ def test_slots_go_by_class_then_fair_share() -> None:
                 adm.wake_local(model)
 
             tasks = []
-            for rid, prio, tenant in [("b1", "P2", 2), ("p1-t1-a", "P1", 1), ("p1-t1-b", "P1", 1),
-                                      ("p1-t1-c", "P1", 1), ("p1-t3-a", "P1", 3), ("p0", "P0", 4)]:
+            for rid, prio, tenant in [
+                ("b1", "P2", 2),
+                ("p1-t1-a", "P1", 1),
+                ("p1-t1-b", "P1", 1),
+                ("p1-t1-c", "P1", 1),
+                ("p1-t3-a", "P1", 3),
+                ("p0", "P0", 4),
+            ]:
                 tasks.append(asyncio.create_task(wait(rid, prio, tenant)))
                 await asyncio.sleep(0.02)  # arrival order
             await client.zrem(pool_keys(model)[0], "holder")
@@ -93,8 +117,15 @@ def test_the_pool_and_the_waits_as_the_console_reads_them() -> None:
         model, gone = 900011, asyncio.Event()
         try:
             assert (await acquire(adm, model, 1, "holder", "P1", 1, 10)).admitted
-            waiters = [asyncio.create_task(acquire(adm, model, 1, rid, prio, tenant, 100, gone))
-                       for rid, prio, tenant in (("a", "P2", 97), ("b", "P0", 98), ("c", "P2", 97), ("d", "P1", 97))]
+            waiters = [
+                asyncio.create_task(acquire(adm, model, 1, rid, prio, tenant, 100, gone))
+                for rid, prio, tenant in (
+                    ("a", "P2", 97),
+                    ("b", "P0", 98),
+                    ("c", "P2", 97),
+                    ("d", "P1", 97),
+                )
+            ]
             deadline = time.monotonic() + 10
             while await client.zcard(pool_keys(model)[1]) < 4:
                 assert time.monotonic() < deadline, "the waiters never queued"
@@ -104,8 +135,11 @@ def test_the_pool_and_the_waits_as_the_console_reads_them() -> None:
             assert status.waiting == {"P0": 1, "P1": 1, "P2": 2}
             gone.set()  # every waiter's client goes away
             assert not any(t.admitted for t in await asyncio.gather(*waiters))
-            stats = {(w.priority, w.tenant_id): w.count for w in await asyncio.to_thread(wait_stats)
-                     if w.tenant_id in (97, 98)}  # the module's tests share one Redis prefix
+            stats = {
+                (w.priority, w.tenant_id): w.count
+                for w in await asyncio.to_thread(wait_stats)
+                if w.tenant_id in (97, 98)
+            }  # the module's tests share one Redis prefix
             assert stats == {("P2", 97): 2, ("P0", 98): 1, ("P1", 97): 1}
         finally:
             await client.delete(*pool_keys(model))
@@ -114,7 +148,9 @@ def test_the_pool_and_the_waits_as_the_console_reads_them() -> None:
     run(scenario())
 
 
-def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_after(settings: object) -> None:
+def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_after(
+    settings: object,
+) -> None:
     settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS = {"P0": 1, "P1": 1, "P2": 1}
 
     async def scenario() -> tuple[object, object]:
@@ -142,11 +178,28 @@ def test_a_queued_p0_request_retries_with_its_extra_slots(settings: object) -> N
     """Engines that preempt by priority let P0 past the ceiling (by the budget): a P0 request
     that admission queued takes an extra slot on its next try, not after a P2 request ends."""
     settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS = {"P0": 3, "P1": 3, "P2": 3}
-    key = KeyInfo(id=1, prefix="abcdefgh", secret_hash="x", tenant_id=2, expires_at=0, limits=Limits(),
-                  model_ids=frozenset())
-    tenant = TenantInfo(id=2, slug="t", priority="P0", boost_until=0, weight=1, limits=Limits(),
-                        quota_period="monthly", quota_tokens=0, quota_money_nano=0, currency="USD",
-                        model_ids=frozenset({900012}))
+    key = KeyInfo(
+        id=1,
+        prefix="abcdefgh",
+        secret_hash="x",
+        tenant_id=2,
+        expires_at=0,
+        limits=Limits(),
+        model_ids=frozenset(),
+    )
+    tenant = TenantInfo(
+        id=2,
+        slug="t",
+        priority="P0",
+        boost_until=0,
+        weight=1,
+        limits=Limits(),
+        quota_period="monthly",
+        quota_tokens=0,
+        quota_money_nano=0,
+        currency="USD",
+        model_ids=frozenset({900012}),
+    )
     model = ModelInfo(id=900012, served_name="m", task="generate", context_length=4096, created=0)
 
     async def scenario() -> tuple[list[dict], float, bool]:
@@ -162,8 +215,18 @@ def test_a_queued_p0_request_retries_with_its_extra_slots(settings: object) -> N
 
         try:
             assert (await acquire(adm, model.id, 1, "batch", "P2", 1, 10)).admitted  # the one slot
-            ex = Exchange(SimpleNamespace(admission=adm), send, "chat", {"model": "m"}, b"{}", key, tenant,
-                          model, [], time.perf_counter())  # no replica: forwarding answers 503
+            ex = Exchange(
+                SimpleNamespace(admission=adm),
+                send,
+                "chat",
+                {"model": "m"},
+                b"{}",
+                key,
+                tenant,
+                model,
+                [],
+                time.perf_counter(),
+            )  # no replica: forwarding answers 503
             ex.request_id, ex.priority, ex.budget, ex.p0_extra, ex.tokens = "urgent", "P0", 1, 1, 10
             ex.headers, ex.disconnect = [], Disconnect(never)
             started = time.monotonic()
@@ -209,7 +272,9 @@ def test_controller_stays_within_the_budget_and_takes_back_steps_that_did_not_pa
     # The engine queues requests itself: one fewer; a decrease that costs nothing stays.
     state, why = next_ceiling(state, Sample(80.0, 0.2, 2, 5), budget=8)
     assert (why, state.ceiling) == ("decrease", 7)
-    state, why = next_ceiling(state, Sample(80.0, 0.2, 0, 5), budget=8)  # cost nothing, demand waits
+    state, why = next_ceiling(
+        state, Sample(80.0, 0.2, 0, 5), budget=8
+    )  # cost nothing, demand waits
     assert (why, state.ceiling) == ("increase", 8)
     # An increase that bought no throughput is taken back.
     state = ControllerState(ceiling=6, last_tokens_per_second=100.0)
@@ -234,5 +299,7 @@ def test_engines_that_preempt_by_priority_do_not_lower_the_ceiling_for_their_own
     state, why = next_ceiling(state, Sample(100.0, 3.0, 2, 3), budget=4, preempting=True)
     assert (why, state.ceiling) == ("hold", 4)
     # Without priority scheduling the same figures mean overload.
-    state, why = next_ceiling(ControllerState(ceiling=4, baseline_ttft=0.2), Sample(100.0, 3.0, 2, 3), budget=4)
+    state, why = next_ceiling(
+        ControllerState(ceiling=4, baseline_ttft=0.2), Sample(100.0, 3.0, 2, 3), budget=4
+    )
     assert (why, state.ceiling) == ("decrease", 3)

@@ -23,8 +23,9 @@ async def burst(url: str, key: str, count: int, body: dict) -> list[httpx.Respon
 
         async def one() -> httpx.Response:
             await start.wait()
-            return await client.post(f"{url}/v1/chat/completions", json=body,
-                                     headers={"Authorization": f"Bearer {key}"})
+            return await client.post(
+                f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
 
         tasks = [asyncio.create_task(one()) for _ in range(count)]
         await asyncio.sleep(0.2)
@@ -34,10 +35,18 @@ async def burst(url: str, key: str, count: int, body: dict) -> list[httpx.Respon
 
 def test_500_simultaneous_requests_on_a_60_rpm_key_admit_exactly_60(world: World) -> None:
     tenant_services.update_tenant(None, world.tenant_a, max_concurrent_requests=None)
-    issued = tenant_services.issue_api_key(None, world.tenant_a, name="rpm60", requests_per_minute=60)
+    issued = tenant_services.issue_api_key(
+        None, world.tenant_a, name="rpm60", requests_per_minute=60
+    )
     wait_until_served(world.url, issued.plaintext, "sim-chat")
-    responses = asyncio.run(burst(world.url, issued.plaintext, 500,
-                                  {"model": "sim-chat", "messages": HELLO, "max_tokens": 1}))
+    responses = asyncio.run(
+        burst(
+            world.url,
+            issued.plaintext,
+            500,
+            {"model": "sim-chat", "messages": HELLO, "max_tokens": 1},
+        )
+    )
     ok = [r for r in responses if r.status_code == 200]
     limited = [r for r in responses if r.status_code == 429]
     # wait_until_served used none of the key's requests: /v1/models is not rate limited.
@@ -52,8 +61,14 @@ def test_tokens_per_minute_admit_no_more_than_one_reservation_over(world: World)
     tenant_services.update_tenant(None, world.tenant_a, max_concurrent_requests=None)
     issued = tenant_services.issue_api_key(None, world.tenant_a, name="tpm", tokens_per_minute=2000)
     wait_until_served(world.url, issued.plaintext, "sim-chat")
-    responses = asyncio.run(burst(world.url, issued.plaintext, 100,
-                                  {"model": "sim-chat", "messages": HELLO, "max_tokens": 100}))
+    responses = asyncio.run(
+        burst(
+            world.url,
+            issued.plaintext,
+            100,
+            {"model": "sim-chat", "messages": HELLO, "max_tokens": 100},
+        )
+    )
     ok = [r for r in responses if r.status_code == 200]
     limited = [r for r in responses if r.status_code == 429]
     assert ok and limited and len(ok) + len(limited) == 100
@@ -68,31 +83,43 @@ def test_tenant_concurrency_limit_holds_across_workers(world: World) -> None:
     tenant_services.update_tenant(None, world.tenant_a, max_concurrent_requests=5)
     wait_until_served(world.url, world.key_a, "sim-chat")
     # Slow streams keep their slots long enough for the burst to collide.
-    responses = asyncio.run(burst(world.url, world.key_a, 30,
-                                  {"model": "sim-slow", "messages": HELLO, "max_tokens": 8}))
+    responses = asyncio.run(
+        burst(world.url, world.key_a, 30, {"model": "sim-slow", "messages": HELLO, "max_tokens": 8})
+    )
     assert sum(r.status_code == 200 for r in responses) == 5
-    assert {r.json()["error"]["message"].split(" on ")[0] for r in responses if r.status_code == 429} == {
-        "Rate limit reached for concurrent requests"}
+    assert {
+        r.json()["error"]["message"].split(" on ")[0] for r in responses if r.status_code == 429
+    } == {"Rate limit reached for concurrent requests"}
 
 
 def test_money_budget_cannot_be_overrun_by_more_than_one_reservation(world: World) -> None:
     # Prices are 1.00 / 2.00 per 1M tokens: budget room for roughly 20 small requests.
     budget = Decimal("0.0060")
-    tenant_services.update_tenant(None, world.tenant_b, quota_amount=budget, max_concurrent_requests=None)
+    tenant_services.update_tenant(
+        None, world.tenant_b, quota_amount=budget, max_concurrent_requests=None
+    )
     wait_until_served(world.url, world.key_b, "sim-chat")
-    responses = asyncio.run(burst(world.url, world.key_b, 200,
-                                  {"model": "sim-chat", "messages": HELLO, "max_tokens": 100}))
+    responses = asyncio.run(
+        burst(
+            world.url, world.key_b, 200, {"model": "sim-chat", "messages": HELLO, "max_tokens": 100}
+        )
+    )
     ok = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code == 429]
     assert ok and refused
     assert {r.json()["error"]["code"] for r in refused} == {"insufficient_quota"}
-    billed_nano = sum(r.json()["usage"]["prompt_tokens"] * 1000 + r.json()["usage"]["completion_tokens"] * 2000
-                      for r in ok)
+    billed_nano = sum(
+        r.json()["usage"]["prompt_tokens"] * 1000 + r.json()["usage"]["completion_tokens"] * 2000
+        for r in ok
+    )
     one_reservation_nano = (200 * 1000) + (100 * 2000)
     assert billed_nano <= int(budget * Decimal(1e9)) + one_reservation_nano
     # Nothing stays reserved once the burst is over.
     from django.utils import timezone
-    quota = get_redis().hgetall(quota_key(world.tenant_b.pk, period_id(world.tenant_b.quota_period, timezone.now())))
+
+    quota = get_redis().hgetall(
+        quota_key(world.tenant_b.pk, period_id(world.tenant_b.quota_period, timezone.now()))
+    )
     assert int(quota[b"tokens_reserved"]) == 0 and int(quota[b"money_reserved"]) == 0
     assert int(quota[b"money_used"]) == billed_nano
 
@@ -100,7 +127,9 @@ def test_money_budget_cannot_be_overrun_by_more_than_one_reservation(world: Worl
 def test_the_sdk_raises_rate_limit_error_with_retry_after(world: World) -> None:
     import openai
 
-    issued = tenant_services.issue_api_key(None, world.tenant_a, name="one-a-minute", requests_per_minute=1)
+    issued = tenant_services.issue_api_key(
+        None, world.tenant_a, name="one-a-minute", requests_per_minute=1
+    )
     wait_until_served(world.url, issued.plaintext, "sim-chat")
     client = openai.OpenAI(base_url=world.v1, api_key=issued.plaintext, max_retries=0)
     client.chat.completions.create(model="sim-chat", messages=HELLO, max_tokens=1)

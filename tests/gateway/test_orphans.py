@@ -16,11 +16,28 @@ from gateway.orphans import checkpoint_value, reap
 from gateway.state import KeyInfo, Limits, TenantInfo
 from metering.periods import period_id
 
-KEY = KeyInfo(id=7001, prefix="abcdefgh", secret_hash="x", tenant_id=7002, expires_at=0,
-              limits=Limits(rpm=100, tpm=100_000), model_ids=frozenset())
-TENANT = TenantInfo(id=7002, slug="t", priority="P1", boost_until=0, weight=1,
-                    limits=Limits(rpm=1000, tpm=1_000_000, concurrent=10), quota_period="monthly",
-                    quota_tokens=0, quota_money_nano=10**12, currency="USD", model_ids=frozenset())
+KEY = KeyInfo(
+    id=7001,
+    prefix="abcdefgh",
+    secret_hash="x",
+    tenant_id=7002,
+    expires_at=0,
+    limits=Limits(rpm=100, tpm=100_000),
+    model_ids=frozenset(),
+)
+TENANT = TenantInfo(
+    id=7002,
+    slug="t",
+    priority="P1",
+    boost_until=0,
+    weight=1,
+    limits=Limits(rpm=1000, tpm=1_000_000, concurrent=10),
+    quota_period="monthly",
+    quota_tokens=0,
+    quota_money_nano=10**12,
+    currency="USD",
+    model_ids=frozenset(),
+)
 MODEL = 7003
 
 
@@ -28,15 +45,35 @@ def admit(request_id: str, now: float) -> object:
     async def go() -> object:
         client = aioredis.Redis.from_url(settings.REDIS_URL)
         try:
-            slot = SlotRequest(pool=pool_keys(MODEL), priority_index=1, weight=1, budget=4, p2_open=True,
-                               give_up_ms=10_000, lease_ms=2000)
-            record = {"event": {"request_id": request_id, "occurred_at": now, "tenant_id": TENANT.id,
-                                "api_key_id": KEY.id, "model_id": MODEL, "deployment_id": None,
-                                "endpoint": "chat", "priority": "P1", "price_id": 5},
-                      "price": [1_000_000_000, 500_000_000, 2_000_000_000]}
-            return await Limiter(client).admit(request_id, KEY, TENANT, 500, 1_000_000, slot, record, now)
+            slot = SlotRequest(
+                pool=pool_keys(MODEL),
+                priority_index=1,
+                weight=1,
+                budget=4,
+                p2_open=True,
+                give_up_ms=10_000,
+                lease_ms=2000,
+            )
+            record = {
+                "event": {
+                    "request_id": request_id,
+                    "occurred_at": now,
+                    "tenant_id": TENANT.id,
+                    "api_key_id": KEY.id,
+                    "model_id": MODEL,
+                    "deployment_id": None,
+                    "endpoint": "chat",
+                    "priority": "P1",
+                    "price_id": 5,
+                },
+                "price": [1_000_000_000, 500_000_000, 2_000_000_000],
+            }
+            return await Limiter(client).admit(
+                request_id, KEY, TENANT, 500, 1_000_000, slot, record, now
+            )
         finally:
             await client.aclose()
+
     return asyncio.run(go())
 
 
@@ -56,7 +93,9 @@ def test_a_dead_gateways_stream_is_billed_its_checkpoint_once_and_released() -> 
     (event,) = events("req_orphan_1")
     assert (event.prompt_tokens, event.completion_tokens) == (40, 25)
     assert event.status == "error"
-    quota = client.hgetall(quota_key(TENANT.id, period_id("monthly", datetime.fromtimestamp(now, UTC))))
+    quota = client.hgetall(
+        quota_key(TENANT.id, period_id("monthly", datetime.fromtimestamp(now, UTC)))
+    )
     assert int(quota[b"tokens_reserved"]) == 0 and int(quota[b"tokens_used"]) == 65
     assert int(quota[b"money_used"]) == (40 * 1000 + 25 * 2000)
     assert client.zcard(pool_keys(MODEL)[0]) == 0  # the engine slot is free again
@@ -77,4 +116,8 @@ def _clean() -> None:
     client = get_redis()
     client.delete(quota_key(TENANT.id, period_id("monthly", datetime.now(UTC))))
     yield
-    client.delete(*pool_keys(MODEL), *open_keys(), quota_key(TENANT.id, period_id("monthly", datetime.now(UTC))))
+    client.delete(
+        *pool_keys(MODEL),
+        *open_keys(),
+        quota_key(TENANT.id, period_id("monthly", datetime.now(UTC))),
+    )

@@ -8,8 +8,15 @@ from tests.gateway.conftest import World, add_routed_model, start_engine, stop
 from tests.gateway.test_openai_e2e import usage_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def frames(response: httpx.Response) -> list[dict | str]:
@@ -33,20 +40,39 @@ def comparable(frame: dict | str) -> dict | str:
 
 
 def test_reasoning_and_tool_call_frames_pass_through_unchanged(world: World) -> None:
-    engine, proc = start_engine(("sim-think",), "--reasoning-parser", "deepseek_r1",
-                                "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    engine, proc = start_engine(
+        ("sim-think",),
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    )
     try:
         add_routed_model(world, "sim-think", engine.port)
         for body in (
-            {"model": "sim-think", "messages": [{"role": "user", "content": "Think first."}], "stream": True,
-             "max_tokens": 40},
-            {"model": "sim-think", "messages": [{"role": "user", "content": "Weather in Oslo?"}], "stream": True,
-             "tools": TOOLS, "tool_choice": "auto"},
+            {
+                "model": "sim-think",
+                "messages": [{"role": "user", "content": "Think first."}],
+                "stream": True,
+                "max_tokens": 40,
+            },
+            {
+                "model": "sim-think",
+                "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                "stream": True,
+                "tools": TOOLS,
+                "tool_choice": "auto",
+            },
         ):
             with httpx.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as r:
                 direct = frames(r)
-            with httpx.stream("POST", f"{world.v1}/chat/completions", json=body,
-                              headers={"Authorization": f"Bearer {world.key_a}"}) as r:
+            with httpx.stream(
+                "POST",
+                f"{world.v1}/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {world.key_a}"},
+            ) as r:
                 through = frames(r)
             assert [comparable(f) for f in through] == [comparable(f) for f in direct]
         deltas = [f["choices"][0]["delta"] for f in through if isinstance(f, dict) and f["choices"]]
@@ -58,13 +84,30 @@ def test_reasoning_and_tool_call_frames_pass_through_unchanged(world: World) -> 
 
 
 def test_engine_death_mid_stream_reaches_the_client_as_an_openai_error_frame(world: World) -> None:
-    engine, proc = start_engine(("sim-dying",), "--sim-decode-tps", "20", "--sim-crash-after-seconds", "1.5",
-                                "--sim-output-tokens-min", "200", "--sim-output-tokens-max", "200")
+    engine, proc = start_engine(
+        ("sim-dying",),
+        "--sim-decode-tps",
+        "20",
+        "--sim-crash-after-seconds",
+        "1.5",
+        "--sim-output-tokens-min",
+        "200",
+        "--sim-output-tokens-max",
+        "200",
+    )
     try:
         add_routed_model(world, "sim-dying", engine.port)
-        with httpx.stream("POST", f"{world.v1}/chat/completions", timeout=30,
-                          json={"model": "sim-dying", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-                          headers={"Authorization": f"Bearer {world.key_a}"}) as r:
+        with httpx.stream(
+            "POST",
+            f"{world.v1}/chat/completions",
+            timeout=30,
+            json={
+                "model": "sim-dying",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+            },
+            headers={"Authorization": f"Bearer {world.key_a}"},
+        ) as r:
             request_id = r.headers["x-request-id"]
             got = frames(r)
     finally:
@@ -72,7 +115,11 @@ def test_engine_death_mid_stream_reaches_the_client_as_an_openai_error_frame(wor
     assert got[-1] == "[DONE]"
     error = got[-2]["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "server_error"
-    delivered = sum(1 for f in got if isinstance(f, dict) and f.get("choices") and f["choices"][0]["delta"].get("content"))
+    delivered = sum(
+        1
+        for f in got
+        if isinstance(f, dict) and f.get("choices") and f["choices"][0]["delta"].get("content")
+    )
     event = usage_event(request_id, timeout=5)
     assert event.status == "error"
     assert 0 < event.completion_tokens and abs(event.completion_tokens - delivered) <= 1

@@ -13,20 +13,38 @@ from tests.gateway.conftest import World, add_routed_model, start_engine, stop, 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-async def ask(world: World, key: str, max_tokens: int, priority: str | None = None) -> tuple[float, httpx.Response]:
+async def ask(
+    world: World, key: str, max_tokens: int, priority: str | None = None
+) -> tuple[float, httpx.Response]:
     headers = {"Authorization": f"Bearer {key}"}
     if priority:
         headers["X-Tollgate-Priority"] = priority
     async with httpx.AsyncClient(timeout=60) as client:
-        response = await client.post(f"{world.v1}/chat/completions", headers=headers, json={
-            "model": "sim-queue", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
+        response = await client.post(
+            f"{world.v1}/chat/completions",
+            headers=headers,
+            json={
+                "model": "sim-queue",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": max_tokens,
+            },
+        )
     return time.monotonic(), response
 
 
 @pytest.fixture
 def one_slot_model(world: World) -> World:
-    engine, proc = start_engine(("sim-queue",), "--sim-decode-tps", "50", "--sim-ttft-ms", "1",
-                                "--sim-output-tokens-min", "400", "--sim-output-tokens-max", "400")
+    engine, proc = start_engine(
+        ("sim-queue",),
+        "--sim-decode-tps",
+        "50",
+        "--sim-ttft-ms",
+        "1",
+        "--sim-output-tokens-min",
+        "400",
+        "--sim-output-tokens-max",
+        "400",
+    )
     add_routed_model(world, "sim-queue", engine.port, max_num_seqs=1)
     yield world
     stop(proc)
@@ -45,9 +63,18 @@ def test_waiting_requests_are_served_p0_then_p1_then_p2(one_slot_model: World) -
         standard = asyncio.create_task(ask(world, world.key_a, 5))
         await asyncio.sleep(0.1)
         interactive = asyncio.create_task(ask(world, world.key_b, 5))
-        done = {name: await task for name, task in
-                [("holder", holder), ("batch", batch), ("standard", standard), ("interactive", interactive)]}
-        assert all(r.status_code == 200 for _, r in done.values()), {k: r.text for k, (_, r) in done.items()}
+        done = {
+            name: await task
+            for name, task in [
+                ("holder", holder),
+                ("batch", batch),
+                ("standard", standard),
+                ("interactive", interactive),
+            ]
+        }
+        assert all(r.status_code == 200 for _, r in done.values()), {
+            k: r.text for k, (_, r) in done.items()
+        }
         assert done["batch"][1].headers["x-tollgate-priority"] == "P2"
         assert done["interactive"][1].headers["x-tollgate-priority"] == "P0"
         return {name: at for name, (at, _) in done.items()}
@@ -70,4 +97,7 @@ def test_a_request_that_waits_too_long_gets_429_with_retry_after(one_slot_model:
     refused, waited = asyncio.run(scenario())
     assert refused.status_code == 429 and 3.5 < waited < 6
     assert int(refused.headers["retry-after"]) >= 1
-    assert refused.json()["error"]["code"] == "rate_limit_exceeded" and "waited" in refused.json()["error"]["message"]
+    assert (
+        refused.json()["error"]["code"] == "rate_limit_exceeded"
+        and "waited" in refused.json()["error"]["message"]
+    )

@@ -29,8 +29,19 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Server:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.dir)]
+        args = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.dir),
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
@@ -67,9 +78,11 @@ def test_concurrent_calls_each_get_their_own_reply(server: Server) -> None:
     async def scenario() -> list:
         pipe = RedisPipe(port=server.port)
         try:
-            return await asyncio.gather(*(pipe.call("INCR", "n") for _ in range(2000)),
-                                        *(pipe.call("SET", f"k{i}", i) for i in range(100)),
-                                        pipe.call("GET", "k7"))
+            return await asyncio.gather(
+                *(pipe.call("INCR", "n") for _ in range(2000)),
+                *(pipe.call("SET", f"k{i}", i) for i in range(100)),
+                pipe.call("GET", "k7"),
+            )
         finally:
             await pipe.aclose()
 
@@ -100,8 +113,9 @@ def test_an_error_reply_raises_and_the_connection_stays_in_step(server: Server) 
         pipe = RedisPipe(port=server.port)
         try:
             await pipe.call("SET", "s", "text")
-            outcomes = await asyncio.gather(pipe.call("INCR", "s"), pipe.call("GET", "s"),
-                                            return_exceptions=True)
+            outcomes = await asyncio.gather(
+                pipe.call("INCR", "s"), pipe.call("GET", "s"), return_exceptions=True
+            )
             return outcomes[0], outcomes[1], await pipe.call("EVAL", "return redis.call('nope')", 0)
         finally:
             await pipe.aclose()
@@ -112,8 +126,11 @@ def test_an_error_reply_raises_and_the_connection_stays_in_step(server: Server) 
     async def in_step() -> tuple:
         pipe = RedisPipe(port=server.port)
         try:
-            return tuple(await asyncio.gather(pipe.call("INCR", "s"), pipe.call("GET", "s"),
-                                              return_exceptions=True))
+            return tuple(
+                await asyncio.gather(
+                    pipe.call("INCR", "s"), pipe.call("GET", "s"), return_exceptions=True
+                )
+            )
         finally:
             await pipe.aclose()
 
@@ -142,10 +159,13 @@ def test_a_hung_redis_fails_calls_within_the_timeout_then_recovers(server: Serve
         pipe = RedisPipe(port=server.port, timeout=0.3)
         try:
             await pipe.call("SET", "y", "1")
-            server.client().execute_command("CLIENT", "PAUSE", "1500", "ALL")  # Redis stops answering
+            server.client().execute_command(
+                "CLIENT", "PAUSE", "1500", "ALL"
+            )  # Redis stops answering
             t0 = time.monotonic()
-            outcome = await asyncio.gather(pipe.call("GET", "y"), pipe.call("GET", "y"),
-                                           return_exceptions=True)
+            outcome = await asyncio.gather(
+                pipe.call("GET", "y"), pipe.call("GET", "y"), return_exceptions=True
+            )
             elapsed = time.monotonic() - t0
             await asyncio.sleep(1.5)  # the pause ends
             return elapsed, outcome, await pipe.call("GET", "y")
@@ -164,7 +184,9 @@ def test_a_dead_redis_fails_calls_with_a_connection_error_then_recovers(server: 
         try:
             await pipe.call("SET", "z", "1")
             server.stop()
-            down = await asyncio.gather(pipe.call("GET", "z"), pipe.call("GET", "z"), return_exceptions=True)
+            down = await asyncio.gather(
+                pipe.call("GET", "z"), pipe.call("GET", "z"), return_exceptions=True
+            )
             server.start()
             return down, await pipe.call("SET", "z", "2")
         finally:
@@ -178,6 +200,7 @@ def test_a_dead_redis_fails_calls_with_a_connection_error_then_recovers(server: 
 def test_password_and_database_from_the_url(tmp_path: Path) -> None:
     server = Server(tmp_path, password="s3cret-pw").start()
     try:
+
         async def scenario(url: str) -> bytes:
             pipe = RedisPipe.from_url(url)
             try:

@@ -55,8 +55,10 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes,
 
 
 def json_reply(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%b\r\n%b" % (
-        len(body), extra, body)
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%b\r\n%b"
+        % (len(body), extra, body)
+    )
 
 
 async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -65,8 +67,12 @@ async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
             line, headers, body = await read_request(reader)
         except asyncio.IncompleteReadError:
             return
-        writer.write(json_reply(b'{"line":"%b","host":"%b","id":"%b","len":%d}' % (
-            line, headers[b"host"], headers.get(b"x-request-id", b""), len(body))))
+        writer.write(
+            json_reply(
+                b'{"line":"%b","host":"%b","id":"%b","len":%d}'
+                % (line, headers[b"host"], headers.get(b"x-request-id", b""), len(body))
+            )
+        )
         await writer.drain()
 
 
@@ -76,8 +82,11 @@ def test_requests_reuse_one_keep_alive_connection_and_arrive_as_sent() -> None:
             client = EngineClient()
             replies = []
             for n in range(5):
-                resp = await client.post(f"{engine.url}/v1/chat/completions", data=b"x" * n,
-                                         headers={"content-type": "application/json", "x-request-id": f"req_{n}"})
+                resp = await client.post(
+                    f"{engine.url}/v1/chat/completions",
+                    data=b"x" * n,
+                    headers={"content-type": "application/json", "x-request-id": f"req_{n}"},
+                )
                 assert resp.status == 200
                 replies.append(await resp.read())
                 resp.close()
@@ -87,8 +96,10 @@ def test_requests_reuse_one_keep_alive_connection_and_arrive_as_sent() -> None:
     replies, connections = asyncio.run(scenario())
     assert connections == 1
     port = replies[0].split(b'"host":"127.0.0.1:')[1].split(b'"')[0]
-    assert replies[3] == (b'{"line":"POST /v1/chat/completions HTTP/1.1","host":"127.0.0.1:%b","id":"req_3","len":3}'
-                          % port)
+    assert replies[3] == (
+        b'{"line":"POST /v1/chat/completions HTTP/1.1","host":"127.0.0.1:%b","id":"req_3","len":3}'
+        % port
+    )
 
 
 def test_a_connection_the_engine_closed_while_idle_is_replaced_without_an_error() -> None:
@@ -121,7 +132,9 @@ def test_a_chunked_stream_is_handed_over_as_it_arrives() -> None:
 
     async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         for frame in (b"data: one\n\n", b"data: two\n\n"):
             writer.write(b"%x\r\n%b\r\n" % (len(frame), frame))
             await writer.drain()
@@ -252,18 +265,42 @@ def test_a_header_value_with_a_line_break_is_refused_before_anything_is_sent() -
     async def scenario() -> int:
         async with Engine(echo_forever) as engine:
             with pytest.raises(ValueError, match="line break"):
-                await EngineClient().post(engine.url + "/v1/completions", data=b"{}",
-                                          headers={"authorization": "Bearer k\r\nx-evil: 1"})
+                await EngineClient().post(
+                    engine.url + "/v1/completions",
+                    data=b"{}",
+                    headers={"authorization": "Bearer k\r\nx-evil: 1"},
+                )
             return engine.connections
 
     assert asyncio.run(scenario()) == 0
 
 
-def test_https_engines_are_verified_against_the_trusted_certificates(tmp_path: Path, monkeypatch) -> None:
+def test_https_engines_are_verified_against_the_trusted_certificates(
+    tmp_path: Path, monkeypatch
+) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)
 
@@ -282,7 +319,9 @@ def test_https_engines_are_verified_against_the_trusted_certificates(tmp_path: P
     assert b'"line":"POST /v1/completions HTTP/1.1"' in asyncio.run(call())
 
 
-def test_a_reused_connection_closed_as_the_request_goes_out_is_retried_once_on_a_fresh_one() -> None:
+def test_a_reused_connection_closed_as_the_request_goes_out_is_retried_once_on_a_fresh_one() -> (
+    None
+):
     async def answers_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(json_reply(b'{"n":1}'))

@@ -26,7 +26,10 @@ def fast_password_hashing(settings: Any) -> None:
 
 
 def record(
-    tenant: Tenant, model: CatalogModel, key: ApiKey | None = None, at: datetime | None = None,
+    tenant: Tenant,
+    model: CatalogModel,
+    key: ApiKey | None = None,
+    at: datetime | None = None,
     **fields: Any,
 ) -> UsageRecord:
     """One request's usage event, as the gateway would emit it."""
@@ -84,9 +87,7 @@ def key_b(carol: Any, tenant_b: Tenant) -> ApiKey:
 @pytest.fixture
 def price(public_model: CatalogModel) -> Price:
     """USD 0.20 / 0.10 / 0.60 per 1M input / cached input / output tokens."""
-    return services.set_price(
-        None, public_model, Decimal("0.20"), Decimal("0.10"), Decimal("0.60")
-    )
+    return services.set_price(None, public_model, Decimal("0.20"), Decimal("0.10"), Decimal("0.60"))
 
 
 @pytest.fixture

@@ -111,21 +111,32 @@ def database_url(host: str, port: int) -> str:
 def consumer(redis_namespace: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
     started: list[subprocess.Popen] = []
 
-    def start(*args: str, db_url: str | None = None, pause_before_commit: float = 0) -> subprocess.Popen:
+    def start(
+        *args: str, db_url: str | None = None, pause_before_commit: float = 0
+    ) -> subprocess.Popen:
         db = connection.settings_dict
         env = {
             **os.environ,
-            "DATABASE_URL": db_url or database_url(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)),
+            "DATABASE_URL": db_url
+            or database_url(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)),
             "TOLLGATE_REDIS_PREFIX": redis_namespace,
             "REDIS_URL": settings.REDIS_URL,
         }
         log = open(tmp_path / f"consumer-{len(started)}.log", "wb")  # noqa: SIM115
         command = [sys.executable, "manage.py", "consume_usage"]
         if pause_before_commit:  # the pause is patched in by tests/faults/paused_consumer.py
-            command = [sys.executable, "-m", "tests.faults.paused_consumer", str(pause_before_commit)]
+            command = [
+                sys.executable,
+                "-m",
+                "tests.faults.paused_consumer",
+                str(pause_before_commit),
+            ]
         proc = subprocess.Popen(
             [*command, "--block-ms", "200", "--claim-idle-ms", "500", *args],
-            cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=BASE_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         proc.log_path = log.name
         started.append(proc)

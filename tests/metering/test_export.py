@@ -29,11 +29,18 @@ def usage(tenant_a, tenant_b, key_a, key_a2, key_b, public_model, private_model_
     for i in range(60):
         key = [key_a, key_a2, key_b][i % 3]
         model = private_model_a if key.tenant == tenant_a and i % 4 == 0 else public_model
-        records.append(record(
-            key.tenant, model, key, at=T0 + timedelta(minutes=71 * i),
-            prompt_tokens=1000 + 37 * i, cached_tokens=11 * i, completion_tokens=77 + 5 * i,
-            status="error" if i % 10 == 0 else "ok",
-        ))
+        records.append(
+            record(
+                key.tenant,
+                model,
+                key,
+                at=T0 + timedelta(minutes=71 * i),
+                prompt_tokens=1000 + 37 * i,
+                cached_tokens=11 * i,
+                completion_tokens=77 + 5 * i,
+                status="error" if i % 10 == 0 else "ok",
+            )
+        )
     emit(*records)
     drain()
     assert UsageEvent.objects.count() == 60
@@ -53,8 +60,10 @@ def event_sums(where: Q) -> dict:
     return {
         "requests": events.count(),
         **events.aggregate(
-            prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"),
-            completion=Sum("completion_tokens"), cost=Sum("cost"),
+            prompt=Sum("prompt_tokens"),
+            cached=Sum("cached_tokens"),
+            completion=Sum("completion_tokens"),
+            cost=Sum("cost"),
         ),
     }
 
@@ -63,17 +72,30 @@ FILTERS = {
     "all": ({}, Q()),
     "tenant": ({"tenant": "acme"}, Q(tenant__slug="acme")),
     "model": ({"model": "qwen3-8b"}, Q(model__served_name="qwen3-8b")),
-    "tenant+model": ({"tenant": "acme", "model": "acme-secret-70b"},
-                     Q(tenant__slug="acme", model__served_name="acme-secret-70b")),
+    "tenant+model": (
+        {"tenant": "acme", "model": "acme-secret-70b"},
+        Q(tenant__slug="acme", model__served_name="acme-secret-70b"),
+    ),
 }
 RANGES = {
-    "month": ({"period": "2026-11"}, Q(occurred_at__gte=T0.replace(day=1),
-                                       occurred_at__lt=datetime(2026, 12, 1, tzinfo=UTC))),
-    "day": ({"period": "2026-11-04"}, Q(occurred_at__gte=datetime(2026, 11, 4, tzinfo=UTC),
-                                        occurred_at__lt=datetime(2026, 11, 5, tzinfo=UTC))),
-    "hours": ({"start": "2026-11-03T13:00:00Z", "end": "2026-11-04T02:00:00Z"},
-              Q(occurred_at__gte=datetime(2026, 11, 3, 13, tzinfo=UTC),
-                occurred_at__lt=datetime(2026, 11, 4, 2, tzinfo=UTC))),
+    "month": (
+        {"period": "2026-11"},
+        Q(occurred_at__gte=T0.replace(day=1), occurred_at__lt=datetime(2026, 12, 1, tzinfo=UTC)),
+    ),
+    "day": (
+        {"period": "2026-11-04"},
+        Q(
+            occurred_at__gte=datetime(2026, 11, 4, tzinfo=UTC),
+            occurred_at__lt=datetime(2026, 11, 5, tzinfo=UTC),
+        ),
+    ),
+    "hours": (
+        {"start": "2026-11-03T13:00:00Z", "end": "2026-11-04T02:00:00Z"},
+        Q(
+            occurred_at__gte=datetime(2026, 11, 3, 13, tzinfo=UTC),
+            occurred_at__lt=datetime(2026, 11, 4, 2, tzinfo=UTC),
+        ),
+    ),
 }
 
 
@@ -108,7 +130,9 @@ def test_a_price_change_gives_separate_lines_with_their_unit_prices(usage) -> No
     q = export.parse_query({"period": "2026-11", "tenant": "bravo", "granularity": "month"}, None)
     lines = parse(csv_text(q))
     assert sorted((r["input_per_mtok"], r["output_per_mtok"]) for r in lines) == [
-        ("0.200000", "0.600000"), ("0.300000", "0.900000")]
+        ("0.200000", "0.600000"),
+        ("0.300000", "0.900000"),
+    ]
     assert all("e" not in r["cost"].lower() for r in lines)  # plain decimals
 
 
@@ -127,9 +151,13 @@ def test_focus_totals_equal_the_showback_totals(usage, granularity) -> None:
 
 @pytest.mark.parametrize(
     ("params", "field"),
-    [({"granularity": "week"}, "granularity"), ({"format": "xlsx"}, "format"),
-     ({"period": "2026-13"}, "period"), ({"start": "yesterday", "end": "2026-11-02"}, "start"),
-     ({"start": "2026-11-05", "end": "2026-11-02"}, "end")],
+    [
+        ({"granularity": "week"}, "granularity"),
+        ({"format": "xlsx"}, "format"),
+        ({"period": "2026-13"}, "period"),
+        ({"start": "yesterday", "end": "2026-11-02"}, "start"),
+        ({"start": "2026-11-05", "end": "2026-11-02"}, "end"),
+    ],
 )
 def test_invalid_parameters_are_refused_with_a_message(params, field) -> None:
     with pytest.raises(Exception) as exc:

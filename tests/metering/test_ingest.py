@@ -48,15 +48,26 @@ def test_redelivery_in_a_later_batch_is_ignored_and_rollups_do_not_double(
 def test_cost_is_exact_decimal_per_input_cached_and_output_tokens(
     tenant_a, key_a, public_model, price
 ) -> None:
-    emit(record(tenant_a, public_model, key_a, prompt_tokens=1000, cached_tokens=200,
-                completion_tokens=300))
+    emit(
+        record(
+            tenant_a,
+            public_model,
+            key_a,
+            prompt_tokens=1000,
+            cached_tokens=200,
+            completion_tokens=300,
+        )
+    )
     drain()
 
     event = UsageEvent.objects.get()
     # 800 x 0.20 + 200 x 0.10 + 300 x 0.60 per million
     assert event.cost == Decimal("0.000360000")
     assert (event.input_per_mtok, event.cached_input_per_mtok, event.output_per_mtok) == (
-        Decimal("0.2"), Decimal("0.1"), Decimal("0.6"))
+        Decimal("0.2"),
+        Decimal("0.1"),
+        Decimal("0.6"),
+    )
     assert event.price == price and not event.unpriced
 
 
@@ -64,8 +75,9 @@ def test_cost_is_rounded_up_to_the_nano_unit(tenant_a, key_a, public_model) -> N
     from metering import services
 
     services.set_price(None, public_model, Decimal("0.123456"), None, Decimal("0"))
-    emit(record(tenant_a, public_model, key_a, prompt_tokens=1, cached_tokens=0,
-                completion_tokens=0))
+    emit(
+        record(tenant_a, public_model, key_a, prompt_tokens=1, cached_tokens=0, completion_tokens=0)
+    )
     drain()
     # 1 x 0.123456 / 1M = 0.000000123456: never under-billed, so 0.000000124
     assert UsageEvent.objects.get().cost == Decimal("0.000000124")
@@ -81,10 +93,24 @@ def test_a_price_change_mid_period_prices_earlier_and_later_events_differently(
         old = services.set_price(None, public_model, Decimal("1"), None, Decimal("2"))
     with time_machine.travel(start + timedelta(days=5), tick=False):
         new = services.set_price(None, public_model, Decimal("3"), None, Decimal("4"))
-    before = record(tenant_a, public_model, key_a, at=start + timedelta(days=1),
-                    prompt_tokens=1_000_000, cached_tokens=0, completion_tokens=1_000_000)
-    after = record(tenant_a, public_model, key_a, at=start + timedelta(days=6),
-                   prompt_tokens=1_000_000, cached_tokens=0, completion_tokens=1_000_000)
+    before = record(
+        tenant_a,
+        public_model,
+        key_a,
+        at=start + timedelta(days=1),
+        prompt_tokens=1_000_000,
+        cached_tokens=0,
+        completion_tokens=1_000_000,
+    )
+    after = record(
+        tenant_a,
+        public_model,
+        key_a,
+        at=start + timedelta(days=6),
+        prompt_tokens=1_000_000,
+        cached_tokens=0,
+        completion_tokens=1_000_000,
+    )
     emit(before, after)
     drain()
 

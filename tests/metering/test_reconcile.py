@@ -40,7 +40,9 @@ def quota_tenant(tenant_a):
 def settle(tenant, r, cost: Decimal) -> None:
     """What gateway/settle.lua does at the end of a request: add to the counters and
     append the event, atomically."""
-    key = quota_key(tenant.pk, period_id(tenant.quota_period, datetime.fromtimestamp(r.occurred_at, UTC)))
+    key = quota_key(
+        tenant.pk, period_id(tenant.quota_period, datetime.fromtimestamp(r.occurred_at, UTC))
+    )
     pipe = get_redis().pipeline(transaction=True)
     pipe.hincrby(key, "tokens_used", r.prompt_tokens + r.completion_tokens)
     pipe.hincrby(key, "money_used", to_nano(cost))
@@ -147,7 +149,9 @@ def test_at_roll_over_both_periods_end_with_the_database_numbers(
         drain()
         # Redis lost the new month's counters (e.g. a restore from an older AOF).
         get_redis().delete(quota_key(quota_tenant.pk, period_id("monthly", early_dec)))
-        get_redis().hincrby(quota_key(quota_tenant.pk, period_id("monthly", late_nov)), "tokens_used", 1)
+        get_redis().hincrby(
+            quota_key(quota_tenant.pk, period_id("monthly", late_nov)), "tokens_used", 1
+        )
 
     with time_machine.travel(early_dec + timedelta(minutes=5), tick=False):
         results = reconcile.reconcile_all()

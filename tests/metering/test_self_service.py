@@ -51,8 +51,12 @@ def test_a_key_reads_its_usage_and_the_tenant_quota_for_the_current_period(issue
     assert body["start"] == "2026-11-01T00:00:00+00:00"
     # Per event: 800 + 200 x 0.5 + 300 x 2 = 1500 per 1M at USD 1/0.5/2; 2400+600+1800=4800 at 3/3/6
     assert body["key_usage"] == {
-        "requests": 2, "prompt_tokens": 2000, "cached_tokens": 400, "completion_tokens": 600,
-        "total_tokens": 2600, "cost": "0.006300000",
+        "requests": 2,
+        "prompt_tokens": 2000,
+        "cached_tokens": 400,
+        "completion_tokens": 600,
+        "total_tokens": 2600,
+        "cost": "0.006300000",
     }
     assert body["tenant_usage"]["requests"] == 3 and body["tenant_usage"]["cost"] == "0.007800000"
     quota = body["quota"]
@@ -65,19 +69,25 @@ def test_a_key_reads_its_usage_and_the_tenant_quota_for_the_current_period(issue
 @time_machine.travel(NOW, tick=False)
 def test_group_by_model_and_day_and_a_custom_range(issued) -> None:
     by_model = get(issued.plaintext, group_by="model").json()["data"]
-    assert [(d["model"], d["requests"]) for d in by_model] == [("acme-secret-70b", 1), ("qwen3-8b", 1)]
+    assert [(d["model"], d["requests"]) for d in by_model] == [
+        ("acme-secret-70b", 1),
+        ("qwen3-8b", 1),
+    ]
     by_day = get(issued.plaintext, group_by="day", start="2026-10-01", end="2026-12-01").json()
     assert [d["day"] for d in by_day["data"]] == ["2026-10-11", "2026-11-18", "2026-11-20"]
     assert by_day["key_usage"]["requests"] == 3
 
 
 @pytest.mark.parametrize(
-    "params", [{"group_by": "hour"}, {"start": "soon"}, {"start": "2026-11-05", "end": "2026-11-01"}]
+    "params",
+    [{"group_by": "hour"}, {"start": "soon"}, {"start": "2026-11-05", "end": "2026-11-01"}],
 )
 @time_machine.travel(NOW, tick=False)
 def test_bad_parameters_answer_400(issued, params) -> None:
     response = get(issued.plaintext, **params)
-    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    assert (
+        response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    )
 
 
 @time_machine.travel(NOW, tick=False)
@@ -86,7 +96,13 @@ def test_every_authentication_failure_gives_the_same_401(issued, alice) -> None:
     admin_token = tenant_services.issue_admin_token(alice, name="t").plaintext
     revoked = tenant_services.issue_api_key(alice, issued.key.tenant, name="gone")
     tenant_services.revoke_api_key(alice, revoked.key)
-    for key in (None, "nonsense", wrong_secret, admin_token, revoked.plaintext,
-                "tg-zzzzzzzz-" + "A" * 40):
+    for key in (
+        None,
+        "nonsense",
+        wrong_secret,
+        admin_token,
+        revoked.plaintext,
+        "tg-zzzzzzzz-" + "A" * 40,
+    ):
         response = get(key)
         assert (response.status_code, response.json()) == (401, INVALID), key

@@ -58,9 +58,15 @@ def make_node(name: str, stack: str, limit: int, address: str) -> Node:  # noqa:
     """A node on this machine's Docker Engine; engines publish on loopback only. The
     memory limit makes the two nodes differ (on one machine their heartbeats agree)."""
     return services.register_node(
-        None, name=name, docker_url=django_settings.TOLLGATE_DOCKER_URL, engine_host="127.0.0.1",
-        queue=f"node.{stack}.{name}", unified_memory=True, memory_limit_bytes=limit,
-        high_speed_interface="enp1s0f1np1", high_speed_address=address,
+        None,
+        name=name,
+        docker_url=django_settings.TOLLGATE_DOCKER_URL,
+        engine_host="127.0.0.1",
+        queue=f"node.{stack}.{name}",
+        unified_memory=True,
+        memory_limit_bytes=limit,
+        high_speed_interface="enp1s0f1np1",
+        high_speed_address=address,
     )
 
 
@@ -75,17 +81,24 @@ def nodes(transactional_db: None, stack: str, fast: dict) -> Iterator[tuple[Node
 def database_url() -> str:
     db = connection.settings_dict
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return (f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:"
-            f"{db['PORT'] or 5432}/{db['NAME']}")
+    return (
+        f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}"
+    )
 
 
 @pytest.fixture
-def node_workers(nodes: tuple[Node, Node], stack: str, fast: dict,  # noqa: F811
-                 redis_namespace: str) -> Iterator[Callable[[Node], subprocess.Popen]]:
+def node_workers(
+    nodes: tuple[Node, Node],
+    stack: str,
+    fast: dict,  # noqa: F811
+    redis_namespace: str,
+) -> Iterator[Callable[[Node], subprocess.Popen]]:
     """Start a node's Celery worker (its queue only); every one started is ended by PID."""
     started: list[subprocess.Popen] = []
     env = lambda: {  # noqa: E731 - read at each start: a test may change ``fast`` first
-        **os.environ, **fast,
+        **os.environ,
+        **fast,
         "DATABASE_URL": database_url(),
         "TOLLGATE_ENV": "test",
         "TOLLGATE_REDIS_PREFIX": redis_namespace,
@@ -98,10 +111,30 @@ def node_workers(nodes: tuple[Node, Node], stack: str, fast: dict,  # noqa: F811
 
     def start(node: Node) -> subprocess.Popen:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", node.queue,
-             "-n", f"{node.name}-{stack}@%h", "--pool", "threads", "--concurrency", "3",
-             "--without-heartbeat", "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
-            cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                node.queue,
+                "-n",
+                f"{node.name}-{stack}@%h",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "3",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(ROOT, f".pytest-scaleout-{node.name}.log"), "a"),
         )
         started.append(worker)
@@ -127,6 +160,10 @@ def stop_worker(worker: subprocess.Popen, kill: bool = False) -> None:
 def small_model(transactional_db: None) -> CatalogModel:
     """1 B parameters at 16 bit: 2 GB of weights + 1 GiB overhead ≈ 3.1 GB per replica."""
     return services.create_model(
-        None, served_name="tiny-chat", source="Qwen/Qwen3-0.6B", params_billions=Decimal("1"),
-        context_length=4096, kv_bytes_per_token=1024,
+        None,
+        served_name="tiny-chat",
+        source="Qwen/Qwen3-0.6B",
+        params_billions=Decimal("1"),
+        context_length=4096,
+        kv_bytes_per_token=1024,
     )

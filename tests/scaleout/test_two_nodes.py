@@ -37,7 +37,9 @@ def drive(check: Callable[[], object], timeout: float = 60.0, every: float = 0.5
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out waiting for {check.__name__ if hasattr(check, '__name__') else check}")
+    raise AssertionError(
+        f"timed out waiting for {check.__name__ if hasattr(check, '__name__') else check}"
+    )
 
 
 def containers(stack: str, **labels: str) -> list:
@@ -48,6 +50,7 @@ def containers(stack: str, **labels: str) -> list:
 def seen(*nodes: Node) -> Callable[[], bool]:
     def check() -> bool:
         return all(Node.objects.get(pk=n.pk).last_seen_at for n in nodes)
+
     return check
 
 
@@ -55,6 +58,7 @@ def ready(name: str, count: int) -> Callable[[], bool]:
     def check() -> bool:
         rows = Replica.objects.filter(deployment__name=name, state=ReplicaState.READY, healthy=True)
         return rows.count() == count
+
     return check
 
 
@@ -63,7 +67,10 @@ def served_tokens(replica: Replica) -> float:
 
 
 def test_placement_spread_failover_and_return(
-    nodes: tuple[Node, Node], node_workers: Callable, small_model: object, stack: str,
+    nodes: tuple[Node, Node],
+    node_workers: Callable,
+    small_model: object,
+    stack: str,
     gateway_url: str,
 ) -> None:
     node_a, node_b = nodes
@@ -73,12 +80,20 @@ def test_placement_spread_failover_and_return(
 
     # Unpinned, two replicas of ~3.1 GB: the first on node-b (7 GB), the second on node-a
     # (4 GB free against 3.9 GB left on node-b).
-    services.create_deployment(None, name="tiny", model=small_model, image=SIM_IMAGE, replicas=2,
-                               env=sim_env(SIM_DECODE_TPS="40", SIM_OUTPUT_TOKENS_MIN="12"),
-                               engine_args=ARGS)
+    services.create_deployment(
+        None,
+        name="tiny",
+        model=small_model,
+        image=SIM_IMAGE,
+        replicas=2,
+        env=sim_env(SIM_DECODE_TPS="40", SIM_OUTPUT_TOKENS_MIN="12"),
+        engine_args=ARGS,
+    )
     assert [r.node.name for r in Replica.objects.order_by("index")] == ["node-b", "node-a"]
     assert {op.node.name for op in Operation.objects.filter(kind=OperationKind.DEPLOY)} == {
-        "node-a", "node-b"}
+        "node-a",
+        "node-b",
+    }
     drive(ready("tiny", 2), timeout=90)
     assert {c.labels[runtime.LABEL_NODE] for c in containers(stack)} == {"node-a", "node-b"}
 
@@ -93,25 +108,40 @@ def test_placement_spread_failover_and_return(
     # has left routing; the replica is placed on node-b, which now has room for it.
     stop_worker(worker_a, kill=True)
     killed = time.monotonic()
-    drive(lambda: Node.objects.get(pk=node_a.pk).status == NodeStatus.UNREACHABLE,
-          timeout=HEARTBEAT_TIMEOUT + 10)
+    drive(
+        lambda: Node.objects.get(pk=node_a.pk).status == NodeStatus.UNREACHABLE,
+        timeout=HEARTBEAT_TIMEOUT + 10,
+    )
     assert time.monotonic() - killed < HEARTBEAT_TIMEOUT + 2 * 1.0 + 1.0
     assert all("node-a" not in u.base_url for u in load_snapshot().routes[small_model.pk])
     assert len(load_snapshot().routes[small_model.pk]) == 1
     _concurrent_requests(gateway_url, key)  # the gateway only uses node-b now
-    drive(lambda: ready("tiny", 2)() and set(
-        Replica.objects.values_list("node__name", flat=True)) == {"node-b"}, timeout=90)
+    drive(
+        lambda: (
+            ready("tiny", 2)()
+            and set(Replica.objects.values_list("node__name", flat=True)) == {"node-b"}
+        ),
+        timeout=90,
+    )
     # The dead node's engine container is still there (nobody drives Docker on node-a).
     assert len(containers(stack, **{runtime.LABEL_NODE: "node-a"})) == 1
 
     # node-a comes back: online again, its reconcile removes the replica that now runs on
     # node-b, and nothing is duplicated.
     node_workers(node_a)
-    drive(lambda: Node.objects.get(pk=node_a.pk).status == NodeStatus.ONLINE
-          and not containers(stack, **{runtime.LABEL_NODE: "node-a"}), timeout=60)
+    drive(
+        lambda: (
+            Node.objects.get(pk=node_a.pk).status == NodeStatus.ONLINE
+            and not containers(stack, **{runtime.LABEL_NODE: "node-a"})
+        ),
+        timeout=60,
+    )
     assert len(containers(stack)) == 2
     assert ready("tiny", 2)()
-    keys = {(c.labels[runtime.LABEL_DEPLOYMENT], c.labels[runtime.LABEL_REPLICA]) for c in containers(stack)}
+    keys = {
+        (c.labels[runtime.LABEL_DEPLOYMENT], c.labels[runtime.LABEL_REPLICA])
+        for c in containers(stack)
+    }
     assert len(keys) == 2
     assert len(load_snapshot().routes[small_model.pk]) == 2
 
@@ -132,9 +162,16 @@ def _concurrent_requests(gateway_url: str, key: str) -> None:
     answers: list[int] = []
 
     def call() -> None:
-        reply = httpx.post(f"{gateway_url}/v1/chat/completions", timeout=30,
-                           headers={"Authorization": f"Bearer {key}"}, json={
-            "model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+        reply = httpx.post(
+            f"{gateway_url}/v1/chat/completions",
+            timeout=30,
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "model": "tiny-chat",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+            },
+        )
         answers.append(reply.status_code)
 
     threads = [threading.Thread(target=call) for _ in range(4)]
@@ -146,7 +183,10 @@ def _concurrent_requests(gateway_url: str, key: str) -> None:
 
 
 def test_two_box_tensor_parallel_head_and_worker(
-    nodes: tuple[Node, Node], node_workers: Callable, small_model: object, stack: str,
+    nodes: tuple[Node, Node],
+    node_workers: Callable,
+    small_model: object,
+    stack: str,
 ) -> None:
     node_a, node_b = nodes
     node_workers(node_a)
@@ -154,8 +194,13 @@ def test_two_box_tensor_parallel_head_and_worker(
     drive(seen(node_a, node_b))
     ensure_builtin_profiles()
     services.create_deployment(
-        None, name="tp", model=small_model, node=node_a, worker_node=node_b,
-        profile=EngineProfile.objects.get(name="simulator"), env=sim_env(),
+        None,
+        name="tp",
+        model=small_model,
+        node=node_a,
+        worker_node=node_b,
+        profile=EngineProfile.objects.get(name="simulator"),
+        env=sim_env(),
         engine_args={**ARGS, "tensor-parallel-size": 2},
     )
     drive(ready("tp", 1), timeout=90)
@@ -164,7 +209,10 @@ def test_two_box_tensor_parallel_head_and_worker(
 
     (head,) = containers(stack, **{runtime.LABEL_ROLE: "head"})
     (worker,) = containers(stack, **{runtime.LABEL_ROLE: "worker"})
-    assert head.labels[runtime.LABEL_NODE] == "node-a" and worker.labels[runtime.LABEL_NODE] == "node-b"
+    assert (
+        head.labels[runtime.LABEL_NODE] == "node-a"
+        and worker.labels[runtime.LABEL_NODE] == "node-b"
+    )
     for container in (head, worker):
         assert container.labels[runtime.LABEL_DEPLOYMENT] == str(replica.deployment_id)
         assert container.labels[runtime.LABEL_REPLICA] == "0"
@@ -174,30 +222,49 @@ def test_two_box_tensor_parallel_head_and_worker(
         assert env["NCCL_SOCKET_IFNAME"] == env["UCX_NET_DEVICES"] == "enp1s0f1np1"
         assert env["RAY_memory_usage_threshold"] == "1.0"
     assert head.attrs["Config"]["Entrypoint"][:6] == [
-        "python3", "-m", "engine_sim.ray", "start", "--head", "--port=6379"]
+        "python3",
+        "-m",
+        "engine_sim.ray",
+        "start",
+        "--head",
+        "--port=6379",
+    ]
     cmd = head.attrs["Config"]["Cmd"]
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
     assert cmd[cmd.index("--distributed-executor-backend") + 1] == "ray"
     assert f"--address={head.name}:6379" in worker.attrs["Config"]["Entrypoint"]
     assert "worker node joined" in head.logs().decode()
-    reply = httpx.post(f"{replica.base_url}/v1/chat/completions", timeout=10, json={
-        "model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    reply = httpx.post(
+        f"{replica.base_url}/v1/chat/completions",
+        timeout=10,
+        json={
+            "model": "tiny-chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        },
+    )
     assert reply.status_code == 200
 
     # Stop: the head drains and goes first, then the worker on its own node.
     since = int(time.time()) - 1
     services.set_desired_state(None, Deployment.objects.get(name="tp"), "stopped")
     drive(lambda: not containers(stack), timeout=60)
-    events = docker.from_env().events(since=since, until=int(time.time()) + 1, decode=True,
-                                      filters={"event": "destroy",
-                                               "label": f"{runtime.LABEL_STACK}={stack}"})
+    events = docker.from_env().events(
+        since=since,
+        until=int(time.time()) + 1,
+        decode=True,
+        filters={"event": "destroy", "label": f"{runtime.LABEL_STACK}={stack}"},
+    )
     assert [e["Actor"]["Attributes"]["name"] for e in events] == [head.name, worker.name]
     stop_op = Operation.objects.get(kind=OperationKind.WORKER_STOP)
     assert stop_op.node == node_b and stop_op.status == OperationStatus.SUCCEEDED
 
 
 def test_ray_head_that_no_worker_joins_fails_with_the_reason_and_log_tail(
-    nodes: tuple[Node, Node], node_workers: Callable, small_model: object, stack: str,
+    nodes: tuple[Node, Node],
+    node_workers: Callable,
+    small_model: object,
+    stack: str,
     fast: dict,
 ) -> None:
     """node-b's worker is down, so no Ray worker ever joins: the head gives up after the
@@ -208,15 +275,23 @@ def test_ray_head_that_no_worker_joins_fails_with_the_reason_and_log_tail(
     node_workers(node_a)
     ensure_builtin_profiles()
     services.create_deployment(
-        None, name="tp", model=small_model, node=node_a, worker_node=node_b,
-        profile=EngineProfile.objects.get(name="simulator"), env=sim_env(),
+        None,
+        name="tp",
+        model=small_model,
+        node=node_a,
+        worker_node=node_b,
+        profile=EngineProfile.objects.get(name="simulator"),
+        env=sim_env(),
         engine_args={**ARGS, "tensor-parallel-size": 2},
     )
     op = Operation.objects.get(kind=OperationKind.DEPLOY)
     drive(lambda: Operation.objects.get(pk=op.pk).status == OperationStatus.FAILED, timeout=60)
     error = Operation.objects.get(pk=op.pk).error
     assert "exited with code 3" in error
-    assert "timed out after 3 s waiting for 1 Ray worker node(s) to join the head at 10.99.0.1:6379" in error
+    assert (
+        "timed out after 3 s waiting for 1 Ray worker node(s) to join the head at 10.99.0.1:6379"
+        in error
+    )
     assert Replica.objects.get().state == ReplicaState.CRASHED
 
 

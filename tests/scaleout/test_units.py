@@ -24,20 +24,37 @@ pytestmark = pytest.mark.django_db
 def node(name: str, limit: int, **fields: object) -> Node:
     fields.setdefault("last_seen_at", timezone.now())
     fields.setdefault("unified_memory", True)
-    return services.register_node(None, name=name, docker_url="unix:///nowhere", engine_host="127.0.0.1",
-                                  memory_limit_bytes=limit, **fields)
+    return services.register_node(
+        None,
+        name=name,
+        docker_url="unix:///nowhere",
+        engine_host="127.0.0.1",
+        memory_limit_bytes=limit,
+        **fields,
+    )
 
 
 @pytest.fixture
 def model() -> object:
-    return services.create_model(None, served_name="m", source="org/m", params_billions=Decimal("1"),
-                                 context_length=4096, kv_bytes_per_token=1024)
+    return services.create_model(
+        None,
+        served_name="m",
+        source="org/m",
+        params_billions=Decimal("1"),
+        context_length=4096,
+        kv_bytes_per_token=1024,
+    )
 
 
 def unpinned(model: object, replicas: int = 1, **fields: object) -> Deployment:
     fields.setdefault("engine_args", {"max-num-seqs": 4, "max-model-len": 4096})
-    return Deployment.objects.create(name=f"d{Deployment.objects.count()}", model=model,
-                                     image="tollgate/engine-sim:latest", replicas=replicas, **fields)
+    return Deployment.objects.create(
+        name=f"d{Deployment.objects.count()}",
+        model=model,
+        image="tollgate/engine-sim:latest",
+        replicas=replicas,
+        **fields,
+    )
 
 
 def test_placement_picks_the_node_with_most_free_memory_that_fits(model: object) -> None:
@@ -60,8 +77,14 @@ def test_a_replica_too_big_for_the_roomier_node_goes_where_it_fits(model: object
     node("b", 7 * GB)
     unpinned(model)  # takes 3.1 GB of b when placed
     placement.place(Deployment.objects.get())
-    big = services.create_model(None, served_name="big", source="org/big", params_billions=Decimal("1.4"),
-                                context_length=4096, kv_bytes_per_token=1024)
+    big = services.create_model(
+        None,
+        served_name="big",
+        source="org/big",
+        params_billions=Decimal("1.4"),
+        context_length=4096,
+        kv_bytes_per_token=1024,
+    )
     deployment = unpinned(big)  # ~3.9 GB: b has 3.9 GB left minus a little, a has 4 GB
     placement.place(deployment)
     assert deployment.replica_set.get().node.name == "a"
@@ -70,8 +93,15 @@ def test_a_replica_too_big_for_the_roomier_node_goes_where_it_fits(model: object
 def test_unreachable_node_leaves_routing_at_once_and_unpinned_replicas_move(model: object) -> None:
     a, b = node("a", 7 * GB), node("b", 7 * GB)
     deployment = unpinned(model, desired_state="running", state="ready")
-    Replica.objects.create(deployment=deployment, index=0, node=a, host="127.0.0.1", port=9,
-                           state=ReplicaState.READY, healthy=True)
+    Replica.objects.create(
+        deployment=deployment,
+        index=0,
+        node=a,
+        host="127.0.0.1",
+        port=9,
+        state=ReplicaState.READY,
+        healthy=True,
+    )
     assert len(load_snapshot().routes[model.pk]) == 1
     with time_machine.travel(timezone.now() + timedelta(seconds=31)):
         Node.objects.filter(pk=b.pk).update(last_seen_at=timezone.now())
@@ -104,13 +134,23 @@ def test_join_token_claims_the_node_once_and_survives_agent_restarts(settings: o
     with pytest.raises(ValidationError):
         wrong = issued.token[:-1] + ("y" if issued.token.endswith("x") else "x")
         joining.claim_node(wrong, "spark-2", docker_url="tcp://docker-proxy:2375")
-    joined = joining.claim_node(issued.token, "spark-2", docker_url="tcp://docker-proxy:2375",
-                                engine_host="10.0.0.2", high_speed_interface="enp1s0f1np1")
+    joined = joining.claim_node(
+        issued.token,
+        "spark-2",
+        docker_url="tcp://docker-proxy:2375",
+        engine_host="10.0.0.2",
+        high_speed_interface="enp1s0f1np1",
+    )
     assert (joined.queue, joined.engine_host, joined.high_speed_interface) == (
-        "node.spark-2", "10.0.0.2", "enp1s0f1np1")
+        "node.spark-2",
+        "10.0.0.2",
+        "enp1s0f1np1",
+    )
     # The agent restarts a month later with the same environment: still its node.
     with time_machine.travel(timezone.now() + timedelta(days=30)):
-        assert joining.claim_node(issued.token, "spark-2", docker_url="tcp://x:2375").pk == joined.pk
+        assert (
+            joining.claim_node(issued.token, "spark-2", docker_url="tcp://x:2375").pk == joined.pk
+        )
     with pytest.raises(ValidationError, match="joined already"):
         joining.create_join_token(None, "spark-2")
 
@@ -137,28 +177,48 @@ def test_two_box_tensor_parallel_needs_a_ray_profile_and_two_nodes(model: object
     a, b = node("a", 100 * GB), node("b", 100 * GB)
     args = {"tensor-parallel-size": 2, "max-num-seqs": 4}
     with pytest.raises(ValidationError, match="needs a profile that starts a Ray group"):
-        services.create_deployment(None, name="tp", model=model, node=a, worker_node=b,
-                                   image="tollgate/engine-sim:latest", engine_args=args)
+        services.create_deployment(
+            None,
+            name="tp",
+            model=model,
+            node=a,
+            worker_node=b,
+            image="tollgate/engine-sim:latest",
+            engine_args=args,
+        )
     sim = EngineProfile.objects.get(name="simulator")
     with pytest.raises(ValidationError, match="second node"):
-        services.create_deployment(None, name="tp", model=model, node=a, worker_node=a,
-                                   profile=sim, engine_args=args)
+        services.create_deployment(
+            None, name="tp", model=model, node=a, worker_node=a, profile=sim, engine_args=args
+        )
     with pytest.raises(ValidationError, match="at most two nodes"):
-        services.create_deployment(None, name="tp", model=model, node=a, profile=sim,
-                                   engine_args={**args, "tensor-parallel-size": 4})
+        services.create_deployment(
+            None,
+            name="tp",
+            model=model,
+            node=a,
+            profile=sim,
+            engine_args={**args, "tensor-parallel-size": 4},
+        )
 
 
 def test_ray_group_environment_follows_the_node_settings() -> None:
-    spark = node("spark-1", 0, high_speed_interface="enp1s0f1np1", high_speed_address="192.168.100.1")
+    spark = node(
+        "spark-1", 0, high_speed_interface="enp1s0f1np1", high_speed_address="192.168.100.1"
+    )
     assert cluster.node_env(spark) == {
-        "VLLM_HOST_IP": "192.168.100.1", "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
-        "GLOO_SOCKET_IFNAME": "enp1s0f1np1", "UCX_NET_DEVICES": "enp1s0f1np1",
+        "VLLM_HOST_IP": "192.168.100.1",
+        "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+        "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+        "UCX_NET_DEVICES": "enp1s0f1np1",
         "RAY_memory_usage_threshold": "1.0",
     }
     plain = node("box", 0, unified_memory=False)
     assert cluster.node_env(plain) == {"VLLM_HOST_IP": "127.0.0.1"}
     assert cluster.head_command(["m", "--tensor-parallel-size", "2"])[-2:] == [
-        "--distributed-executor-backend", "ray"]
+        "--distributed-executor-backend",
+        "ray",
+    ]
 
 
 def test_dgx_spark_profile_starts_ray_then_vllm_serve_on_the_host_network() -> None:

@@ -38,10 +38,14 @@ class Command(BaseCommand):
         self._deployment(model, options["image"])
         if created or options["new_key"]:
             issued = tenant_services.issue_api_key(None, tenant, name="demo key")
-            self.stdout.write(f"demo: API key for tenant {tenant.slug!r} (shown only now): {issued.plaintext}")
+            self.stdout.write(
+                f"demo: API key for tenant {tenant.slug!r} (shown only now): {issued.plaintext}"
+            )
         else:
             self.stdout.write("demo: the demo tenant exists; use --new-key for another key")
-        self.stdout.write(f"demo: try model {model.served_name!r} at {settings.TOLLGATE_PUBLIC_URL}/v1")
+        self.stdout.write(
+            f"demo: try model {model.served_name!r} at {settings.TOLLGATE_PUBLIC_URL}/v1"
+        )
 
     def _tenant(self) -> tuple[Tenant, bool]:
         existing = Tenant.objects.filter(slug="demo").first()
@@ -54,16 +58,24 @@ class Command(BaseCommand):
         if existing:
             return existing
         return deployment_services.create_model(
-            None, served_name=DEMO_MODEL, source="tollgate/demo-sim", task=Task.GENERATE,
-            params_billions=Decimal("0.6"), context_length=8192,
+            None,
+            served_name=DEMO_MODEL,
+            source="tollgate/demo-sim",
+            task=Task.GENERATE,
+            params_billions=Decimal("0.6"),
+            context_length=8192,
             description="Simulated chat model served by the Tollgate simulator engine.",
         )
 
     def _price(self, model: CatalogModel) -> None:
         if not Price.objects.filter(model=model).exists():
             metering_services.set_price(
-                None, model, input_per_mtok=Decimal("0.10"), cached_input_per_mtok=Decimal("0.05"),
-                output_per_mtok=Decimal("0.40"), currency=settings.TOLLGATE_DEFAULT_CURRENCY,
+                None,
+                model,
+                input_per_mtok=Decimal("0.10"),
+                cached_input_per_mtok=Decimal("0.05"),
+                output_per_mtok=Decimal("0.40"),
+                currency=settings.TOLLGATE_DEFAULT_CURRENCY,
             )
 
     def _deployment(self, model: CatalogModel, image: str) -> None:
@@ -73,7 +85,12 @@ class Command(BaseCommand):
         if node is None:
             raise CommandError("No local node: run `manage.py bootstrap` first.")
         deployment_services.create_deployment(
-            None, name="demo-chat-sim", model=model, node=node, image=image,
+            None,
+            name="demo-chat-sim",
+            model=model,
+            node=node,
+            image=image,
             profile=EngineProfile.objects.filter(name="simulator").first(),
-            engine_args={"max-model-len": 8192, "max-num-seqs": 8}, replicas=1,
+            engine_args={"max-model-len": 8192, "max-num-seqs": 8},
+            replicas=1,
         )

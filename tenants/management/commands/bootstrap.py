@@ -38,8 +38,12 @@ class Command(BaseCommand):
         if generated:
             password = secrets.token_urlsafe(18)
         services.create_user(
-            None, username=username, password=password,
-            email=env_str("TOLLGATE_ADMIN_EMAIL", ""), is_staff=True, is_superuser=True,
+            None,
+            username=username,
+            password=password,
+            email=env_str("TOLLGATE_ADMIN_EMAIL", ""),
+            is_staff=True,
+            is_superuser=True,
         )
         self.stdout.write(f"bootstrap: created platform admin {username!r}")
         if generated:
@@ -52,7 +56,10 @@ class Command(BaseCommand):
             self.stdout.write(f"bootstrap: node {name!r} is registered already")
             return
         deployment_services.register_node(
-            None, name=name, docker_url=settings.TOLLGATE_DOCKER_URL, arch=local_arch(),
+            None,
+            name=name,
+            docker_url=settings.TOLLGATE_DOCKER_URL,
+            arch=local_arch(),
             total_memory_bytes=local_memory_bytes(),
             engine_host=env_str("TOLLGATE_LOCAL_ENGINE_HOST", ""),
         )
