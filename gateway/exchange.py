@@ -370,7 +370,8 @@ class Exchange:
                 429,
                 error_body(
                     f"The model `{model.served_name}` is busy: this {priority} request waited "
-                    f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
+                    f"{ticket.waited:.0f}s for an engine slot. Please retry in "
+                    f"{ticket.retry_after}s.",
                     "requests",
                     code="rate_limit_exceeded",
                 ),
