@@ -106,6 +106,13 @@ KNOBS = [
         "hang-after-requests", int, 0, "stop answering (sockets stay open) after this many requests"
     ),
     Knob("hang-after-seconds", float, 0.0, "stop answering this long after start-up; 0 = never"),
+    Knob(
+        "hold",
+        bool,
+        False,
+        "admitted sequences generate nothing until the process gets SIGUSR1 (tests look at a "
+        "full batch without racing the clock)",
+    ),
 ]
 
 

@@ -155,6 +155,10 @@ class Generator:
                 if eng.hung:
                     conn.flush()
                     await eng.pause_if_hung()
+                if eng.held:
+                    conn.flush()
+                    await eng.wait_if_held()
+                    due = loop.time()  # the pace starts at the release, no catching up
                 if eng.dead:
                     seq.finish_reason = "error"
                     raise EngineDead()

@@ -180,6 +180,7 @@ class Process:
             loop.call_later(s.sim_hang_after_seconds, self.hang)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self._drain()))
+        loop.add_signal_handler(signal.SIGUSR1, self.engine.release_hold)
 
     async def run(self) -> int:
         cfg = self.cfg
