@@ -32,8 +32,10 @@ Admission (gateway/admission.py and its Lua; the console reads it through
 - ``adm:<model id>:run``: requests holding an engine slot (request id -> lease deadline,
   ms); ``…:q``: the queue (request id -> rank, an encoding private to the admission
   scripts); ``…:qexp``: when each waiter gives up (ms); ``…:vft``: fair-share virtual
-  times; ``…:ceiling``: the adaptive concurrency ceiling; ``…:ctl``: the controller's
-  last reading (gateway/tuning.py).
+  times; ``…:ceiling``: the adaptive concurrency ceiling; ``…:tok``: what the slot holders
+  hold (request id -> predicted tokens × 4 + class, ``_tok`` their total, ``_c0``/``_c1``/
+  ``_c2`` holders by class); ``…:hi``: recent higher-class demand (the headroom lower
+  classes leave free); ``…:ctl``: the controller's last reading (gateway/tuning.py).
 - ``adm:waits:<hour>``: queue waits of one UTC hour (hours since the epoch), a hash.
 - ``adm:wake``: channel; the payload is a model id whose engine slot was freed.
 
@@ -100,13 +102,14 @@ def usage_stream() -> str:
     return rkey("usage", "events")
 
 
-def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
-    """(running, queue, queue expiry, fair share, ceiling) of a model's engine pool."""
+def pool_keys(model_id: int) -> tuple[str, str, str, str, str, str, str]:
+    """(running, queue, queue expiry, fair share, ceiling, in-flight tokens, recent demand)
+    of a model's engine pool: the order of acquire.lua's pool."""
     return _pool_keys(setting(PREFIX_SETTING), model_id)
 
 
 @lru_cache(maxsize=4096)
-def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
+def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str, str]:
     base = ("adm", model_id)
     return (
         rkey(*base, "run"),
@@ -114,6 +117,8 @@ def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
         rkey(*base, "qexp"),
         rkey(*base, "vft"),
         rkey(*base, "ceiling"),
+        rkey(*base, "tok"),
+        rkey(*base, "hi"),
     )
 
 

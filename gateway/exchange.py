@@ -186,6 +186,7 @@ class Exchange:
         "budget",
         "p0_extra",
         "tokens",
+        "kv",
         "price",
         "headers",
         "disconnect",
@@ -248,7 +249,10 @@ class Exchange:
         changed = preempts or client_priority is not None
         self.body = upstream_body(payload, self.body, payload.get("stream") is True, changed)
         admission = rt.admission
-        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra)
+        kv = self.kv = admission.predicted_tokens(
+            model.id, prompt_est, output_est, model.context_length
+        )
+        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra, kv)
         key = self.key
         record = {
             "event": {
@@ -323,7 +327,9 @@ class Exchange:
             outcome, upstream = await self.forward()
         else:
             outcome, upstream = await self.queue_then_forward()
-        admission.finished(request_id, model_id, time.perf_counter() - self.started)
+        admission.finished(
+            request_id, model_id, time.perf_counter() - self.started, outcome.completion_tokens
+        )
         await self.settle(decision.reservation, outcome, upstream)
 
     async def queue_then_forward(self) -> tuple[Outcome, Upstream | None]:
@@ -346,6 +352,7 @@ class Exchange:
                 self.tokens,
                 disconnect.event,
                 self.p0_extra,
+                self.kv,
             )
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             await respond(
