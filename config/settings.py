@@ -365,6 +365,13 @@ TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS = env_int("TOLLGATE_ADMISSION_PREEMPT_MAX_
 # Requests' predicted tokens (prompt + expected output) in flight may fill this share of the
 # engines' KV cache (from their /metrics); 0: admit by request count only.
 TOLLGATE_ADMISSION_KV_SHARE = env_float("TOLLGATE_ADMISSION_KV_SHARE", 0.95)
+# Which replica of a model serves a request (gateway/routing.py): "prefix" (the one that last
+# served the request's longest prefix, within the load bound; else the least loaded),
+# "least_loaded" or "round_robin".
+TOLLGATE_ROUTING = env_str("TOLLGATE_ROUTING", "prefix")
+# Prefix routing keeps a replica while its load (in flight / slots) stays within this factor
+# of the mean: higher keeps more cache hits, lower keeps replicas more evenly loaded.
+TOLLGATE_ROUTING_LOAD_FACTOR = env_float("TOLLGATE_ROUTING_LOAD_FACTOR", 1.25)
 # Expected output tokens of a request that asks for more, until a model's mean is learnt.
 TOLLGATE_ADMISSION_EXPECTED_OUTPUT = env_int("TOLLGATE_ADMISSION_EXPECTED_OUTPUT", 512)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.

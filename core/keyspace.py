@@ -39,6 +39,10 @@ Admission (gateway/admission.py and its Lua; the console reads it through
 - ``adm:waits:<hour>``: queue waits of one UTC hour (hours since the epoch), a hash.
 - ``adm:wake``: channel; the payload is a model id whose engine slot was freed.
 
+Routing (gateway/routing.py and route.lua): ``route:<model id>``, a hash (prefix digest ->
+the replica that last served it) and ``route:<model id>:lru`` (prefix digest -> last use,
+ms), bounded by dropping the least recently used.
+
 Engines: ``engine:<replica id>:metrics``, the telemetry the worker scrapes (JSON, short
 TTL), read by the gateway's admission and its controller.
 
@@ -120,6 +124,16 @@ def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str
         rkey(*base, "tok"),
         rkey(*base, "hi"),
     )
+
+
+def route_keys(model_id: int) -> tuple[str, str]:
+    """(prefix table, its recency) of a model's prefix-aware routing."""
+    return _route_keys(setting(PREFIX_SETTING), model_id)
+
+
+@lru_cache(maxsize=4096)
+def _route_keys(prefix: str, model_id: int) -> tuple[str, str]:
+    return rkey("route", model_id), rkey("route", model_id, "lru")
 
 
 def controller_key(model_id: int) -> str:

@@ -26,8 +26,9 @@
 -- Headroom: on engines that serve first come, first served, a P0 request arriving while
 -- P2 holds every slot waits for a P2 reply to end (seconds). So lower classes leave free
 -- the slots higher classes recently needed: k = the most higher-class requests that ran at
--- once in the last one to two windows (0 once they stop coming), at most hmax. A lower-
--- class request takes a slot only while running + max(0, k - higher running now) < limit.
+-- once (holding a slot or asking for one) in the last one to two windows (0 once they stop
+-- coming), at most hmax and never every slot. A lower-class request takes a slot only while
+-- running + max(0, k - higher-class slot holders now) < limit.
 -- Returns {1, running, ceiling} when admitted, {0, ahead, ceiling} when queued.
 
 -- Slot holders whose gateway died (lease lapsed) leave the running set and the token count.
@@ -101,13 +102,20 @@ local function try_slot(K, o)
   -- (and are only looked for) when they would keep this request waiting.
   local running = redis.call('ZCARD', kr)
   local held = redis.call('HMGET', kt, '_tok', '_c0', '_c1')
+  -- A higher-class request is demand whether it gets a slot now or waits for one: the
+  -- series of P0 counts the P0 slot holders and this one; that of P0 and P1 counts both.
+  if class < 2 and o.hwin > 0 then
+    local p0, p1 = tonumber(held[2] or '0'), tonumber(held[3] or '0')
+    if class == 0 then note_demand(kh, 1, p0 + 1, now, o.hwin) end
+    note_demand(kh, 2, p0 + p1 + 1, now, o.hwin)
+  end
   local in_flight = tonumber(held[1] or '0')
   local higher = 0  -- slot holders of better classes
   if class >= 1 then higher = higher + tonumber(held[2] or '0') end
   if class == 2 then higher = higher + tonumber(held[3] or '0') end
   local reserved = 0
   if class > 0 and o.hwin > 0 and not (preempting and o.kv <= o.pmax) then
-    reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax) - higher)
+    reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
   end
   local kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
       or in_flight + o.kv <= o.kvcap
@@ -121,7 +129,7 @@ local function try_slot(K, o)
     if class >= 1 then higher = higher + tonumber(held[2] or '0') end
     if class == 2 then higher = higher + tonumber(held[3] or '0') end
     if reserved > 0 then
-      reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax) - higher)
+      reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
     end
     kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
       or in_flight + o.kv <= o.kvcap
@@ -144,16 +152,8 @@ local function try_slot(K, o)
     redis.call('PEXPIRE', kr, lease)
     redis.call('HSET', kt, o.rid, o.kv * 4 + class)
     redis.call('HINCRBY', kt, '_tok', o.kv)
-    local mine = redis.call('HINCRBY', kt, '_c' .. class, 1)
+    redis.call('HINCRBY', kt, '_c' .. class, 1)
     redis.call('PEXPIRE', kt, lease)
-    -- This class's demand, for the classes below it: the series of P0 counts P0; that of
-    -- P0 and P1 counts both.
-    if class < 2 and o.hwin > 0 then
-      local p0 = class == 0 and mine or tonumber(held[2] or '0')
-      if class == 0 then note_demand(kh, 1, mine, now, o.hwin) end
-      local p1 = class == 1 and mine or tonumber(redis.call('HGET', kt, '_c1') or '0')
-      note_demand(kh, 2, p0 + p1, now, o.hwin)
-    end
     -- The class's virtual time moves to the start tag of what it last served.
     if tag then
       redis.call('HSET', kf, '_v' .. class, rank - class * CLASS, o.tenant .. ':' .. class, tag)

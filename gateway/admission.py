@@ -41,10 +41,11 @@ CLASS_RANK = 10**13
 
 
 def headroom_slots(budget: int) -> int:
-    """The most slots lower classes leave free for higher ones (0: headroom off)."""
+    """The most slots lower classes leave free for higher ones (0: headroom off; a model
+    with one slot has none to keep)."""
     if setting("TOLLGATE_ADMISSION_HEADROOM_SECONDS") <= 0:
         return 0
-    return max(1, int(budget * setting("TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE")))
+    return min(int(budget * setting("TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE")), budget - 1)
 
 
 def queue_timeout(priority: str) -> float:

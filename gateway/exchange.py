@@ -387,8 +387,8 @@ class Exchange:
         return await self.forward()
 
     async def forward(self) -> tuple[Outcome, Upstream | None]:
-        """Send the request to the least busy replica (the next one if it refuses the
-        connection) and pass its answer to the client."""
+        """Send the request to the replica routing picks (gateway/routing.py; the next one if
+        it refuses the connection) and pass its answer to the client."""
         rt, payload, send, headers, disconnect = (
             self.rt,
             self.payload,
@@ -422,7 +422,10 @@ class Exchange:
         chosen = None
         model_name = payload["model"]
         try:
-            for upstream in sorted(self.upstreams, key=lambda u: u.outstanding):
+            replicas = self.upstreams
+            if len(replicas) > 1:
+                replicas = await rt.router.order(self.model.id, endpoint, payload, replicas)
+            for upstream in replicas:
                 chosen = upstream
                 upstream.outstanding += 1
                 metrics.in_flight[model_name] += 1

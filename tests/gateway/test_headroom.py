@@ -115,6 +115,17 @@ def test_p1_leaves_room_for_p0_and_p2_for_both() -> None:
     assert fill("P1", T0 + 20, 5) == 1
 
 
+def test_a_p0_request_that_had_to_wait_counts_as_demand() -> None:
+    assert fill("P2", T0, 4) == 4  # no P0 came recently: P2 took every slot
+    assert not take("p0-a", "P0", T0 + 10)  # P0 finds none and waits
+    release(f"P2-{T0}-0")
+    assert take("p0-a", "P0", T0 + 20)  # the freed slot goes to it
+    release("p0-a")
+    release(f"P2-{T0}-1")
+    # P2 now leaves one slot free: 2 P2 running, one more may start, not two.
+    assert fill("P2", T0 + 30, 2) == 1
+
+
 def test_the_headroom_is_capped() -> None:
     for i in range(4):
         assert take(f"p0-{i}", "P0", T0 + i)
@@ -166,3 +177,9 @@ def test_settling_and_lapsed_leases_release_what_requests_held() -> None:
 @pytest.mark.parametrize("hwin", [0, WINDOW])
 def test_p0_is_never_held_back_by_the_headroom(hwin: int) -> None:
     assert fill("P0", T0, 5, hwin=hwin) == 4
+
+
+def test_the_headroom_never_keeps_every_slot() -> None:
+    assert take("p0-a", "P0", T0, budget=2)
+    release("p0-a")
+    assert fill("P2", T0 + 10, 2, budget=2, hmax=2) == 1
