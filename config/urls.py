@@ -15,3 +15,5 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("", include("console.urls")),  # the web console (last: its paths are the rest)
 ]
+
+handler404 = "config.views.not_found"

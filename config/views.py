@@ -1,7 +1,8 @@
-"""Process-level views: the container health check."""
+"""Process-level views: the container health check, the 404 page."""
 
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from django.views.decorators.http import require_GET
 
 from core.redis import get_redis
@@ -23,3 +24,13 @@ def healthz(request: HttpRequest) -> JsonResponse:
     if failures:
         return JsonResponse({"status": "unhealthy", "failures": failures}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """OpenAI's JSON 404 under /v1 (SDKs print an HTML page as a wall of markup); the
+    console's page elsewhere."""
+    if request.path.startswith("/v1/"):
+        message = f"Invalid URL ({request.method} {request.path})"
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+        return JsonResponse({"error": error}, status=404)
+    return defaults.page_not_found(request, exception)
