@@ -1,8 +1,8 @@
-"""Process-level views: the container health check, the 404 page."""
+"""Process-level views: the container health check, the /v1 404."""
 
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views import defaults
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
 from core.redis import get_redis
@@ -26,11 +26,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
-def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
-    """OpenAI's JSON 404 under /v1 (SDKs print an HTML page as a wall of markup); the
-    console's page elsewhere."""
-    if request.path.startswith("/v1/"):
-        message = f"Invalid URL ({request.method} {request.path})"
-        error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
-        return JsonResponse({"error": error}, status=404)
-    return defaults.page_not_found(request, exception)
+@csrf_exempt  # an API path: answer every method the same, no console session involved
+def v1_not_found(request: HttpRequest) -> JsonResponse:
+    """OpenAI's JSON 404 for a /v1 path nothing serves (SDKs print an HTML page as a wall of
+    markup)."""
+    message = f"Invalid URL ({request.method} {request.path})"
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    return JsonResponse({"error": error}, status=404)
