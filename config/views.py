@@ -1,7 +1,8 @@
-"""Process-level views: the container health check."""
+"""Process-level views: the container health check, the favicon."""
 
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponsePermanentRedirect, JsonResponse
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 
 from core.redis import get_redis
@@ -23,3 +24,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
     if failures:
         return JsonResponse({"status": "unhealthy", "failures": failures}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    """Browsers ask for /favicon.ico on pages that name no icon (API docs, JSON answers)."""
+    return HttpResponsePermanentRedirect(static("console/favicon.svg"))
