@@ -252,7 +252,8 @@ class Gateway:
                 send,
                 503,
                 error_body(
-                    f"The model `{model.served_name}` has no engine ready to serve it. Please retry shortly.",
+                    f"The model `{model.served_name}` has no engine ready to serve it. Please "
+                    "retry shortly.",
                     "server_error",
                     code="model_not_ready",
                 ),
@@ -285,7 +286,8 @@ class Gateway:
         if wants_embed != (model.task == "embed"):
             kind = "an embedding" if model.task == "embed" else "a chat/completion"
             return 400, error_body(
-                f"`{model.served_name}` is {kind} model and is not supported on /v1/{endpoint.replace('chat', 'chat/completions')}.",
+                f"`{model.served_name}` is {kind} model and is not supported on "
+                f"/v1/{endpoint.replace('chat', 'chat/completions')}.",
                 param="model",
                 code="model_not_supported",
             )

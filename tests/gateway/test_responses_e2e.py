@@ -110,7 +110,10 @@ def second_gateway(gateway_url: str) -> Iterator[str]:
     env = {
         **os.environ,
         "TOLLGATE_ENV": "test",
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DATABASE_URL": (
+            f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:"
+            f"{db['PORT'] or 5432}/{db['NAME']}"
+        ),
         "TOLLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
         "TOLLGATE_LOG_LEVEL": "WARNING",
