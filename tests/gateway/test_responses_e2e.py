@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -21,17 +20,13 @@ from deployments.models import Node
 from gateway import response_store
 from gateway.models import StoredResponse
 from tests.gateway.conftest import (
-    METRICS_TOKEN,
-    REDIS_PREFIX,
-    ROOT,
     Engine,
     World,
     deploy,
-    free_port,
     make_model,
     start_engine,
+    start_gateway,
     stop,
-    wait_listening,
     wait_until_served,
 )
 from tests.gateway.test_openai_e2e import usage_event
@@ -103,41 +98,8 @@ def deploy_pair(world: World, pair: tuple[Engine, Engine]) -> None:
 @pytest.fixture
 def second_gateway(gateway_url: str) -> Iterator[str]:
     """Another gateway process on the same Redis and database: another node's gateway."""
-    from django.db import connection
-
-    db = connection.settings_dict
-    port = free_port()
-    env = {
-        **os.environ,
-        "TOLLGATE_ENV": "test",
-        "DATABASE_URL": (
-            f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:"
-            f"{db['PORT'] or 5432}/{db['NAME']}"
-        ),
-        "TOLLGATE_REDIS_PREFIX": REDIS_PREFIX,
-        "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
-        "TOLLGATE_LOG_LEVEL": "WARNING",
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-c",
-            "python:config.gunicorn",
-            "config.asgi:application",
-            "-w",
-            "1",
-            "-b",
-            f"127.0.0.1:{port}",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_listening(port, proc)
-    yield f"http://127.0.0.1:{port}"
+    proc, url = start_gateway(1)
+    yield url
     stop(proc)
 
 
