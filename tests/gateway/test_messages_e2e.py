@@ -2,6 +2,8 @@
 against a simulator engine (vLLM's own /v1/messages): answers, streams, token counting,
 tool use, thinking, stop sequences, errors in Anthropic's shape, and usage events."""
 
+import csv
+import io
 import time
 from collections.abc import Iterator
 
@@ -10,7 +12,10 @@ import httpx
 import pytest
 
 from core.changes import publish_change
+from core.keyspace import usage_stream
+from core.redis import get_redis
 from deployments.models import Deployment, Replica
+from metering import export, ingest
 from tenants import services as tenant_services
 from tests.gateway.conftest import (
     Engine,
@@ -230,3 +235,66 @@ def test_no_engine_ready_is_overloaded_with_retry_after(agent: World) -> None:
     assert isinstance(caught.value, anthropic.InternalServerError)
     assert caught.value.body["error"]["type"] == "overloaded_error"
     assert int(caught.value.response.headers["retry-after"]) > 0
+
+
+def test_an_agent_session_is_billed_to_the_token_of_what_the_client_was_told(
+    agent: World,
+) -> None:
+    """A Claude-Code-shaped session: a long system prompt (over 10k tokens) and tool
+    definitions on every turn, the model calling tools three times (each result sent back),
+    then answering; every turn streamed. The showback CSV for the session's tenant and model
+    equals the sum of the usage the client received, to the token."""
+    get_redis().delete(usage_stream())  # earlier tests' events belong to flushed tenants
+    system = " ".join(
+        f"Rule {i}: keep the repository's tests green and explain each change." for i in range(900)
+    )
+    client = claude(agent)
+    assert (
+        client.messages.count_tokens(model=MODEL, system=system, messages=HELLO).input_tokens
+        >= 10_000
+    )
+    history: list = [{"role": "user", "content": "Fix the failing test in tests/test_app.py."}]
+    told = {"input": 0, "output": 0, "requests": 1}  # count_tokens: a request, no tokens
+    for turn in range(4):
+        choice = {"type": "any"} if turn < 3 else {"type": "auto"}
+        with client.messages.stream(
+            model=MODEL,
+            max_tokens=300,
+            system=system,
+            tools=TOOLS,
+            tool_choice=choice,
+            messages=history,
+        ) as stream:
+            final = stream.get_final_message()
+        told["input"] += final.usage.input_tokens
+        told["output"] += final.usage.output_tokens
+        told["requests"] += 1
+        history.append({"role": "assistant", "content": final.content})
+        calls = [b for b in final.content if b.type == "tool_use"]
+        if turn < 3:
+            assert final.stop_reason == "tool_use" and calls
+            history.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": c.id, "content": f"file {turn}"}
+                        for c in calls
+                    ],
+                }
+            )
+        else:
+            assert final.stop_reason in ("end_turn", "max_tokens") and not calls
+    deadline = time.monotonic() + 10
+    while len(get_redis().xrange(usage_stream())) < told["requests"]:
+        assert time.monotonic() < deadline, "the gateway did not record every turn"
+        time.sleep(0.05)
+    ingest.drain("agent-session-test", seconds=30)
+    query = export.parse_query({"tenant": "acme", "model": MODEL, "granularity": "month"}, None)
+    lines = list(csv.DictReader(io.StringIO("".join(export.csv_lines(query)))))
+    billed = {
+        "input": sum(int(r["prompt_tokens"]) for r in lines),
+        "output": sum(int(r["completion_tokens"]) for r in lines),
+        "requests": sum(int(r["requests"]) for r in lines),
+    }
+    assert billed == told
+    assert sum(int(r["estimated_prompt_tokens"]) for r in lines) == 0
