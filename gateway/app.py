@@ -225,7 +225,8 @@ class Gateway:
                 send,
                 503,
                 error_body(
-                    f"The model `{model.served_name}` has no engine ready to serve it. Please retry shortly.",
+                    f"The model `{model.served_name}` has no engine ready to serve it. Please "
+                    "retry shortly.",
                     "server_error",
                     code="model_not_ready",
                 ),

@@ -202,6 +202,7 @@ class Exchange:
         "budget",
         "p0_extra",
         "tokens",
+        "kv",
         "price",
         "headers",
         "disconnect",
@@ -265,7 +266,10 @@ class Exchange:
         stream_options = payload.get("stream") is True and self.endpoint in STREAM_OPTIONS
         self.body = upstream_body(payload, self.body, stream_options, changed)
         admission = rt.admission
-        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra)
+        kv = self.kv = admission.predicted_tokens(
+            model.id, prompt_est, output_est, model.context_length
+        )
+        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra, kv)
         key = self.key
         record = {
             "event": {
@@ -340,7 +344,9 @@ class Exchange:
             outcome, upstream = await self.forward()
         else:
             outcome, upstream = await self.queue_then_forward()
-        admission.finished(request_id, model_id, time.perf_counter() - self.started)
+        admission.finished(
+            request_id, model_id, time.perf_counter() - self.started, outcome.completion_tokens
+        )
         await self.settle(decision.reservation, outcome, upstream)
 
     async def queue_then_forward(self) -> tuple[Outcome, Upstream | None]:
@@ -363,6 +369,7 @@ class Exchange:
                 self.tokens,
                 disconnect.event,
                 self.p0_extra,
+                self.kv,
             )
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             await respond(
@@ -387,7 +394,8 @@ class Exchange:
                 429,
                 error_body(
                     f"The model `{model.served_name}` is busy: this {priority} request waited "
-                    f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
+                    f"{ticket.waited:.0f}s for an engine slot. Please retry in "
+                    f"{ticket.retry_after}s.",
                     "requests",
                     code="rate_limit_exceeded",
                 ),
@@ -397,8 +405,8 @@ class Exchange:
         return await self.forward()
 
     async def forward(self) -> tuple[Outcome, Upstream | None]:
-        """Send the request to the least busy replica (the next one if it refuses the
-        connection) and pass its answer to the client."""
+        """Send the request to the replica routing picks (gateway/routing.py; the next one if
+        it refuses the connection) and pass its answer to the client."""
         rt, payload, send, headers, disconnect = (
             self.rt,
             self.payload,
@@ -435,7 +443,10 @@ class Exchange:
         chosen = None
         model_name = payload["model"]
         try:
-            for upstream in sorted(self.upstreams, key=lambda u: u.outstanding):
+            replicas = self.upstreams
+            if len(replicas) > 1:
+                replicas = await rt.router.order(self.model.id, endpoint, payload, replicas)
+            for upstream in replicas:
                 chosen = upstream
                 upstream.outstanding += 1
                 metrics.in_flight[model_name] += 1

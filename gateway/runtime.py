@@ -23,6 +23,7 @@ from gateway import metrics
 from gateway.admission import Admission
 from gateway.limiter import Limiter, Reservation
 from gateway.redispipe import RedisPipe
+from gateway.routing import Router
 from gateway.state import Snapshot, load_snapshot
 from gateway.upstream import EngineClient, make_client
 
@@ -65,6 +66,7 @@ class Runtime:
         self.redis: aioredis.Redis | None = None
         self.pipe: RedisPipe | None = None  # the per-request calls (admit, settle, checkpoint)
         self.limiter: Limiter | None = None
+        self.router: Router | None = None
         self.session: EngineClient | aiohttp.ClientSession | None = None
         self.used_keys: set[int] = set()
         self.unsettled: list[tuple[Reservation, int, int, bytes, int]] = []
@@ -87,6 +89,7 @@ class Runtime:
         self.redis = aioredis.Redis(connection_pool=pool)
         self.pipe = RedisPipe.from_url(settings.REDIS_URL)
         self.limiter = Limiter(self.redis, self.pipe)
+        self.router = Router(self.pipe)
         self.admission = Admission(self.redis)
         self.session = make_client(settings.TOLLGATE_UPSTREAM_CLIENT)
         try:

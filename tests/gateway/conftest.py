@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 
 from core.changes import publish_change
 from deployments import services as deployment_services
@@ -27,6 +26,7 @@ from deployments.models import CatalogModel, Deployment, Node, Replica
 from metering import services as metering_services
 from tenants import services as tenant_services
 from tenants.models import Tenant
+from tests.databases import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_PREFIX = f"gwtest-{secrets.token_hex(6)}"
@@ -127,12 +127,11 @@ def engines() -> Iterator[dict[str, Engine]]:
 @pytest.fixture(scope="session")
 def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
     """A gunicorn server with two uvicorn workers serving config.asgi, on the test database."""
-    db = connection.settings_dict
     port = free_port()
     env = {
         **os.environ,
         "TOLLGATE_ENV": "test",
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DATABASE_URL": database_url(),
         "TOLLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
         "TOLLGATE_LOG_LEVEL": "WARNING",
