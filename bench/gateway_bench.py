@@ -9,6 +9,8 @@ from a separate load-generator process (bench/gateway_load.py, aiohttp client):
 
   json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
   stream c=1/16/64    64 tokens 5 ms apart: time to first token, token rate, CPU per chunk
+  messages json c=1, messages stream c=64
+                      the same two measures on the Anthropic Messages API (/v1/messages)
   hold                1,000 concurrent streams of 200 tokens 50 ms apart: errors, RSS
 
 Server CPU is the utime+stime of the server's whole process tree (from /proc) before and
@@ -440,6 +442,29 @@ def scenarios(scale: float) -> list[tuple[str, dict]]:
                 "rounds": 3,
             },
         ),
+        (
+            "messages json c=1",
+            {
+                "api": "messages",
+                "model": "bench-model",
+                "stream": False,
+                "concurrency": 1,
+                "duration": d(4),
+                "requests": 20000,
+            },
+        ),
+        (
+            "messages stream c=64",
+            {
+                "api": "messages",
+                "model": "bench-stream",
+                "stream": True,
+                "concurrency": 64,
+                "duration": d(3),
+                "requests": 10000,
+                "rounds": 3,
+            },
+        ),
     ]
 
 
@@ -619,6 +644,19 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
             a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
             ratio.append(f"{fmt(a, 0)} ({a / b:.2f})" if a is not None and b else fmt(a, 0))
         rows.append((f"streaming c={c}: tokens/s (vs direct)", ratio))
+    s = "messages json c=1"
+    rows.append(
+        (
+            "messages, non-streaming c=1: added p50 / p99, ms",
+            [f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}" for k in cols],
+        )
+    )
+    s = "messages stream c=64"
+    ratio = []
+    for k in cols:
+        a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
+        ratio.append(f"{fmt(a, 0)} ({a / b:.2f})" if a is not None and b else fmt(a, 0))
+    rows.append(("messages, streaming c=64: tokens/s (vs direct)", ratio))
     per_req, per_chunk, net_chunk = [], [], []
     for k in cols:
         j, st = res.get(k, {}).get("json c=64", {}), res.get(k, {}).get("stream c=64", {})
@@ -696,6 +734,10 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
         facts[f"{k}.rps_c64"] = get(k, "json c=64", "rps")
         a, b = get(k, "stream c=64", "tok_s"), direct.get("stream c=64", {}).get("tok_s")
         facts[f"{k}.tok_ratio_c64"] = a / b if a is not None and b else None
+        facts[f"{k}.messages_added_p50_c1"] = added(k, "messages json c=1", "lat_p50")
+        a = get(k, "messages stream c=64", "tok_s")
+        b = direct.get("messages stream c=64", {}).get("tok_s")
+        facts[f"{k}.messages_tok_ratio_c64"] = a / b if a is not None and b else None
         h = res.get(k, {}).get("hold")
         facts[f"{k}.hold_errors"] = h["errors"] if h else None
         facts[f"{k}.hold_ok"] = h["requests"] if h else None
@@ -730,6 +772,17 @@ def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
             f"- {g}: token rate at 64 streams ≥ 95% of direct: "
             f"{'met' if v is not None and v >= 0.95 else 'MISSED'} "
             f"({fmt(v * 100 if v else None, 1)}%)"
+        )
+        v = facts[f"{g}.messages_added_p50_c1"]
+        out.append(
+            f"- {g}: /v1/messages added p50 at c=1, non-streaming ≤ 1.0 ms: "
+            f"{'met' if v is not None and v <= 1.0 else 'MISSED'} ({fmt(v, 2)} ms)"
+        )
+        v = facts[f"{g}.messages_tok_ratio_c64"]
+        share = fmt(v * 100 if v else None, 1)
+        out.append(
+            f"- {g}: /v1/messages token rate at 64 streams ≥ 95% of direct: "
+            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} ({share}%)"
         )
         if facts.get(f"{g}.hold_ok") is not None:
             ok = facts[f"{g}.hold_errors"] == 0 and facts[f"{g}.hold_ok"] == hold
@@ -851,6 +904,9 @@ def main() -> None:
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
+    )
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
@@ -863,7 +919,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     if any(c.startswith("LiteLLM") for c in cols):
         ensure_litellm()
-    with bench_stack() as st:
+    with bench_stack(a.db_name) as st:
         for col in cols:
             print(f"{col} …", file=sys.stderr, flush=True)
             if col == "direct":

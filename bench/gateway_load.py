@@ -7,7 +7,9 @@ each send a request, wait for the whole answer, send the next, until ``requests`
 or ``duration`` seconds have passed. Per request it records the latency, the time to the
 first content chunk (streams) and the completion tokens received.
 
-Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration; ``raw``:
+Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration; ``api``:
+``chat`` (default: /v1/chat/completions) or ``messages`` (the Anthropic Messages API,
+/v1/messages, with the key in ``x-api-key`` as the anthropic SDK sends it); ``raw``:
 also answer every latency and TTFT (ms). ``{"reset": true}`` closes the connections, so the
 next scenario opens fresh ones.
 """
@@ -23,9 +25,10 @@ import time
 import aiohttp
 import orjson
 
-# First delta that carries text: '"content":"' followed by anything but the closing quote.
-CONTENT = re.compile(rb'"content":\s*"[^"]')
-USAGE_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+# First delta that carries text: '"content":"' (a Messages text delta: '"text":"') followed
+# by anything but the closing quote; the tokens a whole answer or the usage frame reports.
+CONTENT = re.compile(rb'"content":\s*"[^"]|"text_delta","text":\s*"[^"]')
+USAGE_TOKENS = re.compile(rb'"(?:completion|output)_tokens":\s*(\d+)')
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -98,20 +101,26 @@ async def one_stream(
 
 async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
     stream = spec["stream"]
+    messages = spec.get("api") == "messages"
     payload = {
         "model": spec["model"],
         "messages": [{"role": "user", "content": "Say something."}],
         "max_tokens": spec["tokens"],
-        "ignore_eos": True,
         "stream": stream,
     }
-    if stream:
-        payload["stream_options"] = {"include_usage": True}
-    body = orjson.dumps(payload)
     headers = {"content-type": "application/json"}
-    if spec.get("key"):
-        headers["authorization"] = f"Bearer {spec['key']}"
-    url = spec["url"].rstrip("/") + "/v1/chat/completions"
+    if messages:
+        headers["anthropic-version"] = "2023-06-01"
+        if spec.get("key"):
+            headers["x-api-key"] = spec["key"]
+    else:
+        payload["ignore_eos"] = True
+        if stream:
+            payload["stream_options"] = {"include_usage": True}
+        if spec.get("key"):
+            headers["authorization"] = f"Bearer {spec['key']}"
+    body = orjson.dumps(payload)
+    url = spec["url"].rstrip("/") + ("/v1/messages" if messages else "/v1/chat/completions")
     one = one_stream if stream else one_whole
     run = Run()
     left = spec["requests"]
