@@ -21,7 +21,7 @@ import redis.exceptions
 from core.keyspace import open_keys
 from core.pricing import cost_nano
 from core.usage import UsageRecord
-from gateway import billing, messages, metrics
+from gateway import billing, messages, metrics, responses
 from gateway.admission import CLASS_INDEX, lowered
 from gateway.errors import error_body
 from gateway.limiter import Decision, Reservation
@@ -49,6 +49,7 @@ UPSTREAM_PATHS = {
     "count_tokens": "/v1/messages/count_tokens",
     "rerank": "/v1/rerank",
     "score": "/v1/score",
+    "responses": "/v1/responses",
 }
 # Endpoints whose streams take OpenAI's stream_options (the gateway asks for running usage).
 STREAM_OPTIONS = frozenset(("chat", "completions"))
@@ -140,7 +141,11 @@ def estimate(body: bytes, payload: dict, model: ModelInfo, endpoint: str) -> tup
     prompt = len(body) // 4 + 8
     if endpoint in PROMPT_ONLY:
         return prompt, 0
-    asked = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    asked = (
+        payload.get("max_completion_tokens")
+        or payload.get("max_tokens")
+        or payload.get("max_output_tokens")
+    )
     output = asked if asked else max(model.context_length - prompt, 16)
     return prompt, output * (payload.get("n") or 1)
 
@@ -206,6 +211,7 @@ class Exchange:
         "price",
         "headers",
         "disconnect",
+        "plan",
     )
 
     def __init__(
@@ -220,6 +226,7 @@ class Exchange:
         model: ModelInfo,
         upstreams: list[Upstream],
         started: float,
+        plan: responses.ResponsePlan | None = None,
     ) -> None:
         self.rt = rt
         self.send = send
@@ -231,6 +238,7 @@ class Exchange:
         self.model = model
         self.upstreams = upstreams
         self.started = started  # perf_counter() when the request arrived
+        self.plan = plan  # /v1/responses: the id it gets and what to keep of it
 
     async def admit_and_forward(self, scope: dict, receive: Any) -> None:
         """Admit the request (or answer why not), then serve it and clean up after it."""
@@ -456,7 +464,20 @@ class Exchange:
                     sent_headers = up_headers
                     if upstream.auth_header:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
-                    if stream:
+                    if self.plan is not None:
+                        relay = responses.forward_stream if stream else responses.forward_whole
+                        await relay(
+                            rt.session,
+                            url,
+                            self.body,
+                            sent_headers,
+                            send,
+                            headers,
+                            *((st, rt.max_frame) if stream else (outcome,)),
+                            self.plan,
+                            rt.responses,
+                        )
+                    elif stream:
                         await forward_stream(
                             rt.session,
                             url,

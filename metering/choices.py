@@ -17,3 +17,4 @@ class Endpoint(models.TextChoices):
     COUNT_TOKENS = "count_tokens", "/v1/messages/count_tokens"
     RERANK = "rerank", "/v1/rerank"
     SCORE = "score", "/v1/score"
+    RESPONSES = "responses", "/v1/responses"

@@ -124,9 +124,10 @@ def engines() -> Iterator[dict[str, Engine]]:
         stop(proc)
 
 
-@pytest.fixture(scope="session")
-def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
-    """A gunicorn server with two uvicorn workers serving config.asgi, on the test database."""
+def start_gateway(
+    workers: int, extra_env: dict[str, str] | None = None, log: Path | None = None
+) -> tuple[subprocess.Popen, str]:
+    """A gunicorn server of config.asgi on the test database and the tests' Redis prefix."""
     port = free_port()
     env = {
         **os.environ,
@@ -135,10 +136,7 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
         "TOLLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
         "TOLLGATE_LOG_LEVEL": "WARNING",
-        # Short queue timeouts, so the admission tests see them without long waits.
-        "TOLLGATE_QUEUE_TIMEOUT_P0": "20",
-        "TOLLGATE_QUEUE_TIMEOUT_P1": "4",
-        "TOLLGATE_QUEUE_TIMEOUT_P2": "4",
+        **(extra_env or {}),
     }
     proc = subprocess.Popen(
         [
@@ -149,7 +147,7 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
             "python:config.gunicorn",
             "config.asgi:application",
             "-w",
-            "2",
+            str(workers),
             "-b",
             f"127.0.0.1:{port}",
             "--graceful-timeout",
@@ -158,10 +156,20 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open(ROOT / ".pytest-gateway.log", "w"),
+        stderr=open(log, "w") if log else subprocess.DEVNULL,
     )
     wait_listening(port, proc)
-    yield f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
+    """A gunicorn server with two uvicorn workers serving config.asgi, on the test database."""
+    # Short queue timeouts, so the admission tests see them without long waits.
+    timeouts = {"TOLLGATE_QUEUE_TIMEOUT_P0": "20", "TOLLGATE_QUEUE_TIMEOUT_P1": "4"}
+    timeouts["TOLLGATE_QUEUE_TIMEOUT_P2"] = "4"
+    proc, url = start_gateway(2, timeouts, log=ROOT / ".pytest-gateway.log")
+    yield url
     stop(proc)
 
 
