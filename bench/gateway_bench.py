@@ -10,8 +10,8 @@ from a separate load-generator process (bench/gateway_load.py, aiohttp client):
   json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
   stream c=1/16/64    64 tokens 5 ms apart: time to first token, token rate, CPU per chunk
   hold                1,000 concurrent streams of 200 tokens 50 ms apart: errors, RSS
-  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses) beside chat: added latency
-  <api> stream c=64   and the token rate at 64 streams, against the same engines
+  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses, /v1/messages) beside chat:
+  <api> stream c=64   added latency and the token rate at 64 streams, same engines
 
 Server CPU is the utime+stime of the server's whole process tree (from /proc) before and
 after each scenario; memory is the peak summed RSS of its workers while the streams are
@@ -57,7 +57,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 SIMS = {"bench-model": (16, 0), "bench-stream": (64, 200), "bench-hold": (200, 20)}
 # APIs measured beside chat (bench/gateway_load.py builds their requests and reads their
 # answers): added p50 at c=1 and the token rate at 64 streams, chat's targets.
-EXTRA_APIS = ("responses",)
+EXTRA_APIS = ("responses", "messages")
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -930,6 +930,9 @@ def main() -> None:
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
+    )
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
@@ -947,7 +950,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     if any(c.startswith("LiteLLM") for c in cols):
         ensure_litellm()
-    with bench_stack() as st:
+    with bench_stack(a.db_name) as st:
         for col in cols:
             print(f"{col} …", file=sys.stderr, flush=True)
             if col == "direct":
