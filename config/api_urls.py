@@ -1,7 +1,6 @@
 """The admin REST API under /api/v1/: one router for every app's resources."""
 
-from rest_framework.routers import DefaultRouter
-
+from config.api import AdminRouter
 from deployments.api import (
     AllowedImageViewSet,
     CatalogModelViewSet,
@@ -20,7 +19,7 @@ from tenants.api import (
     UserViewSet,
 )
 
-router = DefaultRouter()
+router = AdminRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("members", MembershipViewSet, basename="membership")

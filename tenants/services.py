@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from core.changes import publish_change
+from core.errors import Conflict
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, Role, TenantStatus
 from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key
@@ -134,7 +135,7 @@ def add_member(
         with transaction.atomic():
             membership = Membership.objects.create(tenant=tenant, user=user, role=role)
     except IntegrityError:
-        raise ValidationError({"user": f"{user} is already a member of {tenant}."}) from None
+        raise Conflict({"user": f"{user} is already a member of {tenant}."}) from None
     record(actor, AuditAction.CREATE, membership, tenant=tenant, changes={"role": role})
     return membership
 
@@ -171,7 +172,7 @@ def _ensure_another_admin(membership: Membership) -> None:
         pk=membership.pk
     )
     if not others.exists():
-        raise ValidationError({"role": "A tenant must keep at least one tenant admin."})
+        raise Conflict({"role": "A tenant must keep at least one tenant admin."})
 
 
 # --- API keys ---------------------------------------------------------------------------
@@ -364,7 +365,7 @@ def update_user(
 def delete_tenant(actor: Actor, tenant: Tenant) -> None:
     """Remove a tenant that was never billed; one with usage is suspended instead."""
     if tenant.usage_events.exists():
-        raise ValidationError({"detail": "The tenant has usage on record; suspend it instead."})
+        raise Conflict({"detail": "The tenant has usage on record; suspend it instead."})
     record(actor, AuditAction.DELETE, tenant)
     publish_change("tenant", tenant.pk)
     tenant.delete()
