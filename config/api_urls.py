@@ -1,4 +1,7 @@
-"""The admin REST API under /api/v1/: one router for every app's resources."""
+"""The admin REST API under /api/v1/: one router for every app's resources, and the
+password-for-token exchange."""
+
+from django.urls import path
 
 from config.api import AdminRouter
 from deployments.api import (
@@ -18,6 +21,7 @@ from tenants.api import (
     TenantViewSet,
     UserViewSet,
 )
+from tenants.token_login import TokenLoginView
 
 router = AdminRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
@@ -34,4 +38,7 @@ router.register("engine-profiles", EngineProfileViewSet, basename="engineprofile
 router.register("engine-images", AllowedImageViewSet, basename="allowedimage")
 router.register("usage", UsageEventViewSet, basename="usageevent")
 router.register("audit", AuditLogViewSet, basename="auditlog")
-urlpatterns = router.urls
+urlpatterns = [
+    path("auth/token/", TokenLoginView.as_view(), name="auth-token"),
+    *router.urls,
+]
