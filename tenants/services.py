@@ -341,6 +341,11 @@ def update_user(
     """Change a console user's details, role flags or password."""
     from django.contrib.auth.password_validation import validate_password
 
+    if actor is not None and actor.pk == user.pk:
+        # Nobody locks themselves out: another platform admin has to do it.
+        for flag in ("is_staff", "is_active"):
+            if changes.get(flag) is False and getattr(user, flag):
+                raise Conflict({flag: "You cannot take this away from yourself."})
     before = snapshot(user, ["username", "email", "is_staff", "is_active"])
     for name, value in changes.items():
         setattr(user, name, value)

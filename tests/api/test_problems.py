@@ -11,6 +11,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from deployments.models import AllowedImage, EngineProfile
+from deployments.profiles import ensure_builtin_profiles
 from tenants.models import AdminToken
 from tests.api.conftest import World, db_state, router_endpoints, router_lookup_count
 from tests.conftest import PASSWORD
@@ -47,7 +48,7 @@ def _target(route: str, world: World) -> Any:
         "node": lambda: world.node.name,
         "deployment": lambda: world.deployment.name,
         "operation": lambda: world.operation.pk,
-        "engineprofile": lambda: EngineProfile.objects.first().name,
+        "engineprofile": lambda: (ensure_builtin_profiles(), EngineProfile.objects.first())[1].name,
         "allowedimage": lambda: AllowedImage.objects.create(pattern="example/engine:*").pk,
     }
     return targets[resource]()
@@ -172,6 +173,7 @@ def test_409_is_a_problem_naming_the_conflict(
     world: World,
     client_for: Callable[..., APIClient],
 ) -> None:
+    ensure_builtin_profiles()  # a transactional test before may have flushed them
     client = client_for(world.root)
     before = db_state()
     response = getattr(client, method)(path, body, format="json")
