@@ -99,6 +99,11 @@ class TokenLoginView(APIView):
                 django_request.META.get("REMOTE_ADDR"),
             )
             raise exceptions.AuthenticationFailed(WRONG)
+        if services.must_change_password(user):
+            # A one-time password buys nothing but the console's password page.
+            raise exceptions.PermissionDenied(
+                "Set a new password first (console, /password/): this one was a one-time password."
+            )
         days = data.get("expires_in_days") or settings.TOLLGATE_TOKEN_LOGIN_DAYS
         issued = services.issue_admin_token(
             user, name=data["name"], expires_at=timezone.now() + timedelta(days=days)

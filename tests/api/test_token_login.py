@@ -66,3 +66,14 @@ def test_each_address_has_a_rate_limit_whoever_it_names(root: Any, settings: Any
     assert codes == [401, 401, 401, 429]
     refused = client.post(URL, {"username": "root", "password": PASSWORD}, format="json")
     assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+
+
+def test_a_one_time_password_buys_no_token(root: Any) -> None:
+    """Whoever was given a one-time password sets their own in the console first."""
+    from tenants import services
+
+    one_time = services.reset_password(None, root)
+    answer = APIClient().post(URL, {"username": "root", "password": one_time}, format="json")
+    assert answer.status_code == 403 and answer["Content-Type"] == "application/problem+json"
+    assert "password" in answer.json()["detail"]
+    assert not AdminToken.objects.exists()
