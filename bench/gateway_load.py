@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import re
 import resource
+import ssl
 import sys
 import time
 
@@ -214,7 +215,9 @@ async def main() -> None:
             spec = orjson.loads(line)
             if spec.get("reset"):  # fresh connections for the next server
                 await session.close()
-                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+                # Behind the TLS front: trust exactly its CA, as a pinned client does.
+                tls = ssl.create_default_context(cafile=spec["ca"]) if spec.get("ca") else True
+                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ssl=tls)
                 session = aiohttp.ClientSession(connector=connector, timeout=timeout)
                 print(orjson.dumps({"reset": True}).decode(), flush=True)
                 continue
