@@ -22,7 +22,7 @@ the gateway's queue, over samples with a P2 request queued. Queue wait per class
 the gateway's own ``tollgate_queue_wait_seconds`` histogram (multiprocess mode).
 
     .venv/bin/python bench/admission_bench.py            # print the table
-    .venv/bin/python bench/admission_bench.py --write    # and replace the section in bench/RESULTS.md
+    .venv/bin/python bench/admission_bench.py --write   # replaces its section in bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -402,8 +402,10 @@ def report(
 ) -> tuple[str, list[str], list[str]]:
     base = ttft_stats(res["unloaded"], "interactive")
     lines = [
-        "| run | P0 TTFT p50 / p90 / p99, ms | p50 / p90 vs unloaded | P0 ok / err | P0 mean queue wait "
-        "| engine busy (running/4) | idle while P2 waits | gaps of 2+ samples: count, idle s, longest s "
+        "| run | P0 TTFT p50 / p90 / p99, ms | p50 / p90 vs unloaded | P0 ok / err | P0 mean "
+        "queue wait "
+        "| engine busy (running/4) | idle while P2 waits | gaps of 2+ samples: count, idle s, "
+        "longest s "
         "| engine queue > 0 | P2 tok/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -438,10 +440,12 @@ def report(
             )
         idle = eng.get("idle_while_waiting")
         lines.append(
-            f"| {label} | {fmt(st['p50'], 0)} / {fmt(st['p90'], 0)} / {fmt(st['p99'], 0)} | {ratio} | "
+            f"| {label} | {fmt(st['p50'], 0)} / {fmt(st['p90'], 0)} / {fmt(st['p99'], 0)} | "
+            f"{ratio} | "
             f"{st['ok']} / {st['errors']} | {mean_wait(r, ids['interactive'])} | "
             f"{fmt(eng.get('util', 0) * 100, 1)}% | "
-            f"{fmt(idle * 100 if idle is not None else None, 1)}% of {eng.get('waiting_samples', 0)} | "
+            f"{fmt(idle * 100 if idle is not None else None, 1)}% of "
+            f"{eng.get('waiting_samples', 0)} | "
             f"{eng.get('long_gaps', 0)}, {fmt(eng.get('idle_in_long_gaps_s', 0), 2)}, "
             f"{fmt(eng.get('longest_gap_s', 0), 2)} | "
             f"{fmt(eng.get('engine_queue', 0) * 100, 1)}% | {p2tok} |"
@@ -451,7 +455,8 @@ def report(
     for name in ("priorities", "flat", "fair"):
         if name in res:
             extra.append(
-                f"- ceiling each 5 s tick in run {name} (i increase, d decrease, h hold): {ceilings(res[name])}"
+                f"- ceiling each 5 s tick in run {name} (i increase, d decrease, h hold): "
+                f"{ceilings(res[name])}"
             )
             st = (
                 ttft_stats(res[name], "interactive")
@@ -460,7 +465,8 @@ def report(
             )
             if st and st["classes"]:
                 extra.append(
-                    f"- run {name}: the gateway put the P0 tenant's requests in {', '.join(st['classes'])}, "
+                    f"- run {name}: the gateway put the P0 tenant's requests in "
+                    f"{', '.join(st['classes'])}, "
                     f"the flood's in {', '.join(ttft_stats(res[name], 'batch')['classes'])}; "
                     f"flood queue wait {mean_wait(res[name], ids['batch'])}"
                 )
@@ -495,18 +501,22 @@ def report(
             "",
             "| fair share: two P1 tenants, weight 1, 32 clients each | fair-a | fair-b | ratio |",
             "|---|---:|---:|---:|",
-            f"| tokens received, seconds {fair_window[0]}–{fair_window[1]} | {a:,} | {b:,} | {ratio:.3f} |",
+            f"| tokens received, seconds {fair_window[0]}–{fair_window[1]} | {a:,} | {b:,} | "
+            f"{ratio:.3f} |",
             f"| tokens received, whole run | {whole_a:,} | {whole_b:,} | "
             f"{min(whole_a, whole_b) / max(whole_a, whole_b, 1):.3f} |",
-            f"| requests completed / refused | {sum(1 for q in r['groups']['fair-a']['requests'] if q[4] == 200)}"
+            "| requests completed / refused | "
+            f"{sum(1 for q in r['groups']['fair-a']['requests'] if q[4] == 200)}"
             f" / {sum(1 for q in r['groups']['fair-a']['requests'] if q[4] != 200)} | "
             f"{sum(1 for q in r['groups']['fair-b']['requests'] if q[4] == 200)} / "
             f"{sum(1 for q in r['groups']['fair-b']['requests'] if q[4] != 200)} | |",
-            f"| mean queue wait | {mean_wait(r, ids['fair-a'])} | {mean_wait(r, ids['fair-b'])} | |",
+            f"| mean queue wait | {mean_wait(r, ids['fair-a'])} | {mean_wait(r, ids['fair-b'])} | "
+            "|",
             f"| engine busy (running/4) in the window | {eng.get('util', 0) * 100:.1f}% | | |",
         ]
         verdict.append(
-            f"- fair share: equal-weight P1 tenants within 10% of each other's tokens under saturation: "
+            "- fair share: equal-weight P1 tenants within 10% of each other's tokens under "
+            "saturation: "
             f"{'met' if ratio >= 0.9 else 'MISSED'} ({a:,} vs {b:,} tokens, ratio {ratio:.3f})"
         )
     return "\n".join(lines), extra, verdict
@@ -700,8 +710,10 @@ def main() -> None:
     load_after = load_avg()
     cmd = "$ .venv/bin/python bench/admission_bench.py " + " ".join(sys.argv[1:])
     machine = (
-        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}; "
-        f"{started}; gateway `gunicorn -w {a.workers}`; scraper {'off' if a.no_scrape else 'on (5 s)'}, "
+        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
+        f"{platform.python_version()}; "
+        f"{started}; gateway `gunicorn -w {a.workers}`; scraper "
+        f"{'off' if a.no_scrape else 'on (5 s)'}, "
         f"adaptive ceiling {'off' if a.no_tune else 'on (5 s)'}; P0 {a.p0_rate:g} requests/s; "
         f"load average before {load_before}, after {load_after}"
     )

@@ -1,9 +1,10 @@
 """Rows for bench/admission_bench.py in its own database, and the priority switch between runs.
 
-``create PORT [fcfs|priority]``: one model served by one simulator replica whose deployment says
-``max-num-seqs 4`` and the scheduling policy (default priority; so the gateway's static budget is 4), and four tenants with no limits
-and no quota — ``interactive`` (P0), ``batch`` (P2), ``fair-a`` and ``fair-b`` (P1, weight
-1 each) — with one key each. Prints JSON: keys, tenant ids, model and replica id.
+``create PORT [fcfs|priority]``: one model served by one simulator replica whose deployment
+says ``max-num-seqs 4`` and the scheduling policy (default priority; so the gateway's static
+budget is 4), and four tenants with no limits and no quota — ``interactive`` (P0), ``batch``
+(P2), ``fair-a`` and ``fair-b`` (P1, weight 1 each) — with one key each. Prints JSON: keys,
+tenant ids, model and replica id.
 
 ``priorities SLUG=CLASS …``: change tenants' classes through the service layer (which
 announces the change, so the gateway reloads within a second).

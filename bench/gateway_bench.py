@@ -247,7 +247,7 @@ def ensure_litellm() -> Path:
 def start_litellm(
     workers: int, ports: dict[str, int], tmp: Path, log: Path
 ) -> tuple[str, str, Server]:
-    """LiteLLM without a database; its master key is the only credential (it refuses to run without one)."""
+    """LiteLLM without a database; its master key is the only credential (it needs one to run)."""
     exe = ensure_litellm()
     master = f"sk-{secrets.token_hex(32)}"
     lines = ["model_list:"]
@@ -519,7 +519,8 @@ def run_column(load: Load, col: Column, scale: float, hold: int) -> dict[str, di
         )
         print(
             f"  {col.name:<12} {name:<12} n={r['requests']:<6} err={r['errors']:<3} "
-            f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms ttft50={fmt(r['ttft_p50'], 2)} "
+            f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms "
+            f"ttft50={fmt(r['ttft_p50'], 2)} "
             f"rps={r['rps']:.0f} tok/s={r['tok_s']:.0f} cpu={fmt(r['server_cpu_s'], 2)} s "
             f"{r['first_error']}",
             file=sys.stderr,
@@ -727,7 +728,8 @@ def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
         v = facts[f"{g}.tok_ratio_c64"]
         out.append(
             f"- {g}: token rate at 64 streams ≥ 95% of direct: "
-            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} ({fmt(v * 100 if v else None, 1)}%)"
+            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} "
+            f"({fmt(v * 100 if v else None, 1)}%)"
         )
         if facts.get(f"{g}.hold_ok") is not None:
             ok = facts[f"{g}.hold_errors"] == 0 and facts[f"{g}.hold_ok"] == hold
@@ -903,8 +905,10 @@ def main() -> None:
     lines = verdicts(facts, a.hold)
     cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
     machine = (
-        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}, "
-        f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after {load_after}"
+        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
+        f"{platform.python_version()}, "
+        f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after "
+        f"{load_after}"
     )
     print(f"\n{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(lines))
     if a.write:

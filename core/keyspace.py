@@ -26,6 +26,10 @@ died, by the orphan reaper (gateway/orphans.py).
 Usage: ``usage:events``, the stream the gateway appends one ``core.usage.UsageRecord`` per
 request to and metering's consumer group reads.
 
+Stored responses (gateway/response_store.py): ``resp:<tenant id>:<response id>``, a kept
+``/v1/responses`` answer (JSON; ``-`` marks one deleted), with a TTL: PostgreSQL keeps them
+for good; ``responses:log``, the stream of puts and deletes its consumer writes there.
+
 Admission (gateway/admission.py and its Lua; the console reads it through
 ``gateway.admission.pool_status`` and ``wait_stats``):
 
@@ -104,6 +108,16 @@ def settled_stem() -> str:
 def usage_stream() -> str:
     """The Redis stream of usage events."""
     return rkey("usage", "events")
+
+
+def stored_response_key(tenant_id: int, response_id: str) -> str:
+    """A tenant's kept response (the write-through copy of gateway.models.StoredResponse)."""
+    return rkey("resp", tenant_id, response_id)
+
+
+def responses_log() -> str:
+    """The stream of stored-response puts and deletes, persisted to PostgreSQL."""
+    return rkey("responses", "log")
 
 
 def pool_keys(model_id: int) -> tuple[str, str, str, str, str, str, str]:

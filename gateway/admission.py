@@ -5,8 +5,9 @@ P0 (interactive) goes before P1 (standard) before P2 (batch); inside a class ten
 weighted fair shares by tokens. P2 takes a slot only while the engines report spare
 capacity. Lower classes leave free the slots higher classes recently needed (the headroom,
 see acquire.lua), and requests are admitted by predicted tokens as well as by count: each
-holds its prompt estimate plus its expected output against the engines' KV cache. A freed slot is announced on a pub/sub channel, so a waiter in any process can
-take it at once; waiters also retry on a short timer, so nothing depends on one message.
+holds its prompt estimate plus its expected output against the engines' KV cache. A freed
+slot is announced on a pub/sub channel, so a waiter in any process can take it at once;
+waiters also retry on a short timer, so nothing depends on one message.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import redis.exceptions
 from core.keyspace import open_keys
 from core.pricing import cost_nano
 from core.usage import UsageRecord
-from gateway import metrics
+from gateway import metrics, responses
 from gateway.admission import CLASS_INDEX, lowered
 from gateway.errors import error_body
 from gateway.limiter import Decision, Reservation
@@ -124,7 +124,11 @@ def estimate(body: bytes, payload: dict, model: ModelInfo, endpoint: str) -> tup
     prompt = len(body) // 4 + 8
     if endpoint == "embeddings":
         return prompt, 0
-    asked = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    asked = (
+        payload.get("max_completion_tokens")
+        or payload.get("max_tokens")
+        or payload.get("max_output_tokens")
+    )
     output = asked if asked else max(model.context_length - prompt, 16)
     return prompt, output * (payload.get("n") or 1)
 
@@ -190,6 +194,7 @@ class Exchange:
         "price",
         "headers",
         "disconnect",
+        "plan",
     )
 
     def __init__(
@@ -204,6 +209,7 @@ class Exchange:
         model: ModelInfo,
         upstreams: list[Upstream],
         started: float,
+        plan: responses.ResponsePlan | None = None,
     ) -> None:
         self.rt = rt
         self.send = send
@@ -215,6 +221,7 @@ class Exchange:
         self.model = model
         self.upstreams = upstreams
         self.started = started  # perf_counter() when the request arrived
+        self.plan = plan  # /v1/responses: the id it gets and what to keep of it
 
     async def admit_and_forward(self, scope: dict, receive: Any) -> None:
         """Admit the request (or answer why not), then serve it and clean up after it."""
@@ -247,7 +254,9 @@ class Exchange:
         if preempts:
             payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
         changed = preempts or client_priority is not None
-        self.body = upstream_body(payload, self.body, payload.get("stream") is True, changed)
+        # Responses streams carry their usage in response.completed: no stream_options.
+        stream_usage = payload.get("stream") is True and self.plan is None
+        self.body = upstream_body(payload, self.body, stream_usage, changed)
         admission = rt.admission
         kv = self.kv = admission.predicted_tokens(
             model.id, prompt_est, output_est, model.context_length
@@ -377,7 +386,8 @@ class Exchange:
                 429,
                 error_body(
                     f"The model `{model.served_name}` is busy: this {priority} request waited "
-                    f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
+                    f"{ticket.waited:.0f}s for an engine slot. Please retry in "
+                    f"{ticket.retry_after}s.",
                     "requests",
                     code="rate_limit_exceeded",
                 ),
@@ -434,7 +444,20 @@ class Exchange:
                     sent_headers = up_headers
                     if upstream.auth_header:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
-                    if stream:
+                    if self.plan is not None:
+                        relay = responses.forward_stream if stream else responses.forward_whole
+                        await relay(
+                            rt.session,
+                            url,
+                            self.body,
+                            sent_headers,
+                            send,
+                            headers,
+                            *((st, rt.max_frame) if stream else (outcome,)),
+                            self.plan,
+                            rt.responses,
+                        )
+                    elif stream:
                         await forward_stream(
                             rt.session,
                             url,
