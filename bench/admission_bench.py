@@ -1,28 +1,31 @@
-"""Admission and priority (issue 9): P0's time to first token under a P2 flood, engine
-utilisation while P2 work waits, and fair share between two equal P1 tenants.
+"""Admission and priority (issues 9 and 18): P0's time to first token under a P2 flood,
+on engines that serve first come, first served and on engines that preempt by priority.
 
-One simulator engine with ``--max-num-seqs 4`` and DGX-Spark-like timings (prefill 50 ms
-+ 0.05 ms a prompt token, 30 tokens/s decode for one sequence, bandwidth alpha 0.15),
-behind Tollgate (gunicorn, 2 uvicorn workers) on a throw-away database
-(``tollgate_admbench``) and Redis prefix. The deployment row says ``max-num-seqs 4``, so
-the gateway's static budget is 4. What beat would run is run by bench/admission_ticker.py:
-the engine scraper (``deployments.fleet.scrape_all``, which P2 gating reads) and the
-adaptive ceiling (``gateway.tuning.tune_all``), both every 5 s as in beat (``--no-scrape``,
-``--no-tune`` to switch them off). Runs, each from an idle engine and a fresh controller:
+Per scheduling policy (``--policies fcfs,priority``), one simulator engine with
+``--max-num-seqs 4`` and DGX-Spark-like timings (prefill 50 ms + 0.05 ms a prompt token,
+30 tokens/s decode for one sequence, bandwidth alpha 0.15), behind Tollgate (gunicorn, 2
+uvicorn workers) on a throw-away database (``tollgate_admbench``) and Redis prefix. The
+deployment row says ``max-num-seqs 4`` and the policy, so the gateway's static budget is 4.
+What beat would run is run by bench/admission_ticker.py: the engine scraper
+(``deployments.fleet.scrape_all``, which P2 gating and the KV-cache token budget read) and
+the adaptive ceiling (``gateway.tuning.tune_all``), both every 5 s as in beat
+(``--no-scrape``, ``--no-tune`` to switch them off). Runs, each from an idle engine and a
+fresh controller:
 
-  1 unloaded    P0 tenant alone: 16-token streams at a steady 2/s
-  2 priorities  the same P0 traffic + a P2 tenant with 32 clients back-to-back (64-128 tokens)
-  3 no classes  run 2 with both tenants set to P1 (fair share only)
-  4 fair share  two P1 tenants (weight 1 each), 32 clients back-to-back each, 64-128 tokens
+  unloaded    P0 tenant alone: 16-token streams at a steady ``--p0-rate`` (1/s)
+  p2only      a P2 tenant with 32 clients back-to-back (64-128 tokens): the busy baseline
+  priorities  the same P0 traffic + the P2 flood (P0 starts 5 s into the flood)
+  flat        (``--runs``) run 3 with both tenants set to P1 (fair share only)
+  fair        (``--runs``) two P1 tenants (weight 1 each), 32 clients back-to-back each
 
 Every 50 ms a sampler reads the engine's ``vllm:num_requests_running|waiting`` and the
 gateway's queue (ZCARD of ``<prefix>:adm:<model>:q``; P2 entries are the ones ranked
-≥ 2e13) and ceiling. "Idle while P2 waits" = samples with running < 4 and a P2 request in
-the gateway's queue, over samples with a P2 request queued. Queue wait per class comes from
+≥ 2e13) and ceiling. "Engine busy" = mean running / 4 over the P0 window; the target
+compares it with the P2-only run's over the same window. Queue wait per class comes from
 the gateway's own ``tollgate_queue_wait_seconds`` histogram (multiprocess mode).
 
-    .venv/bin/python bench/admission_bench.py            # print the table
-    .venv/bin/python bench/admission_bench.py --write   # replaces its section in bench/RESULTS.md
+    .venv/bin/python bench/admission_bench.py            # print the tables
+    .venv/bin/python bench/admission_bench.py --write    # and replace the section in bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -679,7 +682,12 @@ def main() -> None:
     ap.add_argument(
         "--no-tune", action="store_true", help="no adaptive ceiling: the static budget of 4"
     )
-    ap.add_argument("--seconds", type=float, default=50.0, help="P0 traffic per run")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=100.0,
+        help="P0 traffic per run (100 requests at 1/s: p99 is not the one worst)",
+    )
     ap.add_argument("--p0-rate", type=float, default=1.0, help="P0 requests per second")
     ap.add_argument(
         "--policies",
