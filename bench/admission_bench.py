@@ -25,7 +25,7 @@ compares it with the P2-only run's over the same window. Queue wait per class co
 the gateway's own ``tollgate_queue_wait_seconds`` histogram (multiprocess mode).
 
     .venv/bin/python bench/admission_bench.py            # print the tables
-    .venv/bin/python bench/admission_bench.py --write    # and replace the section in bench/RESULTS.md
+    .venv/bin/python bench/admission_bench.py --write    # and replace its section in RESULTS.md
 """
 
 from __future__ import annotations
