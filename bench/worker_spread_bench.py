@@ -92,7 +92,7 @@ def run_column(spread: bool, bursts: int, size: int, workers: int) -> list[list[
         "DATABASE_URL": f"{PG}/{DB_NAME}",
         "TOLLGATE_LOG_LEVEL": "WARNING",
         "TOLLGATE_WEB_BALANCE": "true" if spread else "false",
-        "PROMETHEUS_MULTIPROC_DIR": str(tmp),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"),  # emptied by config/gunicorn.py
     }
     port = free_port()
     cmd = [PY, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.asgi:application"]
