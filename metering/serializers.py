@@ -58,6 +58,7 @@ class UsageEventSerializer(serializers.ModelSerializer):
             "cached_tokens",
             "completion_tokens",
             "reasoning_tokens",
+            "prompt_estimated",
             "status",
             "http_status",
             "latency_ms",
