@@ -10,9 +10,8 @@ from a separate load-generator process (bench/gateway_load.py, aiohttp client):
   json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
   stream c=1/16/64    64 tokens 5 ms apart: time to first token, token rate, CPU per chunk
   hold                1,000 concurrent streams of 200 tokens 50 ms apart: errors, RSS
-  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses, /v1/messages — the
-                      Anthropic Messages API, key in x-api-key) beside chat: added latency
-  <api> stream c=64   and the token rate at 64 streams, against the same engines
+  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses, /v1/messages) beside chat:
+  <api> stream c=64   added latency and the token rate at 64 streams, same engines
 
 Server CPU is the utime+stime of the server's whole process tree (from /proc) before and
 after each scenario; memory is the peak summed RSS of its workers while the streams are
@@ -931,12 +930,12 @@ def main() -> None:
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
+    )
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
-    )
-    ap.add_argument(
-        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
     )
     ap.add_argument(
         "--section",

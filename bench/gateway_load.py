@@ -8,10 +8,10 @@ or ``duration`` seconds have passed. Per request it records the latency, the tim
 first content chunk (streams) and the completion tokens received.
 
 Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration; ``api``:
-``chat`` (default, /v1/chat/completions), ``responses`` (/v1/responses) or ``messages``
-(the Anthropic Messages API, /v1/messages, with the key in ``x-api-key`` as the anthropic
-SDK sends it); ``raw``: also answer every latency and TTFT (ms). ``{"reset": true}`` closes
-the connections, so the next scenario opens fresh ones.
+``chat`` (default, /v1/chat/completions), ``responses`` (/v1/responses) or ``messages`` (the
+Anthropic Messages API, /v1/messages, with the key in ``x-api-key`` as the anthropic SDK sends
+it); ``raw``: also answer every latency and TTFT (ms). ``{"reset": true}`` closes the
+connections, so the next scenario opens fresh ones.
 """
 
 from __future__ import annotations
@@ -151,8 +151,8 @@ async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
     headers = {"content-type": "application/json"}
     if api == "messages":
         headers["anthropic-version"] = "2023-06-01"
-        if spec.get("key"):
-            headers["x-api-key"] = spec["key"]
+    if spec.get("key") and api == "messages":
+        headers["x-api-key"] = spec["key"]
     elif spec.get("key"):
         headers["authorization"] = f"Bearer {spec['key']}"
     url = spec["url"].rstrip("/") + PATHS[api]

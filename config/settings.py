@@ -168,6 +168,9 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )
 AXES_VERBOSE = False
+# POST /api/v1/auth/token/: attempts per client address, and the tokens' default lifetime.
+TOLLGATE_TOKEN_LOGIN_RATE = env_str("TOLLGATE_TOKEN_LOGIN_RATE", "20/min")
+TOLLGATE_TOKEN_LOGIN_DAYS = env_int("TOLLGATE_TOKEN_LOGIN_DAYS", 30)
 
 # HMAC pepper for API-key hashes. Kept apart from SECRET_KEY so that rotating one does not
 # silently invalidate the other; derived from SECRET_KEY only when not set.
@@ -221,7 +224,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "EXCEPTION_HANDLER": "config.problems.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "config.parsers.ObjectJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -237,6 +245,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.schema.postprocess",
+    ],
 }
 
 # --- Engines and deployments ------------------------------------------------------------

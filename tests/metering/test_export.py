@@ -214,7 +214,8 @@ def test_platform_admin_exports_everything_in_both_formats(usage, root, client_f
 def test_bad_parameters_answer_400_with_a_message(root, client_for) -> None:
     response = client_for(root).get(URL, {"granularity": "fortnight"})
     assert response.status_code == 400
-    assert "granularity" in response.json()
+    assert response["Content-Type"] == "application/problem+json"
+    assert [e["field"] for e in response.json()["errors"]] == ["granularity"]
 
 
 def test_anonymous_is_refused(client) -> None:
