@@ -98,8 +98,24 @@ def test_load_failure_exits_non_zero():
     assert r.returncode == 3 and "CUDA out of memory" in r.stdout
 
 
+def test_after_a_crash_health_is_503_and_requests_fail(start_sim):
+    """During the grace period (long here, so a slow machine sees it) the dead engine still
+    answers: /health 503, new requests 500."""
+    sim = start_sim(
+        "m", "--sim-crash-after-requests", "2", "--sim-crash-grace-seconds", "300", *FAST
+    )
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for _ in range(2):
+        assert httpx.post(sim.url + "/v1/chat/completions", json=body).status_code == 200
+    assert httpx.get(sim.url + "/health").status_code == 503
+    r = httpx.post(sim.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+    assert "EngineCore encountered a fatal error" in sim.output()
+    assert sim.proc.poll() is None
+
+
 @pytest.mark.parametrize("code", [0, 1])
-def test_crash_after_n_requests(start_sim, code):
+def test_crash_after_n_requests_exits_with_the_configured_code(start_sim, code):
     sim = start_sim(
         "m",
         "--sim-crash-after-requests",
@@ -113,18 +129,14 @@ def test_crash_after_n_requests(start_sim, code):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for _ in range(2):
         assert httpx.post(sim.url + "/v1/chat/completions", json=body).status_code == 200
-    assert httpx.get(sim.url + "/health").status_code == 503
-    r = httpx.post(sim.url + "/v1/chat/completions", json=body)
-    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
-    assert sim.proc.wait(timeout=10) == code
+    assert sim.proc.wait(timeout=30) == code
     assert "EngineCore encountered a fatal error" in sim.output()
 
 
 def test_crash_mid_stream_sends_an_error_frame(start_sim):
+    """The engine dies (SIGUSR2, as --sim-crash-after-* would) once the stream has started."""
     sim = start_sim(
         "m",
-        "--sim-crash-after-seconds",
-        "0.3",
         "--sim-load-seconds",
         "0",
         "--sim-ttft-ms",
@@ -134,15 +146,22 @@ def test_crash_mid_stream_sends_an_error_frame(start_sim):
         "--sim-crash-grace-seconds",
         "1",
     )
-    r = httpx.post(
+    frames = []
+    with httpx.stream(
+        "POST",
         sim.url + "/v1/chat/completions",
-        timeout=10,
+        timeout=30,
         json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True},
-    )
-    frames = [f for f in r.text.split("\n\n") if f]
+    ) as r:
+        for line in r.iter_lines():
+            if line:
+                frames.append(line)
+                if len(frames) == 2:
+                    os.kill(sim.proc.pid, signal.SIGUSR2)
+    assert 2 <= len(frames) < 100
     assert frames[-1] == "data: [DONE]"
     assert '"type":"InternalServerError"' in frames[-2]
-    assert sim.proc.wait(timeout=10) == 1
+    assert sim.proc.wait(timeout=30) == 1
 
 
 def test_hang_keeps_the_socket_but_answers_nothing(start_sim):
