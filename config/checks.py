@@ -35,7 +35,9 @@ def check_key_pepper(app_configs: Any, **kwargs: Any) -> list[Warning]:
             Warning(
                 "TOLLGATE_KEY_PEPPER is not set; API-key hashes are derived from "
                 "DJANGO_SECRET_KEY, so rotating that key invalidates every API key.",
-                hint="Set TOLLGATE_KEY_PEPPER (or TOLLGATE_KEY_PEPPER_FILE) to a long random value.",
+                hint=(
+                    "Set TOLLGATE_KEY_PEPPER (or TOLLGATE_KEY_PEPPER_FILE) to a long random value."
+                ),
                 id="tollgate.W002",
             )
         ]

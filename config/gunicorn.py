@@ -1,4 +1,6 @@
-"""gunicorn settings for the web role: ``gunicorn -c python:config.gunicorn config.asgi:application``.
+"""gunicorn settings for the web role.
+
+    gunicorn -c python:config.gunicorn config.asgi:application
 
 Uvicorn workers (the ASGI app: console, admin API and the /v1 gateway). Each worker keeps
 its own Prometheus metrics; so that ``/metrics`` shows the sum over all workers (not
@@ -11,6 +13,9 @@ import shutil
 import tempfile
 
 worker_class = "uvicorn_worker.UvicornWorker"
+# gunicorn's runtime control socket (``gunicornc``) would live in $HOME/.gunicorn, which is
+# the read-only image in the container; nothing in Tollgate uses it.
+control_socket_disable = True
 
 _made_here = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if _made_here:

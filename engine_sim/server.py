@@ -76,7 +76,8 @@ async def load(cfg: Config) -> None:
     log(
         "EngineCore_DP0",
         f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
-        f"model='{cfg.model}', served_model_name={cfg.served_names[0]}, max_seq_len={cfg.max_model_len}",
+        f"model='{cfg.model}', served_model_name={cfg.served_names[0]}, "
+        f"max_seq_len={cfg.max_model_len}",
         where="core.py:93",
     )
     shards = max(1, s.sim_shards)
