@@ -25,14 +25,26 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_not_listening_while_loading_and_progress_is_printed(start_sim):
-    sim = start_sim("Qwen/Qwen3-8B", "--sim-load-seconds", "1.2", "--sim-shards", "3", wait=False)
-    wait_until(
-        lambda: "checkpoint shards:   0% Completed | 0/3" in sim.output(),
-        what="first progress line",
+    """--sim-hold-load keeps it loading (before its last shard) until SIGUSR1."""
+    sim = start_sim(
+        "Qwen/Qwen3-8B",
+        "--sim-load-seconds",
+        "1.2",
+        "--sim-shards",
+        "3",
+        "--sim-hold-load",
+        wait=False,
     )
+    wait_until(
+        lambda: "checkpoint shards:  67% Completed | 2/3" in sim.output(),
+        timeout=30,
+        what="the progress line before the held shard",
+    )
+    assert "checkpoint shards:   0% Completed | 0/3" in sim.output()
     with pytest.raises(httpx.ConnectError):
         httpx.get(sim.url + "/health")
-    wait_until(sim.listening, what="listening after load")
+    os.kill(sim.proc.pid, signal.SIGUSR1)
+    wait_until(sim.listening, timeout=30, what="listening after load")
     out = sim.output()
     assert "Loading safetensors checkpoint shards:  33% Completed | 1/3 [" in out
     assert "Loading safetensors checkpoint shards: 100% Completed | 3/3 [" in out
@@ -175,7 +187,15 @@ def test_hang_keeps_the_socket_but_answers_nothing(start_sim):
     assert sim.proc.poll() is None
 
 
+def test_sigterm_while_loading_exits_zero(start_sim):
+    sim = start_sim("m", "--sim-shards", "2", "--sim-hold-load", wait=False)
+    wait_until(lambda: "1/2" in sim.output(), timeout=30, what="loading to be under way (held)")
+    os.kill(sim.proc.pid, signal.SIGTERM)
+    assert sim.proc.wait(timeout=30) == 0
+    assert "Uvicorn running" not in sim.output()
+
+
 def test_sigterm_exits_zero(start_sim):
     sim = start_sim("m", *FAST)
     os.kill(sim.proc.pid, signal.SIGTERM)
-    assert sim.proc.wait(timeout=10) == 0
+    assert sim.proc.wait(timeout=30) == 0
