@@ -190,7 +190,7 @@ def test_store_false_keeps_nothing_and_background_and_cancel_are_refused(world: 
 # --- Conversations ----------------------------------------------------------------------------
 
 
-def test_previous_response_id_chains_over_two_replicas_and_two_gateways(
+def test_previous_response_id_chains_over_two_replicas_two_gateways_and_a_restart(
     world: World, started_pair: list, second_gateway: str
 ) -> None:
     pair = tuple(engine for engine, _ in started_pair)
@@ -234,6 +234,18 @@ def test_previous_response_id_chains_over_two_replicas_and_two_gateways(
     # Only the turn's own input is its input; the chain is kept for the next turn.
     items = client(world).responses.input_items.list(second.id, order="asc")
     assert [i.content[0].text for i in items.data] == ["What is my name?"]
+    # A gateway that starts afresh (a restart) carries the conversation on.
+    proc, restarted_url = start_gateway(1)
+    try:
+        wait_until_served(restarted_url, world.key_a, "sim-pair")
+        restarted = client(world, url=restarted_url)
+        assert restarted.responses.retrieve(second.id).output_text == second.output_text
+        third = restarted.responses.create(
+            model="sim-pair", input="Spell it.", previous_response_id=second.id, max_output_tokens=4
+        )
+    finally:
+        stop(proc)
+    assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
 
 
 def test_function_calling_round_trip(world: World, pair: tuple[Engine, Engine]) -> None:
