@@ -935,6 +935,11 @@ def main() -> None:
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
     )
     ap.add_argument(
+        "--database",
+        default=DB_NAME,
+        help="the throw-away database's name (dropped and created; distinct per concurrent run)",
+    )
+    ap.add_argument(
         "--section",
         default=SECTION,
         help="the bench/RESULTS.md section --write fills (a partial run: give it its own)",
@@ -947,7 +952,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     if any(c.startswith("LiteLLM") for c in cols):
         ensure_litellm()
-    with bench_stack() as st:
+    with bench_stack(a.database) as st:
         for col in cols:
             print(f"{col} …", file=sys.stderr, flush=True)
             if col == "direct":
