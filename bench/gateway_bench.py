@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -992,7 +993,7 @@ def main() -> None:
     load_after = load_avg()
     text, facts = table(cols, results)
     lines = verdicts(facts, a.hold)
-    cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
+    cmd = "$ .venv/bin/python bench/gateway_bench.py " + shlex.join(sys.argv[1:])
     machine = (
         f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
         f"{platform.python_version()}, "
