@@ -13,6 +13,9 @@ import shutil
 import tempfile
 
 worker_class = "uvicorn_worker.UvicornWorker"
+# gunicorn's runtime control socket (``gunicornc``) would live in $HOME/.gunicorn, which is
+# the read-only image in the container; nothing in Tollgate uses it.
+control_socket_disable = True
 
 _made_here = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if _made_here:

@@ -3,10 +3,11 @@
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from config.views import healthz, v1_not_found
+from config.views import favicon, healthz, v1_not_found
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("favicon.ico", favicon, name="favicon"),
     path("", include("metering.urls")),  # /v1/usage, /api/v1/usage/export.csv
     path("", include("batches.urls")),  # /v1/files, /v1/batches
     # The rest of /v1 is the gateway's (config/asgi.py); what reaches Django is not a path.

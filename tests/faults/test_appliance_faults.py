@@ -408,7 +408,9 @@ def test_dangerous_deployments_are_400_and_create_no_container(
         if a.status_code != 400
     }
     client = docker.from_env()
-    created = client.containers.list(all=True, filters={"label": f"tollgate.stack={stack}"})
+    created = client.containers.list(
+        all=True, filters={"label": f"tollgate.stack={stack}"}, ignore_removed=True
+    )
     for container in created:  # whatever was accepted must at least not have got its way
         host = container.attrs["HostConfig"]
         assert not host["Privileged"] and not host.get("CapAdd") and host["NetworkMode"] != "host"
