@@ -936,9 +936,7 @@ def main() -> None:
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
     )
     ap.add_argument(
-        "--database",
-        default=DB_NAME,
-        help="the throw-away database's name (dropped and created; distinct per concurrent run)",
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
     )
     ap.add_argument(
         "--section",
@@ -953,7 +951,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     if any(c.startswith("LiteLLM") for c in cols):
         ensure_litellm()
-    with bench_stack(a.database) as st:
+    with bench_stack(a.db_name) as st:
         for col in cols:
             print(f"{col} …", file=sys.stderr, flush=True)
             if col == "direct":
