@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from gateway.relay import Outcome
+from gateway.responses import chat_messages, chat_tools
 from gateway.state import Upstream
 
 log = logging.getLogger("tollgate.gateway")
@@ -70,11 +71,22 @@ def _messages_calls(payload: dict) -> tuple[list[Call], int]:
     return [("/v1/messages/count_tokens", body, "input_tokens")], 0
 
 
+def _responses_calls(payload: dict) -> tuple[list[Call], int]:
+    """The engine's chat messages of the request (its input, a previous_response_id already
+    expanded by the gateway, and instructions) and its tools, as the engine builds them."""
+    body: dict[str, Any] = {"model": payload["model"], "messages": chat_messages(payload)}
+    tools = chat_tools(payload)
+    if tools:
+        body["tools"] = tools
+    return [("/tokenize", body, "count")], 0
+
+
 # Endpoints whose prompt Tollgate counts when the engine did not report it.
 PROMPT_COUNTS: dict[str, Callable[[dict], tuple[list[Call], int]]] = {
     "chat": _chat_calls,
     "completions": _completion_calls,
     "messages": _messages_calls,
+    "responses": _responses_calls,
 }
 PROMPT_FIELDS = ("messages", "prompt", "system", "tools", "input", "instructions")
 

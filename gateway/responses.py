@@ -260,6 +260,7 @@ async def prepare(
 
 def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
     outcome.prompt_tokens = int(usage.get("input_tokens") or 0)
+    outcome.prompt_known = outcome.prompt_tokens > 0
     outcome.completion_tokens = int(usage.get("output_tokens") or 0)
     details = usage.get("input_tokens_details")
     if isinstance(details, dict):

@@ -62,6 +62,24 @@ def _messages_content(event: dict) -> bool:
     return event.get("type") == "content_block_delta" and bool(event["delta"].get("text"))
 
 
+def _responses_body(model: str) -> dict:
+    return {
+        "model": model,
+        "instructions": "Answer plainly.",
+        "input": MESSAGES[0]["content"],
+        "max_output_tokens": REPLY_TOKENS,
+        "store": False,
+    }
+
+
+def _responses_content(event: dict) -> bool:
+    return event.get("type") == "response.output_text.delta" and bool(event.get("delta"))
+
+
+def _responses_usage(answer: dict) -> tuple[int, int]:
+    return answer["usage"]["input_tokens"], answer["usage"]["output_tokens"]
+
+
 def _openai_usage(answer: dict) -> tuple[int, int]:
     return answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"]
 
@@ -76,6 +94,7 @@ ENDPOINTS: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "chat": ("/v1/chat/completions", _chat_body, _chat_content, _openai_usage),
     "completions": ("/v1/completions", _completion_body, _completion_content, _openai_usage),
     "messages": ("/v1/messages", _chat_body, _messages_content, _messages_usage),
+    "responses": ("/v1/responses", _responses_body, _responses_content, _responses_usage),
 }
 
 
