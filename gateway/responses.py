@@ -432,7 +432,11 @@ async def forward_stream(
         await send(
             {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers}
         )
-        await _relay(resp, send, st, max_frame, EventRelay(plan), store)
+        ev = EventRelay(plan)
+        # Should the gateway itself fail mid-stream, the stream ends with this dialect's
+        # error event (gateway/exchange.py sends st.failure()).
+        st.error_frames = lambda message: error_event(message, ev.frames)
+        await _relay(resp, send, st, max_frame, ev, store)
     finally:
         resp.close()
 

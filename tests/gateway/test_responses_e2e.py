@@ -22,6 +22,7 @@ from gateway.models import StoredResponse
 from tests.gateway.conftest import (
     Engine,
     World,
+    add_routed_model,
     deploy,
     make_model,
     start_engine,
@@ -185,6 +186,36 @@ def test_store_false_keeps_nothing_and_background_and_cancel_are_refused(world: 
     assert "background=true" in caught.value.body["message"]
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model="no-such-model", input="Hi")
+
+
+def test_engine_death_mid_stream_ends_with_an_error_event_and_bills_what_was_read(
+    world: World,
+) -> None:
+    engine, proc = start_engine(("sim-dies",), "--sim-decode-tps", "20")
+    try:
+        add_routed_model(world, "sim-dies", engine.port)
+        body = {"model": "sim-dies", "input": "Tell a long story.", "max_output_tokens": 200}
+        headers = {"Authorization": f"Bearer {world.key_a}"}
+        kinds, deltas = [], 0
+        with httpx.stream(
+            "POST", f"{world.v1}/responses", json={**body, "stream": True}, headers=headers
+        ) as r:
+            request_id = r.headers["x-request-id"]
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                event = orjson.loads(line[5:])
+                kinds.append(event["type"])
+                deltas += event["type"] == "response.output_text.delta"
+                if deltas == 3 and proc.poll() is None:
+                    proc.kill()  # the engine dies with the answer half done
+    finally:
+        stop(proc)
+    assert kinds[-1] == "error" and "response.completed" not in kinds
+    record = usage_event(request_id, timeout=15)
+    assert record.status == "error" and record.completion_tokens == deltas >= 3
+    # Nobody is left to count the prompt: it is estimated, and marked so.
+    assert record.prompt_tokens > 0 and record.prompt_estimated
 
 
 # --- Conversations ----------------------------------------------------------------------------
