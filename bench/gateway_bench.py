@@ -44,6 +44,7 @@ import json
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -1048,6 +1049,9 @@ def main() -> None:
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
     )
     ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
+    )
+    ap.add_argument(
         "--section",
         default=SECTION,
         help="the bench/RESULTS.md section --write fills (a partial run: give it its own)",
@@ -1117,7 +1121,7 @@ def main() -> None:
     load_after = load_avg()
     text, facts = table(cols, results)
     lines = verdicts(facts, a.hold) + tls_verdicts(results)
-    cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
+    cmd = "$ .venv/bin/python bench/gateway_bench.py " + shlex.join(sys.argv[1:])
     machine = (
         f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
         f"{platform.python_version()}, "
