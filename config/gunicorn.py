@@ -21,6 +21,9 @@ from config.web import BOARD
 
 BALANCE = os.environ.get("TOLLGATE_WEB_BALANCE", "true").lower() not in ("0", "false", "no")
 worker_class = "config.web.BalancedUvicornWorker" if BALANCE else "uvicorn_worker.UvicornWorker"
+# gunicorn's runtime control socket (``gunicornc``) would live in $HOME/.gunicorn, which is
+# the read-only image in the container; nothing in Tollgate uses it.
+control_socket_disable = True
 
 _made_here = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if _made_here:

@@ -1,7 +1,8 @@
-"""Process-level views: the container health check, the /v1 404."""
+"""Process-level views: the container health check, the favicon, the /v1 404."""
 
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponsePermanentRedirect, JsonResponse
+from django.templatetags.static import static
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
@@ -33,3 +34,9 @@ def v1_not_found(request: HttpRequest) -> JsonResponse:
     message = f"Invalid URL ({request.method} {request.path})"
     error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
     return JsonResponse({"error": error}, status=404)
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    """Browsers ask for /favicon.ico on pages that name no icon (API docs, JSON answers)."""
+    return HttpResponsePermanentRedirect(static("console/favicon.svg"))

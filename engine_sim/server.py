@@ -181,6 +181,7 @@ class Process:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self._drain()))
         loop.add_signal_handler(signal.SIGUSR1, self.engine.release_hold)
+        loop.add_signal_handler(signal.SIGUSR2, self.crash)  # die now, mid-request
 
     async def run(self) -> int:
         cfg = self.cfg

@@ -108,6 +108,54 @@ def conversation(records: list[dict]) -> list[dict]:
     return items
 
 
+# --- The prompt as the engine builds it (vLLM's construct_input_messages) -------------------
+
+
+def _chat_message(item: dict) -> dict:
+    kind = item.get("type")
+    if kind == "function_call":
+        call = {"name": item.get("name"), "arguments": item.get("arguments")}
+        return {
+            "role": "assistant",
+            "tool_calls": [{"id": item.get("call_id"), "type": "function", "function": call}],
+        }
+    if kind == "function_call_output":
+        return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
+    if kind == "reasoning":
+        parts = item.get("summary") or item.get("content") or []
+        one = len(parts) == 1 and isinstance(parts[0], dict)
+        return {"role": "assistant", "reasoning": parts[0].get("text", "") if one else ""}
+    if (
+        kind == "message"
+        and item.get("role") == "assistant"
+        and item.get("id")
+        and item.get("status")
+    ):
+        content = item.get("content") or [{}]
+        return {"role": "assistant", "content": content[0].get("text", "")}
+    return item
+
+
+def chat_messages(engine_payload: dict) -> list[dict]:
+    """The chat messages an engine makes of a Responses request (without
+    previous_response_id, which the gateway has expanded): what its tokenizer counts."""
+    messages = []
+    if engine_payload.get("instructions"):
+        messages.append({"role": "system", "content": engine_payload["instructions"]})
+    given = engine_payload.get("input")
+    if isinstance(given, str):
+        return [*messages, {"role": "user", "content": given}]
+    return messages + [_chat_message(item) for item in given or []]
+
+
+def chat_tools(engine_payload: dict) -> list[dict] | None:
+    """The tools as the engine's chat template sees them (none with tool_choice "none")."""
+    tools = engine_payload.get("tools")
+    if not tools or engine_payload.get("tool_choice", "auto") == "none":
+        return None
+    return [{"type": "function", "function": t} for t in tools]
+
+
 # --- Before forwarding -------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse_lazy
 
+from tenants import services
 from tenants.services import tenants_of
 
 
@@ -25,6 +26,7 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 
     def form_valid(self, form: object) -> HttpResponse:
         response = super().form_valid(form)
+        services.password_changed(self.request.user)
         messages.success(self.request, "Your password was changed.")
         return response
 

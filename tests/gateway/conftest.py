@@ -238,6 +238,18 @@ def deploy(model: CatalogModel, node: Node, *ports: int, max_num_seqs: int = 256
     return deployment
 
 
+def wait_until_refused(url: str, key: str, timeout: float = 30.0) -> None:
+    """Poll until every gateway worker answers the key with 401 (a revocation has arrived)."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        streak = streak + 1 if r.status_code == 401 else 0
+        if streak >= 6:  # several refusals in a row: both workers have reloaded
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"the gateway still accepts the key after {timeout}s")
+
+
 def wait_until_served(url: str, key: str, model: str, timeout: float = 5.0) -> None:
     """Poll until every gateway worker knows the key and the model (pub/sub reload)."""
     deadline, streak = time.monotonic() + timeout, 0
