@@ -1038,7 +1038,8 @@ def main() -> None:
         default="direct,Tollgate w2 appliance,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,"
         "LiteLLM w1,LiteLLM w2",
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp; "
-        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy)",
+        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy); "
+        "'Tollgate wN appliance': web, worker, beat and usage consumer together",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
     ap.add_argument(
