@@ -4,10 +4,14 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from config.views import favicon, healthz
+from console.sso import SSOCallbackView, SSOLoginView
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", favicon, name="favicon"),
+    # Single sign-on (OpenID Connect); the names are mozilla-django-oidc's.
+    path("oidc/authenticate/", SSOLoginView.as_view(), name="oidc_authentication_init"),
+    path("oidc/callback/", SSOCallbackView.as_view(), name="oidc_authentication_callback"),
     path("", include("metering.urls")),  # /v1/usage, /api/v1/usage/export.csv
     path("", include("batches.urls")),  # /v1/files, /v1/batches
     path("api/v1/", include("config.api_urls")),

@@ -385,6 +385,16 @@ def reset_password(actor: Actor, user: AbstractBaseUser) -> str:
     return password
 
 
+def password_login_allowed(username: str) -> bool:
+    """Whether a local password may sign this user in: always, unless single sign-on is
+    the only way in (``TOLLGATE_SSO_ONLY``), which leaves only the break-glass admin's."""
+    from django.conf import settings
+
+    if not (settings.TOLLGATE_SSO_ENABLED and settings.TOLLGATE_SSO_ONLY):
+        return True
+    return bool(username) and username == settings.TOLLGATE_BREAK_GLASS_USERNAME
+
+
 def must_change_password(user: AbstractBaseUser) -> bool:
     return Account.objects.filter(user=user, must_change_password=True).exists()
 

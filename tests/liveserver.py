@@ -46,7 +46,7 @@ def collectstatic(env: dict[str, str]) -> None:
 
 
 @contextmanager
-def serve(log: Path, **settings: str) -> Iterator[Server]:
+def serve(log: Path, port: int | None = None, **settings: str) -> Iterator[Server]:
     """The web process with the test database and ``settings`` as its environment."""
     env = {
         **os.environ,
@@ -57,7 +57,7 @@ def serve(log: Path, **settings: str) -> Iterator[Server]:
         **settings,
     }
     collectstatic(env)
-    port = free_port()
+    port = port or free_port()
     with open(log, "w") as stderr:
         server = subprocess.Popen(
             [
