@@ -10,6 +10,8 @@ from a separate load-generator process (bench/gateway_load.py, aiohttp client):
   json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
   stream c=1/16/64    64 tokens 5 ms apart: time to first token, token rate, CPU per chunk
   hold                1,000 concurrent streams of 200 tokens 50 ms apart: errors, RSS
+  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses) beside chat: added latency
+  <api> stream c=64   and the token rate at 64 streams, against the same engines
 
 Server CPU is the utime+stime of the server's whole process tree (from /proc) before and
 after each scenario; memory is the peak summed RSS of its workers while the streams are
@@ -53,6 +55,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 # name -> (tokens per reply, decode tokens/s per sequence; 0 = no delay)
 SIMS = {"bench-model": (16, 0), "bench-stream": (64, 200), "bench-hold": (200, 20)}
+# APIs measured beside chat (bench/gateway_load.py builds their requests and reads their
+# answers): added p50 at c=1 and the token rate at 64 streams, chat's targets.
+EXTRA_APIS = ("responses",)
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -247,7 +252,7 @@ def ensure_litellm() -> Path:
 def start_litellm(
     workers: int, ports: dict[str, int], tmp: Path, log: Path
 ) -> tuple[str, str, Server]:
-    """LiteLLM without a database; its master key is the only credential (it refuses to run without one)."""
+    """LiteLLM without a database; its master key is the only credential (it needs one to run)."""
     exe = ensure_litellm()
     master = f"sk-{secrets.token_hex(32)}"
     lines = ["model_list:"]
@@ -440,6 +445,35 @@ def scenarios(scale: float) -> list[tuple[str, dict]]:
                 "rounds": 3,
             },
         ),
+        *(scenario for api in EXTRA_APIS for scenario in api_scenarios(api, d)),
+    ]
+
+
+def api_scenarios(api: str, d: object) -> list[tuple[str, dict]]:
+    return [
+        (
+            f"{api} json c=1",
+            {
+                "api": api,
+                "model": "bench-model",
+                "stream": False,
+                "concurrency": 1,
+                "duration": d(4),
+                "requests": 20000,
+            },
+        ),
+        (
+            f"{api} stream c=64",
+            {
+                "api": api,
+                "model": "bench-stream",
+                "stream": True,
+                "concurrency": 64,
+                "duration": d(3),
+                "requests": 10000,
+                "rounds": 3,
+            },
+        ),
     ]
 
 
@@ -519,7 +553,8 @@ def run_column(load: Load, col: Column, scale: float, hold: int) -> dict[str, di
         )
         print(
             f"  {col.name:<12} {name:<12} n={r['requests']:<6} err={r['errors']:<3} "
-            f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms ttft50={fmt(r['ttft_p50'], 2)} "
+            f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms "
+            f"ttft50={fmt(r['ttft_p50'], 2)} "
             f"rps={r['rps']:.0f} tok/s={r['tok_s']:.0f} cpu={fmt(r['server_cpu_s'], 2)} s "
             f"{r['first_error']}",
             file=sys.stderr,
@@ -635,6 +670,29 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
             per_chunk.append("–")
             net_chunk.append("–")
         facts[f"{k}.cpu_req_ms"] = cpu_req * 1000 if cpu_req is not None else None
+    for api in EXTRA_APIS:
+        s = f"{api} json c=1"
+        rows.append(
+            (
+                f"{api} non-streaming c=1: p50 / p99 latency, ms",
+                [f"{fmt(get(k, s, 'lat_p50'), 2)} / {fmt(get(k, s, 'lat_p99'), 2)}" for k in cols],
+            )
+        )
+        rows.append(
+            (
+                f"{api} non-streaming c=1: added p50 / p99, ms",
+                [
+                    f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}"
+                    for k in cols
+                ],
+            )
+        )
+        s = f"{api} stream c=64"
+        ratio = []
+        for k in cols:
+            a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
+            ratio.append(f"{fmt(a, 0)} ({a / b:.2f})" if a is not None and b else fmt(a, 0))
+        rows.append((f"{api} streaming c=64: tokens/s (vs direct)", ratio))
     rows.append(("server CPU per request (json c=64), ms", per_req))
     rows.append(("server CPU per streamed chunk (stream c=64, all CPU / chunks), µs", per_chunk))
     rows.append(("  … net of the per-request cost, µs", net_chunk))
@@ -695,6 +753,11 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
         facts[f"{k}.rps_c64"] = get(k, "json c=64", "rps")
         a, b = get(k, "stream c=64", "tok_s"), direct.get("stream c=64", {}).get("tok_s")
         facts[f"{k}.tok_ratio_c64"] = a / b if a is not None and b else None
+        for api in EXTRA_APIS:
+            facts[f"{k}.{api}.added_p50_c1"] = added(k, f"{api} json c=1", "lat_p50")
+            s = f"{api} stream c=64"
+            a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
+            facts[f"{k}.{api}.tok_ratio_c64"] = a / b if a is not None and b else None
         h = res.get(k, {}).get("hold")
         facts[f"{k}.hold_errors"] = h["errors"] if h else None
         facts[f"{k}.hold_ok"] = h["requests"] if h else None
@@ -727,8 +790,21 @@ def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
         v = facts[f"{g}.tok_ratio_c64"]
         out.append(
             f"- {g}: token rate at 64 streams ≥ 95% of direct: "
-            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} ({fmt(v * 100 if v else None, 1)}%)"
+            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} "
+            f"({fmt(v * 100 if v else None, 1)}%)"
         )
+        for api in EXTRA_APIS:
+            v = facts.get(f"{g}.{api}.added_p50_c1")
+            out.append(
+                f"- {g}: /v1/{api} added p50 at c=1, non-streaming ≤ 1.0 ms: "
+                f"{'met' if v is not None and v <= 1.0 else 'MISSED'} ({fmt(v, 2)} ms)"
+            )
+            v = facts.get(f"{g}.{api}.tok_ratio_c64")
+            out.append(
+                f"- {g}: /v1/{api} token rate at 64 streams ≥ 95% of direct: "
+                f"{'met' if v is not None and v >= 0.95 else 'MISSED'} "
+                f"({fmt(v * 100 if v else None, 1)}%)"
+            )
         if facts.get(f"{g}.hold_ok") is not None:
             ok = facts[f"{g}.hold_errors"] == 0 and facts[f"{g}.hold_ok"] == hold
             out.append(
@@ -742,15 +818,20 @@ def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
 BEGIN, END = "<!-- gateway_bench.py --write: begin -->", "<!-- gateway_bench.py --write: end -->"
 
 
-def write_section(block: str) -> None:
+def write_section(block: str, section: str = SECTION) -> None:
     """Replace the generated block inside this bench's section (prose around it stays)."""
+    begin, end = BEGIN, END
+    if section != SECTION:  # a partial run's own block, beside the full run's
+        title = section.removeprefix("## ")
+        begin = BEGIN.replace("--write", f"--write [{title}]")
+        end = END.replace("--write", f"--write [{title}]")
     path = ROOT / "bench" / "RESULTS.md"
     page = path.read_text()
-    generated = f"{BEGIN}\n{block}{END}"
-    if BEGIN in page and END in page:
-        page = page[: page.index(BEGIN)] + generated + page[page.index(END) + len(END) :]
+    generated = f"{begin}\n{block}{end}"
+    if begin in page and end in page:
+        page = page[: page.index(begin)] + generated + page[page.index(end) + len(end) :]
     else:
-        page = page.rstrip("\n") + f"\n\n{SECTION}\n\n{generated}\n"
+        page = page.rstrip("\n") + f"\n\n{section}\n\n{generated}\n"
     path.write_text(page)
 
 
@@ -853,6 +934,11 @@ def main() -> None:
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
     )
+    ap.add_argument(
+        "--section",
+        default=SECTION,
+        help="the bench/RESULTS.md section --write fills (a partial run: give it its own)",
+    )
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cols = [c.strip() for c in a.columns.split(",")]
@@ -903,12 +989,14 @@ def main() -> None:
     lines = verdicts(facts, a.hold)
     cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
     machine = (
-        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}, "
-        f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after {load_after}"
+        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
+        f"{platform.python_version()}, "
+        f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after "
+        f"{load_after}"
     )
     print(f"\n{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(lines))
     if a.write:
-        write_section(render_section(cmd.strip(), machine, text, lines))
+        write_section(render_section(cmd.strip(), machine, text, lines), a.section)
 
 
 def workers_of(column: str) -> int:

@@ -1,7 +1,8 @@
 """Tollgate's system checks: misconfiguration reported with stable ids (``manage.py check``).
 
 Security (``--deploy``): tollgate.W001–W009 warnings, tollgate.E001–E009 errors.
-Engines: tollgate.E010–E019. Single sign-on: tollgate.E020–E029, W020–W029. Registered by ``config.apps.TollgateConfig.ready``.
+Engines: tollgate.E010–E019. Single sign-on: tollgate.E020–E029, W020–W029.
+Registered by ``config.apps.TollgateConfig.ready``.
 """
 
 from typing import Any
@@ -35,7 +36,9 @@ def check_key_pepper(app_configs: Any, **kwargs: Any) -> list[Warning]:
             Warning(
                 "TOLLGATE_KEY_PEPPER is not set; API-key hashes are derived from "
                 "DJANGO_SECRET_KEY, so rotating that key invalidates every API key.",
-                hint="Set TOLLGATE_KEY_PEPPER (or TOLLGATE_KEY_PEPPER_FILE) to a long random value.",
+                hint=(
+                    "Set TOLLGATE_KEY_PEPPER (or TOLLGATE_KEY_PEPPER_FILE) to a long random value."
+                ),
                 id="tollgate.W002",
             )
         ]

@@ -1,4 +1,6 @@
-"""gunicorn settings for the web role: ``gunicorn -c python:config.gunicorn config.asgi:application``.
+"""gunicorn settings for the web role.
+
+    gunicorn -c python:config.gunicorn config.asgi:application
 
 Uvicorn workers (the ASGI app: console, admin API and the /v1 gateway). Each worker keeps
 its own Prometheus metrics; so that ``/metrics`` shows the sum over all workers (not

@@ -383,8 +383,33 @@ TOLLGATE_QUEUE_TIMEOUT_SECONDS = {
 # A gateway process renews its in-flight requests' leases; when it dies they lapse after this
 # and the reaper bills what those requests delivered and frees their engine slots.
 TOLLGATE_GATEWAY_LEASE_SECONDS = env_float("TOLLGATE_GATEWAY_LEASE_SECONDS", 30.0)
+# Kept /v1/responses answers stay this long in Redis (for immediate chaining from any
+# gateway process); PostgreSQL keeps them until deleted (gateway/response_store.py).
+TOLLGATE_RESPONSES_CACHE_SECONDS = env_int("TOLLGATE_RESPONSES_CACHE_SECONDS", 24 * 3600)
 # P2 (batch) runs only while engines report KV-cache use below this and nothing waiting.
 TOLLGATE_P2_KV_CACHE_THRESHOLD = env_float("TOLLGATE_P2_KV_CACHE_THRESHOLD", 0.9)
+# Headroom for higher classes (gateway/acquire.lua): lower classes leave free the slots P0/P1
+# needed at once within the last 1-2 windows of this many seconds (0: off). It costs
+# throughput while higher classes keep coming (those slots idle between their requests) and
+# buys them a free slot on engines that serve first come, first served.
+TOLLGATE_ADMISSION_HEADROOM_SECONDS = env_float("TOLLGATE_ADMISSION_HEADROOM_SECONDS", 5.0)
+# The headroom never exceeds this share of a model's slot budget.
+TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE = env_float("TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE", 0.5)
+# On engines that preempt by priority, a lower-class request predicted at no more than this
+# many tokens ignores the headroom: P0 preempts it, and recomputing it is cheap.
+TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS = env_int("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS", 2048)
+# Requests' predicted tokens (prompt + expected output) in flight may fill this share of the
+# engines' KV cache (from their /metrics); 0: admit by request count only.
+TOLLGATE_ADMISSION_KV_SHARE = env_float("TOLLGATE_ADMISSION_KV_SHARE", 0.95)
+# Which replica of a model serves a request (gateway/routing.py): "prefix" (the one that last
+# served the request's longest prefix, within the load bound; else the least loaded),
+# "least_loaded" or "round_robin".
+TOLLGATE_ROUTING = env_str("TOLLGATE_ROUTING", "prefix")
+# Prefix routing keeps a replica while its load (in flight / slots) stays within this factor
+# of the mean: higher keeps more cache hits, lower keeps replicas more evenly loaded.
+TOLLGATE_ROUTING_LOAD_FACTOR = env_float("TOLLGATE_ROUTING_LOAD_FACTOR", 1.25)
+# Expected output tokens of a request that asks for more, until a model's mean is learnt.
+TOLLGATE_ADMISSION_EXPECTED_OUTPUT = env_int("TOLLGATE_ADMISSION_EXPECTED_OUTPUT", 512)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.
 TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
 TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")

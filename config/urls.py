@@ -1,9 +1,9 @@
 """URL map: console pages, the admin REST API and its schema, health."""
 
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from config.views import favicon, healthz
+from config.views import favicon, healthz, v1_not_found
 from console.sso import SSOCallbackView, SSOLoginView
 
 urlpatterns = [
@@ -14,6 +14,8 @@ urlpatterns = [
     path("oidc/callback/", SSOCallbackView.as_view(), name="oidc_authentication_callback"),
     path("", include("metering.urls")),  # /v1/usage, /api/v1/usage/export.csv
     path("", include("batches.urls")),  # /v1/files, /v1/batches
+    # The rest of /v1 is the gateway's (config/asgi.py); what reaches Django is not a path.
+    re_path(r"^v1/", v1_not_found),
     path("api/v1/", include("config.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -200,7 +200,10 @@ class NodeForm(forms.ModelForm):
         required=False,
         min_value=0,
         label="Total memory (GB)",
-        help_text="Filled in by the node's heartbeat; set it now to check memory fit before the first one.",
+        help_text=(
+            "Filled in by the node's heartbeat; set it now to check memory fit before the "
+            "first one."
+        ),
     )
     gpu_memory_gb = forms.DecimalField(
         required=False,
@@ -383,7 +386,9 @@ class JoinNodeForm(forms.Form):
         max_length=255,
         required=False,
         label="Control plane address",
-        help_text="The address the new box reaches this box's PostgreSQL and Redis at (its private link).",
+        help_text=(
+            "The address the new box reaches this box's PostgreSQL and Redis at (its private link)."
+        ),
     )
 
 

@@ -6,6 +6,7 @@ until it is running, ``/health`` answers 200 and ``/v1/models`` lists the served
 Each phase's duration is recorded in the operation's ``detail`` as the cold-start profile.
 """
 
+import contextlib
 import time
 from typing import Any
 
@@ -340,6 +341,12 @@ def parse_metrics(text: str) -> dict[str, float]:
                 out["ttft_seconds_sum"] = out.get("ttft_seconds_sum", 0.0) + sample.value
             elif sample.name == "vllm:time_to_first_token_seconds_count":
                 out["ttft_count"] = out.get("ttft_count", 0.0) + sample.value
+            elif sample.name == "vllm:cache_config_info":
+                # The KV cache in tokens: num_gpu_blocks blocks of block_size tokens.
+                with contextlib.suppress(KeyError, ValueError):
+                    out["kv_capacity_tokens"] = float(
+                        int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+                    )
     return out
 
 

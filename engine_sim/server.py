@@ -76,7 +76,8 @@ async def load(cfg: Config) -> None:
     log(
         "EngineCore_DP0",
         f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: "
-        f"model='{cfg.model}', served_model_name={cfg.served_names[0]}, max_seq_len={cfg.max_model_len}",
+        f"model='{cfg.model}', served_model_name={cfg.served_names[0]}, "
+        f"max_seq_len={cfg.max_model_len}",
         where="core.py:93",
     )
     shards = max(1, s.sim_shards)
@@ -179,6 +180,8 @@ class Process:
             loop.call_later(s.sim_hang_after_seconds, self.hang)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self._drain()))
+        loop.add_signal_handler(signal.SIGUSR1, self.engine.release_hold)
+        loop.add_signal_handler(signal.SIGUSR2, self.crash)  # die now, mid-request
 
     async def run(self) -> int:
         cfg = self.cfg

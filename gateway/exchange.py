@@ -21,7 +21,7 @@ import redis.exceptions
 from core.keyspace import open_keys
 from core.pricing import cost_nano
 from core.usage import UsageRecord
-from gateway import metrics
+from gateway import metrics, responses
 from gateway.admission import CLASS_INDEX, lowered
 from gateway.errors import error_body
 from gateway.limiter import Decision, Reservation
@@ -124,7 +124,11 @@ def estimate(body: bytes, payload: dict, model: ModelInfo, endpoint: str) -> tup
     prompt = len(body) // 4 + 8
     if endpoint == "embeddings":
         return prompt, 0
-    asked = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    asked = (
+        payload.get("max_completion_tokens")
+        or payload.get("max_tokens")
+        or payload.get("max_output_tokens")
+    )
     output = asked if asked else max(model.context_length - prompt, 16)
     return prompt, output * (payload.get("n") or 1)
 
@@ -186,9 +190,11 @@ class Exchange:
         "budget",
         "p0_extra",
         "tokens",
+        "kv",
         "price",
         "headers",
         "disconnect",
+        "plan",
     )
 
     def __init__(
@@ -203,6 +209,7 @@ class Exchange:
         model: ModelInfo,
         upstreams: list[Upstream],
         started: float,
+        plan: responses.ResponsePlan | None = None,
     ) -> None:
         self.rt = rt
         self.send = send
@@ -214,6 +221,7 @@ class Exchange:
         self.model = model
         self.upstreams = upstreams
         self.started = started  # perf_counter() when the request arrived
+        self.plan = plan  # /v1/responses: the id it gets and what to keep of it
 
     async def admit_and_forward(self, scope: dict, receive: Any) -> None:
         """Admit the request (or answer why not), then serve it and clean up after it."""
@@ -246,9 +254,14 @@ class Exchange:
         if preempts:
             payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
         changed = preempts or client_priority is not None
-        self.body = upstream_body(payload, self.body, payload.get("stream") is True, changed)
+        # Responses streams carry their usage in response.completed: no stream_options.
+        stream_usage = payload.get("stream") is True and self.plan is None
+        self.body = upstream_body(payload, self.body, stream_usage, changed)
         admission = rt.admission
-        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra)
+        kv = self.kv = admission.predicted_tokens(
+            model.id, prompt_est, output_est, model.context_length
+        )
+        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra, kv)
         key = self.key
         record = {
             "event": {
@@ -323,7 +336,9 @@ class Exchange:
             outcome, upstream = await self.forward()
         else:
             outcome, upstream = await self.queue_then_forward()
-        admission.finished(request_id, model_id, time.perf_counter() - self.started)
+        admission.finished(
+            request_id, model_id, time.perf_counter() - self.started, outcome.completion_tokens
+        )
         await self.settle(decision.reservation, outcome, upstream)
 
     async def queue_then_forward(self) -> tuple[Outcome, Upstream | None]:
@@ -346,6 +361,7 @@ class Exchange:
                 self.tokens,
                 disconnect.event,
                 self.p0_extra,
+                self.kv,
             )
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             await respond(
@@ -370,7 +386,8 @@ class Exchange:
                 429,
                 error_body(
                     f"The model `{model.served_name}` is busy: this {priority} request waited "
-                    f"{ticket.waited:.0f}s for an engine slot. Please retry in {ticket.retry_after}s.",
+                    f"{ticket.waited:.0f}s for an engine slot. Please retry in "
+                    f"{ticket.retry_after}s.",
                     "requests",
                     code="rate_limit_exceeded",
                 ),
@@ -380,8 +397,8 @@ class Exchange:
         return await self.forward()
 
     async def forward(self) -> tuple[Outcome, Upstream | None]:
-        """Send the request to the least busy replica (the next one if it refuses the
-        connection) and pass its answer to the client."""
+        """Send the request to the replica routing picks (gateway/routing.py; the next one if
+        it refuses the connection) and pass its answer to the client."""
         rt, payload, send, headers, disconnect = (
             self.rt,
             self.payload,
@@ -415,7 +432,10 @@ class Exchange:
         chosen = None
         model_name = payload["model"]
         try:
-            for upstream in sorted(self.upstreams, key=lambda u: u.outstanding):
+            replicas = self.upstreams
+            if len(replicas) > 1:
+                replicas = await rt.router.order(self.model.id, endpoint, payload, replicas)
+            for upstream in replicas:
                 chosen = upstream
                 upstream.outstanding += 1
                 metrics.in_flight[model_name] += 1
@@ -424,7 +444,20 @@ class Exchange:
                     sent_headers = up_headers
                     if upstream.auth_header:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
-                    if stream:
+                    if self.plan is not None:
+                        relay = responses.forward_stream if stream else responses.forward_whole
+                        await relay(
+                            rt.session,
+                            url,
+                            self.body,
+                            sent_headers,
+                            send,
+                            headers,
+                            *((st, rt.max_frame) if stream else (outcome,)),
+                            self.plan,
+                            rt.responses,
+                        )
+                    elif stream:
                         await forward_stream(
                             rt.session,
                             url,

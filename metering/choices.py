@@ -13,3 +13,4 @@ class Endpoint(models.TextChoices):
     CHAT = "chat", "/v1/chat/completions"
     COMPLETIONS = "completions", "/v1/completions"
     EMBEDDINGS = "embeddings", "/v1/embeddings"
+    RESPONSES = "responses", "/v1/responses"

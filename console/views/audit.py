@@ -70,6 +70,8 @@ def audit_list(request: HttpRequest) -> HttpResponse:
             Column("Changes", _changes),
         ],
         empty_title="Nothing recorded yet",
-        empty_hint="Every change to tenants, keys, models, prices, nodes and deployments is recorded here.",
+        empty_hint=(
+            "Every change to tenants, keys, models, prices, nodes and deployments is recorded here."
+        ),
     )
     return page.render(request)

@@ -258,6 +258,8 @@ def test_metrics_parse_reads_old_and_new_names() -> None:
         "# TYPE vllm:time_to_first_token_seconds histogram\n"
         'vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5\n'
         'vllm:time_to_first_token_seconds_count{model_name="m"} 3\n'
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="2048"} 1.0\n'
     )
     figures = engine.parse_metrics(text)
     assert figures == {
@@ -267,4 +269,5 @@ def test_metrics_parse_reads_old_and_new_names() -> None:
         "generation_tokens_total": 42,
         "ttft_seconds_sum": 1.5,
         "ttft_count": 3,
+        "kv_capacity_tokens": 32768,  # the KV cache: 2,048 blocks of 16 tokens
     }

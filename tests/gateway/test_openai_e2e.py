@@ -13,7 +13,7 @@ from core.redis import get_redis
 from core.usage import UsageRecord
 from tenants import services as tenant_services
 from tenants.choices import TenantStatus
-from tests.gateway.conftest import World
+from tests.gateway.conftest import World, wait_until_refused
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HELLO = [{"role": "user", "content": "Say hello to the gateway tests."}]
@@ -23,7 +23,7 @@ def client(world: World, key: str | None = None) -> openai.OpenAI:
     return openai.OpenAI(base_url=world.v1, api_key=key or world.key_a, max_retries=0)
 
 
-def usage_event(request_id: str, timeout: float = 3.0) -> UsageRecord:
+def usage_event(request_id: str, timeout: float = 30.0) -> UsageRecord:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for _, fields in get_redis().xrange(usage_stream()):
@@ -172,7 +172,7 @@ def test_another_tenants_private_model_is_indistinguishable_from_a_missing_one(
 def test_every_bad_credential_gets_the_same_401_body(world: World) -> None:
     revoked = tenant_services.issue_api_key(None, world.tenant_a, name="soon revoked")
     tenant_services.revoke_api_key(None, revoked.key)
-    time.sleep(0.3)
+    wait_until_refused(world.url, revoked.plaintext)
     variants = [
         {"Authorization": f"Bearer {revoked.plaintext}"},
         {"Authorization": "Bearer ' OR '1'='1"},
@@ -264,7 +264,7 @@ def test_client_disconnect_mid_stream_bills_exactly_the_tokens_delivered(
                 received += 1 if delta.get("content") else 0
             if received == 10:
                 break
-    event = usage_event(request_id, timeout=5)
+    event = usage_event(request_id)
     assert event.status == "client_closed"
     assert event.completion_tokens == received == 10
     assert event.prompt_tokens > 0
@@ -343,8 +343,9 @@ def test_metrics_count_the_requests_of_every_worker(world: World) -> None:
             headers={"Authorization": f"Bearer {world.key_a}"},
         )
         assert r.status_code == 200
-    # Each worker adds what it served within a second (metrics are applied in batches).
-    deadline = time.monotonic() + 5
+    # Each worker adds what it served within a second (metrics are applied in batches); a
+    # loaded machine may take longer, the total must come out exact all the same.
+    deadline = time.monotonic() + 30
     while served() != before + 30 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [served() for _ in range(5)] == [before + 30] * 5

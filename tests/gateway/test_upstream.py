@@ -133,7 +133,8 @@ def test_a_chunked_stream_is_handed_over_as_it_arrives() -> None:
     async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: "
+            b"chunked\r\n\r\n"
         )
         for frame in (b"data: one\n\n", b"data: two\n\n"):
             writer.write(b"%x\r\n%b\r\n" % (len(frame), frame))

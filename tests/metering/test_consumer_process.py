@@ -24,6 +24,7 @@ from core.keyspace import usage_stream
 from core.redis import get_redis
 from metering import ingest
 from metering.models import UsageEvent, UsageRollup
+from tests.databases import database_url
 from tests.metering.conftest import emit, record
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -99,12 +100,6 @@ class Proxy:
             except OSError:
                 pass
         self.sockets = []
-
-
-def database_url(host: str, port: int) -> str:
-    db = connection.settings_dict
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{auth}@{host}:{port}/{db['NAME']}"
 
 
 @pytest.fixture

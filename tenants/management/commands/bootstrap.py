@@ -51,7 +51,8 @@ class Command(BaseCommand):
         if generated:
             # Printed once so a first-time admin can log in; the console asks for a new one.
             self.stdout.write(
-                f"bootstrap: one-time password for {username!r}: {password} (to be changed at the first login)"
+                f"bootstrap: one-time password for {username!r}: {password} (to be changed at the "
+                "first login)"
             )
 
     def _ensure_local_node(self) -> None:
