@@ -50,6 +50,15 @@ class PasswordChangeView(auth_views.PasswordChangeView):
     template_name = "console/password_change.html"
     success_url = reverse_lazy("console:home")
 
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.user.is_authenticated and not request.user.has_usable_password():
+            # Single sign-on users have no Tollgate password to change.
+            messages.info(
+                request, "You sign in with single sign-on; your provider keeps your password."
+            )
+            return redirect("console:profile")
+        return super().dispatch(request, *args, **kwargs)
+
     def form_valid(self, form: object) -> HttpResponse:
         response = super().form_valid(form)
         services.password_changed(self.request.user)
