@@ -7,6 +7,7 @@ refuses to start on an unsafe configuration).
 
 import hashlib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -37,7 +38,14 @@ SECRET_KEY = _required_in_production(
 )
 DEBUG = env_bool("DJANGO_DEBUG", not PRODUCTION)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
-CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+# The URL users reach (shown in the console; the default trusted origin for forms).
+TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
+# Forms posted from the public URL's origin pass the CSRF origin check even when a TLS
+# front on another port or name stands in front; more origins are listed explicitly.
+_public = urlsplit(TOLLGATE_PUBLIC_URL)
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", []) or [
+    f"{_public.scheme}://{_public.netloc}"
+]
 
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DJANGO_DEBUG must be off when TOLLGATE_ENV=production")
@@ -168,6 +176,9 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )
 AXES_VERBOSE = False
+# POST /api/v1/auth/token/: attempts per client address, and the tokens' default lifetime.
+TOLLGATE_TOKEN_LOGIN_RATE = env_str("TOLLGATE_TOKEN_LOGIN_RATE", "20/min")
+TOLLGATE_TOKEN_LOGIN_DAYS = env_int("TOLLGATE_TOKEN_LOGIN_DAYS", 30)
 
 # --- Single sign-on (OpenID Connect, authorization code + PKCE; console/sso.py) ---------------
 
@@ -253,7 +264,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "EXCEPTION_HANDLER": "config.problems.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "config.parsers.ObjectJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -269,6 +285,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.schema.postprocess",
+    ],
 }
 
 # --- Engines and deployments ------------------------------------------------------------
@@ -412,7 +432,6 @@ TOLLGATE_ROUTING_LOAD_FACTOR = env_float("TOLLGATE_ROUTING_LOAD_FACTOR", 1.25)
 TOLLGATE_ADMISSION_EXPECTED_OUTPUT = env_int("TOLLGATE_ADMISSION_EXPECTED_OUTPUT", 512)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.
 TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
-TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
 # Where the console's playground sends its chat requests (the gateway, like any client);
 # empty: this very server over loopback, on the port the request came in on.
 TOLLGATE_PLAYGROUND_UPSTREAM = env_str("TOLLGATE_PLAYGROUND_UPSTREAM", "")

@@ -3,8 +3,15 @@
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from config import problems
 from config.views import favicon, healthz, v1_not_found
 from console.sso import SSOCallbackView, SSOLoginView
+
+# Under /api/ these answer problem+json; everywhere else the console's pages.
+handler400 = "config.problems.bad_request"
+handler403 = "config.problems.permission_denied"
+handler404 = "config.problems.page_not_found"
+handler500 = "config.problems.server_error"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -17,6 +24,8 @@ urlpatterns = [
     # The rest of /v1 is the gateway's (config/asgi.py); what reaches Django is not a path.
     re_path(r"^v1/", v1_not_found),
     path("api/v1/", include("config.api_urls")),
+    path("api/problems/", problems.problem_types, name="api-problems"),
+    path("api/problems/<slug:slug>", problems.problem_types, name="api-problem"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from core.changes import publish_change
+from core.errors import Conflict
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, Role, TenantStatus
 from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key
@@ -156,7 +157,7 @@ def add_member(
         with transaction.atomic():
             membership = Membership.objects.create(tenant=tenant, user=user, role=role)
     except IntegrityError:
-        raise ValidationError({"user": f"{user} is already a member of {tenant}."}) from None
+        raise Conflict({"user": f"{user} is already a member of {tenant}."}) from None
     record(actor, AuditAction.CREATE, membership, tenant=tenant, changes={"role": role})
     return membership
 
@@ -193,7 +194,7 @@ def _ensure_another_admin(membership: Membership) -> None:
         pk=membership.pk
     )
     if not others.exists():
-        raise ValidationError({"role": "A tenant must keep at least one tenant admin."})
+        raise Conflict({"role": "A tenant must keep at least one tenant admin."})
 
 
 # --- API keys ---------------------------------------------------------------------------
@@ -448,6 +449,11 @@ def update_user(
     """Change a console user's details, role flags or password."""
     from django.contrib.auth.password_validation import validate_password
 
+    if actor is not None and actor.pk == user.pk:
+        # Nobody locks themselves out: another platform admin has to do it.
+        for flag in ("is_staff", "is_active"):
+            if changes.get(flag) is False and getattr(user, flag):
+                raise Conflict({flag: "You cannot take this away from yourself."})
     before = snapshot(user, ["username", "email", "is_staff", "is_active"])
     for name, value in changes.items():
         setattr(user, name, value)
@@ -472,7 +478,7 @@ def update_user(
 def delete_tenant(actor: Actor, tenant: Tenant) -> None:
     """Remove a tenant that was never billed; one with usage is suspended instead."""
     if tenant.usage_events.exists():
-        raise ValidationError({"detail": "The tenant has usage on record; suspend it instead."})
+        raise Conflict({"detail": "The tenant has usage on record; suspend it instead."})
     record(actor, AuditAction.DELETE, tenant)
     publish_change("tenant", tenant.pk)
     tenant.delete()

@@ -106,3 +106,18 @@ def test_sso_misconfiguration_has_stable_check_ids(
         assert f"tollgate.{code}" in str(exc)
     else:
         pytest.fail(f"tollgate.{code} was not reported")
+
+
+def test_sso_only_refuses_tokens_for_passwords_except_the_break_glass_admin(
+    settings: object, alice: AbstractBaseUser, root: AbstractBaseUser
+) -> None:
+    for name, value in SSO.items():
+        setattr(settings, name, value)
+    settings.TOLLGATE_SSO_ONLY = True
+    settings.TOLLGATE_BREAK_GLASS_USERNAME = "root"
+    url = "/api/v1/auth/token/"
+    body = {"username": "alice", "password": PASSWORD, "name": "ci"}
+    refused = Client().post(url, body, content_type="application/json")
+    assert refused.status_code == 403 and "single sign-on" in refused.json()["detail"]
+    body["username"] = "root"
+    assert Client().post(url, body, content_type="application/json").status_code == 201
