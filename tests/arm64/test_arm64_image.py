@@ -106,6 +106,8 @@ class Run:
             "TOLLGATE_TRUST_X_FORWARDED_PROTO": "true",
             "TOLLGATE_PUBLIC_URL": f"https://127.0.0.1:{self.port}",
             "TOLLGATE_ADMIN_PASSWORD": secrets.token_urlsafe(18),
+            # The host's network: listen on loopback only.
+            "TOLLGATE_WEB_HOST": "127.0.0.1",
             "TOLLGATE_WEB_PORT": str(self.port),
             "TOLLGATE_WEB_WORKERS": "1",
             "TOLLGATE_LOCAL_NODE_NAME": "spark-arm64",
