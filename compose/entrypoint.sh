@@ -17,8 +17,9 @@
 #             admin API at TOLLGATE_URL (default http://127.0.0.1:8000, this container's web)
 #   anything else is executed as given
 #
-# Secrets: DJANGO_SECRET_KEY (or _FILE) and DATABASE_URL (or _FILE) win when set.
-# Otherwise the secret key and the database password are read from the state volume
+# Secrets: DJANGO_SECRET_KEY, TOLLGATE_KEY_PEPPER and DATABASE_URL (or their _FILE) win when
+# set. Otherwise the secret key, the key pepper and the database password are read from the
+# state volume
 # ($TOLLGATE_STATE_DIR/secrets), where the `keygen` role created them on first start.
 set -euo pipefail
 
@@ -61,6 +62,10 @@ load_secrets() {
     wait_for_file "$SECRETS_DIR/secret_key"
     export DJANGO_SECRET_KEY_FILE=$SECRETS_DIR/secret_key
   fi
+  if [ -z "${TOLLGATE_KEY_PEPPER:-}" ] && [ -z "${TOLLGATE_KEY_PEPPER_FILE:-}" ] \
+     && [ -s "$SECRETS_DIR/key_pepper" ]; then
+    export TOLLGATE_KEY_PEPPER_FILE=$SECRETS_DIR/key_pepper
+  fi
   if [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then
     local password_file=${POSTGRES_PASSWORD_FILE:-$SECRETS_DIR/postgres_password}
     wait_for_file "$password_file"
@@ -70,6 +75,12 @@ load_secrets() {
 }
 
 role_keygen() {
+  # A fresh stack also gets its own API-key pepper, so that rotating the secret key later
+  # keeps every API key valid. An existing stack keeps hashing as before (no pepper file):
+  # a new pepper would invalidate its keys.
+  if [ ! -e "$SECRETS_DIR/secret_key" ]; then
+    generate_secret "$SECRETS_DIR/key_pepper" 48
+  fi
   generate_secret "$SECRETS_DIR/secret_key" 48
   if [ -z "${POSTGRES_PASSWORD_FILE:-}" ]; then
     generate_secret "$SECRETS_DIR/postgres_password" 24

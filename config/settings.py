@@ -7,6 +7,7 @@ refuses to start on an unsafe configuration).
 
 import hashlib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -37,7 +38,14 @@ SECRET_KEY = _required_in_production(
 )
 DEBUG = env_bool("DJANGO_DEBUG", not PRODUCTION)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
-CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+# The URL users reach (shown in the console; the default trusted origin for forms).
+TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
+# Forms posted from the public URL's origin pass the CSRF origin check even when a TLS
+# front on another port or name stands in front; more origins are listed explicitly.
+_public = urlsplit(TOLLGATE_PUBLIC_URL)
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", []) or [
+    f"{_public.scheme}://{_public.netloc}"
+]
 
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DJANGO_DEBUG must be off when TOLLGATE_ENV=production")
@@ -392,7 +400,6 @@ TOLLGATE_ROUTING_LOAD_FACTOR = env_float("TOLLGATE_ROUTING_LOAD_FACTOR", 1.25)
 TOLLGATE_ADMISSION_EXPECTED_OUTPUT = env_int("TOLLGATE_ADMISSION_EXPECTED_OUTPUT", 512)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.
 TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
-TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
 # Where the console's playground sends its chat requests (the gateway, like any client);
 # empty: this very server over loopback, on the port the request came in on.
 TOLLGATE_PLAYGROUND_UPSTREAM = env_str("TOLLGATE_PLAYGROUND_UPSTREAM", "")

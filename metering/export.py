@@ -45,6 +45,7 @@ SHOWBACK_COLUMNS = [
     "currency",
     "line_type",
     "usage_period_start",
+    "estimated_prompt_tokens",
 ]
 FOCUS_COLUMNS = [
     "BillingAccountId",
@@ -191,7 +192,14 @@ _GROUP = [
 ]
 _SUMS = {
     name: Sum(name)
-    for name in ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")
+    for name in (
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "cost",
+        "estimated_prompt_tokens",
+    )
 }
 
 
@@ -269,6 +277,7 @@ def showback_record(row: dict[str, Any], q: ExportQuery) -> list[Any]:
         row["currency"],
         row["line_type"],
         _iso(row["usage_bucket"]),
+        row["estimated_prompt_tokens"],
     ]
 
 

@@ -139,6 +139,8 @@ def _validate(r: UsageRecord) -> None:
         raise Malformed("priority must be at most 2 characters")
     if r.cached_tokens > r.prompt_tokens:
         raise Malformed("cached_tokens exceeds prompt_tokens")
+    if not isinstance(r.prompt_estimated, bool):
+        raise Malformed("prompt_estimated must be true or false")
 
 
 def _check_int(r: UsageRecord, name: str, required: bool) -> None:
@@ -235,6 +237,7 @@ _COLUMNS = [
     ("cached_tokens", "integer"),
     ("completion_tokens", "integer"),
     ("reasoning_tokens", "integer"),
+    ("prompt_estimated", "boolean"),
     ("status", "text"),
     ("http_status", "integer"),
     ("latency_ms", "integer"),
@@ -284,6 +287,7 @@ def _row(
         r.cached_tokens,
         r.completion_tokens,
         r.reasoning_tokens,
+        r.prompt_estimated,
         r.status,
         r.http_status,
         r.latency_ms,

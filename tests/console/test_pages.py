@@ -401,6 +401,29 @@ def test_model_register_price_and_history(web: object, root: object) -> None:
     assert "llama-3-8b" in listing and "0.100000 USD / 1M tokens" in listing
 
 
+def test_a_rerank_model_is_registered_with_the_score_task(web: object, root: object) -> None:
+    """Cross-encoders are their own kind: the gateway serves /v1/rerank and /v1/score on
+    them only, and their engines run vLLM's pooling runner."""
+    response = web(root).post(
+        u("model-new"),
+        {
+            "served_name": "bge-reranker",
+            "source": "BAAI/bge-reranker-v2-m3",
+            "task": "score",
+            "params_billions": "0.6",
+            "context_length": "8192",
+            "visibility": "public",
+            "quantization": "",
+        },
+    )
+    assert response.status_code == 302
+    from deployments.models import CatalogModel
+
+    assert CatalogModel.objects.get(served_name="bge-reranker").task == "score"
+    listing = web(root).get(u("model-list"), {"task": "score"}).content.decode()
+    assert "bge-reranker" in listing
+
+
 def test_model_edit_refused_by_the_service_keeps_the_form(
     web: object, root: object, public_model: object, local_node: object
 ) -> None:

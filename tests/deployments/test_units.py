@@ -249,6 +249,24 @@ def test_engine_command_is_vllm_serve_argv() -> None:
     assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
 
 
+@pytest.mark.parametrize(
+    ("task", "args", "runner"),
+    [
+        ("generate", {}, None),
+        ("embed", {}, "pooling"),
+        ("score", {}, "pooling"),  # cross-encoders run on vLLM's pooling runner
+        ("score", {"runner": "auto"}, "auto"),  # an explicit choice is kept
+    ],
+)
+def test_pooling_tasks_get_the_pooling_runner(task: str, args: dict, runner: str | None) -> None:
+    model = CatalogModel(
+        served_name="m", source="org/m", task=task, params_billions=1, context_length=4096
+    )
+    argv = engine.engine_command(Deployment(model=model, engine_args=args))
+    given = argv[argv.index("--runner") + 1] if "--runner" in argv else None
+    assert given == runner and argv.count("--runner") <= 1
+
+
 def test_metrics_parse_reads_old_and_new_names() -> None:
     text = (
         '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3\n'
