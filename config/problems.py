@@ -18,7 +18,8 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DataError, IntegrityError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.urls import Resolver404, resolve
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
@@ -309,8 +310,27 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt  # answers every method with a 404; a console cookie must not make it a 403 page
 def api_not_found(request: HttpRequest, rest: str = "") -> HttpResponse:
-    """Any path under /api/ no route matched, whatever the method (and with DEBUG on)."""
+    """Any path under /api/ no route matched, whatever the method (and with DEBUG on).
+
+    A known path without its final slash is redirected for GET (as Django's APPEND_SLASH
+    would) and named in the 404 otherwise, since a redirect would lose a body."""
+    if not request.path.endswith("/"):
+        match = resolve_or_none(request.path + "/")
+        if match is not None and match.func is not api_not_found:
+            if request.method in ("GET", "HEAD"):
+                query = request.META.get("QUERY_STRING")
+                return HttpResponsePermanentRedirect(
+                    request.path + "/" + (f"?{query}" if query else "")
+                )
+            return problem(request, 404, f"No API endpoint at {request.path}; use {request.path}/.")
     return page_not_found(request, Exception())
+
+
+def resolve_or_none(path: str) -> Any:
+    try:
+        return resolve(path)
+    except Resolver404:
+        return None
 
 
 @csrf_exempt  # read-only; other methods are a 405 problem, never the CSRF page

@@ -26,7 +26,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     # Nothing else under /api/ is a page: a problem+json 404 for any method, DEBUG or not.
-    # (Paths without their final slash still get Django's redirect when the slashed one exists.)
-    re_path(r"^api/(?P<rest>(?:.*/)?)$", problems.api_not_found),
+    re_path(r"^api/(?P<rest>.*)$", problems.api_not_found),
     path("", include("console.urls")),  # the web console (last: its paths are the rest)
 ]
