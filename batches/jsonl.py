@@ -49,7 +49,8 @@ def parse_requests(data: bytes, max_lines: int) -> list[Request]:
         request = parse_line(raw, number)
         if request.custom_id in seen:
             raise InvalidFile(
-                f"custom_id {request.custom_id!r} is already used on line {seen[request.custom_id]}; "
+                f"custom_id {request.custom_id!r} is already used on line "
+                f"{seen[request.custom_id]}; "
                 "each custom_id must be unique.",
                 number,
                 "duplicate_custom_id",

@@ -17,7 +17,7 @@ def new_batch_id() -> str:
 
 
 class File(models.Model):
-    """A tenant's file: an uploaded batch input or a batch's output/error file, bytes in PostgreSQL."""
+    """A tenant's file: a batch input, or a batch's output or error file, bytes in PostgreSQL."""
 
     public_id = models.CharField(max_length=40, unique=True, default=new_file_id)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="files")

@@ -80,7 +80,10 @@ def run_batch(batch_pk: int) -> str:
                     "code": "api_key_unusable",
                     "line": None,
                     "param": None,
-                    "message": "The API key that created this batch was revoked or expired, or its tenant is suspended.",
+                    "message": (
+                        "The API key that created this batch was revoked or expired, "
+                        "or its tenant is suspended."
+                    ),
                 }
             ],
         )
@@ -203,7 +206,9 @@ def send(client: httpx.Client, run: Run, line: Line) -> dict | None:
                     line.custom_id,
                     error={
                         "code": "request_failed",
-                        "message": f"Tollgate could not complete the request: {exc.__class__.__name__}.",
+                        "message": (
+                            f"Tollgate could not complete the request: {exc.__class__.__name__}."
+                        ),
                     },
                 ),
             )

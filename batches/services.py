@@ -1,4 +1,7 @@
-"""Rules of the Batch API: files, batches, their state changes. Views, tasks and the runner call these."""
+"""Rules of the Batch API: files, batches, their state changes.
+
+Views, tasks and the runner call these.
+"""
 
 import secrets
 from dataclasses import dataclass

@@ -1,9 +1,10 @@
 """Rows for bench/admission_bench.py in its own database, and the priority switch between runs.
 
-``create PORT``: one model served by one simulator replica whose deployment says
-``max-num-seqs 4`` (so the gateway's static budget is 4), and four tenants with no limits
-and no quota — ``interactive`` (P0), ``batch`` (P2), ``fair-a`` and ``fair-b`` (P1, weight
-1 each) — with one key each. Prints JSON: keys, tenant ids, model and replica id.
+``create PORT [fcfs|priority]``: one model served by one simulator replica whose deployment
+says ``max-num-seqs 4`` and the scheduling policy (default priority; so the gateway's static
+budget is 4), and four tenants with no limits and no quota — ``interactive`` (P0), ``batch``
+(P2), ``fair-a`` and ``fair-b`` (P1, weight 1 each) — with one key each. Prints JSON: keys,
+tenant ids, model and replica id.
 
 ``priorities SLUG=CLASS …``: change tenants' classes through the service layer (which
 announces the change, so the gateway reloads within a second).
@@ -38,7 +39,7 @@ def _django() -> None:
     django.setup()
 
 
-def create(port: int) -> dict:
+def create(port: int, policy: str = "priority") -> dict:
     from deployments import services as deployment_services
     from deployments.choices import ReplicaState
     from deployments.models import Deployment, Replica
@@ -61,7 +62,7 @@ def create(port: int) -> dict:
         model=model,
         node=node,
         image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": 4, "scheduling-policy": "priority"},
+        engine_args={"max-num-seqs": 4, "scheduling-policy": policy},
         desired_state="running",
         state="ready",
     )
@@ -109,6 +110,6 @@ if __name__ == "__main__":
     _django()
     command, *args = sys.argv[1:]
     if command == "create":
-        print(json.dumps(create(int(args[0]))))
+        print(json.dumps(create(int(args[0]), *args[1:])))
     else:
         print(json.dumps(priorities(dict(a.split("=") for a in args))))

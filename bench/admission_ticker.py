@@ -7,7 +7,8 @@ Every ``--every`` seconds (beat's 5 s): scrape the engines' /metrics into Redis
 controller's decision and ceiling, so the bench can show the ceiling over time. Stops on
 SIGTERM or when stdin closes.
 
-    DATABASE_URL=… TOLLGATE_REDIS_PREFIX=… .venv/bin/python bench/admission_ticker.py --scrape --tune
+    DATABASE_URL=… TOLLGATE_REDIS_PREFIX=… \
+        .venv/bin/python bench/admission_ticker.py --scrape --tune
 """
 
 from __future__ import annotations

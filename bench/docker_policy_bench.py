@@ -162,7 +162,8 @@ def bench_deploy(rounds: int, calls: int, socket_path: str) -> None:
         print(f"deploy: Docker calls of one simulator deploy, median of {rounds} rounds")
         d, p = statistics.median(totals["direct"]), statistics.median(totals["policy"])
         print(
-            f"  direct {1000 * d:8.1f} ms   policy {1000 * p:8.1f} ms   added {1000 * (p - d):6.1f} ms"
+            f"  direct {1000 * d:8.1f} ms   policy {1000 * p:8.1f} ms   added "
+            f"{1000 * (p - d):6.1f} ms"
         )
         direct, proxied = (
             docker.DockerClient(base_url=direct_url),

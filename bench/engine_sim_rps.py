@@ -144,7 +144,8 @@ async def main() -> None:
             await wait_ready(u)
         await run_case(urls, 8, 500, False, a.tokens)  # warm-up: imports, caches, connections
         print(
-            f"{'mode':<10}{'conc':>6}{'requests':>10}{'req/s':>10}{'tok/s':>10}{'sim CPU ms/req':>16}"
+            f"{'mode':<10}{'conc':>6}{'requests':>10}{'req/s':>10}{'tok/s':>10}"
+            f"{'sim CPU ms/req':>16}"
         )
         for stream in (False, True):
             for c in a.concurrency:
@@ -154,7 +155,8 @@ async def main() -> None:
                 per = f"{1000 * cpu / a.requests:.3f}" if procs else "n/a"
                 mode = "stream" if stream else "json"
                 print(
-                    f"{mode:<10}{c:>6}{a.requests:>10}{a.requests / secs:>10.0f}{toks / secs:>10.0f}{per:>16}",
+                    f"{mode:<10}{c:>6}{a.requests:>10}{a.requests / secs:>10.0f}"
+                    f"{toks / secs:>10.0f}{per:>16}",
                     flush=True,
                 )
     finally:

@@ -10,10 +10,18 @@ from a separate load-generator process (bench/gateway_load.py, aiohttp client):
   json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
   stream c=1/16/64    64 tokens 5 ms apart: time to first token, token rate, CPU per chunk
   hold                1,000 concurrent streams of 200 tokens 50 ms apart: errors, RSS
+  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses, /v1/messages) beside chat:
+  <api> stream c=64   added latency and the token rate at 64 streams, same engines
 
 Server CPU is the utime+stime of the server's whole process tree (from /proc) before and
 after each scenario; memory is the peak summed RSS of its workers while the streams are
 held. LiteLLM is installed on demand into .bench-venvs/litellm (not committed).
+
+``Tollgate w2 appliance`` is the appliance as it really runs (bench/gateway_appliance.py):
+web with 2 workers and its access log, the Celery worker, beat and the usage consumer, all
+on the same cores with production settings; its CPU is every one of those processes', also
+split by process, and after each scenario the bench waits for the usage consumer to bring
+the stream's backlog back to 0 (the time it took is a row of the table).
 
 A column named "Tollgate wN tls" puts the appliance's TLS front in front of the gateway:
 Caddy (Debian's `caddy` package on this host: apt-get install caddy) with the appliance's
@@ -36,6 +44,7 @@ import json
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -63,6 +72,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 # name -> (tokens per reply, decode tokens/s per sequence; 0 = no delay)
 SIMS = {"bench-model": (16, 0), "bench-stream": (64, 200), "bench-hold": (200, 20)}
+# APIs measured beside chat (bench/gateway_load.py builds their requests and reads their
+# answers): added p50 at c=1 and the token rate at 64 streams, chat's targets.
+EXTRA_APIS = ("responses", "messages")
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -307,7 +319,7 @@ def ensure_litellm() -> Path:
 def start_litellm(
     workers: int, ports: dict[str, int], tmp: Path, log: Path
 ) -> tuple[str, str, Server]:
-    """LiteLLM without a database; its master key is the only credential (it refuses to run without one)."""
+    """LiteLLM without a database; its master key is the only credential (it needs one to run)."""
     exe = ensure_litellm()
     master = f"sk-{secrets.token_hex(32)}"
     lines = ["model_list:"]
@@ -502,6 +514,35 @@ def scenarios(scale: float) -> list[tuple[str, dict]]:
                 "rounds": 3,
             },
         ),
+        *(scenario for api in EXTRA_APIS for scenario in api_scenarios(api, d)),
+    ]
+
+
+def api_scenarios(api: str, d: object) -> list[tuple[str, dict]]:
+    return [
+        (
+            f"{api} json c=1",
+            {
+                "api": api,
+                "model": "bench-model",
+                "stream": False,
+                "concurrency": 1,
+                "duration": d(4),
+                "requests": 20000,
+            },
+        ),
+        (
+            f"{api} stream c=64",
+            {
+                "api": api,
+                "model": "bench-stream",
+                "stream": True,
+                "concurrency": 64,
+                "duration": d(3),
+                "requests": 10000,
+                "rounds": 3,
+            },
+        ),
     ]
 
 
@@ -518,6 +559,12 @@ def run_rounds(load: Load, col: Column, spec: dict) -> dict:
     pooled["server_cpu_s"] = sum(r["server_cpu_s"] for r in runs) if col.server else None
     pooled["peak_rss"] = max(r["peak_rss"] for r in runs) if col.server else None
     pooled["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), "")
+    if "drain_s" in runs[0]:
+        drains = [r["drain_s"] for r in runs]
+        pooled["drain_s"] = None if None in drains else max(drains)
+        pooled["cpu_parts"] = {
+            k: sum(r["cpu_parts"][k] for r in runs) for k in runs[0]["cpu_parts"]
+        }
     pooled["rps"], pooled["tok_s"] = (
         pooled["requests"] / pooled["seconds"],
         pooled["tokens"] / pooled["seconds"],
@@ -537,11 +584,17 @@ def run_scenario(load: Load, col: Column, spec: dict) -> dict:
         "tokens": SIMS[spec["model"]][0],
     }
     pids = col.server.pids if col.server else []
+    by_part = getattr(col.server, "cpu_by_part", None)  # the whole appliance
+    parts0 = by_part() if by_part else {}
     cpu0 = cpu_seconds(pids)
     with PeakRss(col.server.workers if col.server else []) as rss:
         result = load.run(spec)
     result["server_cpu_s"] = cpu_seconds(pids) - cpu0 if col.server else None
     result["peak_rss"] = rss.peak if col.server else None
+    if by_part:
+        result["cpu_parts"] = {k: v - parts0[k] for k, v in by_part().items()}
+        # After the load: how long the usage consumer takes to ingest the backlog.
+        result["drain_s"] = col.server.drain_seconds()
     return result
 
 
@@ -581,7 +634,8 @@ def run_column(load: Load, col: Column, scale: float, hold: int) -> dict[str, di
         )
         print(
             f"  {col.name:<12} {name:<12} n={r['requests']:<6} err={r['errors']:<3} "
-            f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms ttft50={fmt(r['ttft_p50'], 2)} "
+            f"p50={fmt(r['lat_p50'], 2)} ms p99={fmt(r['lat_p99'], 2)} ms "
+            f"ttft50={fmt(r['ttft_p50'], 2)} "
             f"rps={r['rps']:.0f} tok/s={r['tok_s']:.0f} cpu={fmt(r['server_cpu_s'], 2)} s "
             f"{r['first_error']}",
             file=sys.stderr,
@@ -697,7 +751,46 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
             per_chunk.append("–")
             net_chunk.append("–")
         facts[f"{k}.cpu_req_ms"] = cpu_req * 1000 if cpu_req is not None else None
+    for api in EXTRA_APIS:
+        s = f"{api} json c=1"
+        rows.append(
+            (
+                f"{api} non-streaming c=1: p50 / p99 latency, ms",
+                [f"{fmt(get(k, s, 'lat_p50'), 2)} / {fmt(get(k, s, 'lat_p99'), 2)}" for k in cols],
+            )
+        )
+        rows.append(
+            (
+                f"{api} non-streaming c=1: added p50 / p99, ms",
+                [
+                    f"{fmt(added(k, s, 'lat_p50'), 2)} / {fmt(added(k, s, 'lat_p99'), 2)}"
+                    for k in cols
+                ],
+            )
+        )
+        s = f"{api} stream c=64"
+        ratio = []
+        for k in cols:
+            a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
+            ratio.append(f"{fmt(a, 0)} ({a / b:.2f})" if a is not None and b else fmt(a, 0))
+        rows.append((f"{api} streaming c=64: tokens/s (vs direct)", ratio))
     rows.append(("server CPU per request (json c=64), ms", per_req))
+    parts_row, drain_row = [], []
+    for k in cols:
+        j = res.get(k, {}).get("json c=64", {})
+        parts = j.get("cpu_parts")
+        parts_row.append(
+            " / ".join(f"{n} {v / j['requests'] * 1000:.3f}" for n, v in parts.items())
+            if parts and j.get("requests")
+            else "–"
+        )
+        drains = [r.get("drain_s", "–") for r in res.get(k, {}).values() if "drain_s" in r]
+        worst = None if None in drains else max(drains, default=None)
+        drain_row.append(("not in 30 s" if None in drains else fmt(worst, 2)) if drains else "–")
+        facts[f"{k}.drain_s"] = worst if drains else None
+        facts[f"{k}.drained"] = (None not in drains) if drains else None
+    rows.append(("  … by process (json c=64), ms", parts_row))
+    rows.append(("usage backlog back to 0 after a scenario, s (worst)", drain_row))
     rows.append(("server CPU per streamed chunk (stream c=64, all CPU / chunks), µs", per_chunk))
     rows.append(("  … net of the per-request cost, µs", net_chunk))
     rows.append(
@@ -757,6 +850,11 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
         facts[f"{k}.rps_c64"] = get(k, "json c=64", "rps")
         a, b = get(k, "stream c=64", "tok_s"), direct.get("stream c=64", {}).get("tok_s")
         facts[f"{k}.tok_ratio_c64"] = a / b if a is not None and b else None
+        for api in EXTRA_APIS:
+            facts[f"{k}.{api}.added_p50_c1"] = added(k, f"{api} json c=1", "lat_p50")
+            s = f"{api} stream c=64"
+            a, b = get(k, s, "tok_s"), direct.get(s, {}).get("tok_s")
+            facts[f"{k}.{api}.tok_ratio_c64"] = a / b if a is not None and b else None
         h = res.get(k, {}).get("hold")
         facts[f"{k}.hold_errors"] = h["errors"] if h else None
         facts[f"{k}.hold_ok"] = h["requests"] if h else None
@@ -766,9 +864,16 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
 
 def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
     out = []
-    for g in ("Tollgate w2", "Tollgate w1"):
+    for g in ("Tollgate w2 appliance", "Tollgate w2", "Tollgate w1"):
         if facts.get(f"{g}.rps_c64") is None:
             continue
+        if facts.get(f"{g}.drained") is not None:
+            v = facts[f"{g}.drain_s"]
+            out.append(
+                f"- {g}: usage stream backlog back to 0 within 10 s of each scenario: "
+                f"{'met' if facts[f'{g}.drained'] and v <= 10 else 'MISSED'} "
+                f"(worst {fmt(v, 2)} s)"
+            )
         v = facts[f"{g}.added_p50_c1"]
         out.append(
             f"- {g}: added p50 at c=1, non-streaming ≤ 1.0 ms: "
@@ -789,8 +894,21 @@ def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
         v = facts[f"{g}.tok_ratio_c64"]
         out.append(
             f"- {g}: token rate at 64 streams ≥ 95% of direct: "
-            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} ({fmt(v * 100 if v else None, 1)}%)"
+            f"{'met' if v is not None and v >= 0.95 else 'MISSED'} "
+            f"({fmt(v * 100 if v else None, 1)}%)"
         )
+        for api in EXTRA_APIS:
+            v = facts.get(f"{g}.{api}.added_p50_c1")
+            out.append(
+                f"- {g}: /v1/{api} added p50 at c=1, non-streaming ≤ 1.0 ms: "
+                f"{'met' if v is not None and v <= 1.0 else 'MISSED'} ({fmt(v, 2)} ms)"
+            )
+            v = facts.get(f"{g}.{api}.tok_ratio_c64")
+            out.append(
+                f"- {g}: /v1/{api} token rate at 64 streams ≥ 95% of direct: "
+                f"{'met' if v is not None and v >= 0.95 else 'MISSED'} "
+                f"({fmt(v * 100 if v else None, 1)}%)"
+            )
         if facts.get(f"{g}.hold_ok") is not None:
             ok = facts[f"{g}.hold_errors"] == 0 and facts[f"{g}.hold_ok"] == hold
             out.append(
@@ -807,12 +925,15 @@ BEGIN, END = "<!-- gateway_bench.py --write: begin -->", "<!-- gateway_bench.py 
 # A run with a TLS column writes its own section: it compares plain and TLS, not the
 # full set of columns the gateway-overhead section holds.
 TLS_SECTION = "## TLS front (HTTPS through Caddy)"
-TLS_BEGIN = "<!-- gateway_bench.py --write (tls): begin -->"
-TLS_END = "<!-- gateway_bench.py --write (tls): end -->"
 
 
-def write_section(block: str, section: str = SECTION, begin: str = BEGIN, end: str = END) -> None:
+def write_section(block: str, section: str = SECTION) -> None:
     """Replace the generated block inside this bench's section (prose around it stays)."""
+    begin, end = BEGIN, END
+    if section != SECTION:  # a partial run's own block, beside the full run's
+        title = section.removeprefix("## ")
+        begin = BEGIN.replace("--write", f"--write [{title}]")
+        end = END.replace("--write", f"--write [{title}]")
     path = ROOT / "bench" / "RESULTS.md"
     page = path.read_text()
     generated = f"{begin}\n{block}{end}"
@@ -914,14 +1035,27 @@ def main() -> None:
     )
     ap.add_argument(
         "--columns",
-        default="direct,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,LiteLLM w1,LiteLLM w2",
+        default="direct,Tollgate w2 appliance,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,"
+        "LiteLLM w1,LiteLLM w2",
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp; "
-        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy)",
+        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy); "
+        "'Tollgate wN appliance': web, worker, beat and usage consumer together",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
+    )
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
+    )
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
+    )
+    ap.add_argument(
+        "--section",
+        default=SECTION,
+        help="the bench/RESULTS.md section --write fills (a partial run: give it its own)",
     )
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -931,13 +1065,23 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     if any(c.startswith("LiteLLM") for c in cols):
         ensure_litellm()
-    with bench_stack() as st:
+    with bench_stack(a.db_name) as st:
         for col in cols:
             print(f"{col} …", file=sys.stderr, flush=True)
             if col == "direct":
                 column = Column(
                     col, {n: f"http://127.0.0.1:{p}" for n, p in st.ports.items()}, None, None
                 )
+            elif col.startswith("Tollgate") and col.endswith("appliance"):
+                from gateway_appliance import start_appliance
+
+                env = {
+                    **st.env,
+                    "TOLLGATE_REDIS_PREFIX": f"{st.env['TOLLGATE_REDIS_PREFIX']}-{len(results)}",
+                }
+                url, srv = start_appliance(workers_of(col), env, st.key, st.tmp)
+                st.servers.append(srv)
+                column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
             elif col.startswith("Tollgate"):
                 # Each gateway column starts from empty Redis state, like a fresh appliance:
                 # otherwise the previous column's 60-s rate windows, still full of its
@@ -978,15 +1122,19 @@ def main() -> None:
     load_after = load_avg()
     text, facts = table(cols, results)
     lines = verdicts(facts, a.hold) + tls_verdicts(results)
-    cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
+    cmd = "$ .venv/bin/python bench/gateway_bench.py " + shlex.join(sys.argv[1:])
     machine = (
-        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python {platform.python_version()}, "
-        f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after {load_after}"
+        f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
+        f"{platform.python_version()}, "
+        f"LiteLLM {LITELLM_VERSION}; {started}; load average before {load_before}, after "
+        f"{load_after}"
     )
     print(f"\n{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(lines))
     if a.write:
-        where = (TLS_SECTION, TLS_BEGIN, TLS_END) if any(c.endswith(" tls") for c in cols) else ()
-        write_section(render_section(cmd.strip(), machine, text, lines), *where)
+        section = a.section
+        if section == SECTION and any(c.endswith(" tls") for c in cols):
+            section = TLS_SECTION
+        write_section(render_section(cmd.strip(), machine, text, lines), section)
 
 
 def tls_verdicts(res: dict[str, dict[str, dict]]) -> list[str]:

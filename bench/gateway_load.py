@@ -7,9 +7,11 @@ each send a request, wait for the whole answer, send the next, until ``requests`
 or ``duration`` seconds have passed. Per request it records the latency, the time to the
 first content chunk (streams) and the completion tokens received.
 
-Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration; ``raw``:
-also answer every latency and TTFT (ms). ``{"reset": true}`` closes the connections, so the
-next scenario opens fresh ones.
+Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration; ``api``:
+``chat`` (default, /v1/chat/completions), ``responses`` (/v1/responses) or ``messages`` (the
+Anthropic Messages API, /v1/messages, with the key in ``x-api-key`` as the anthropic SDK sends
+it); ``raw``: also answer every latency and TTFT (ms). ``{"reset": true}`` closes the
+connections, so the next scenario opens fresh ones.
 """
 
 from __future__ import annotations
@@ -24,9 +26,56 @@ import time
 import aiohttp
 import orjson
 
-# First delta that carries text: '"content":"' followed by anything but the closing quote.
-CONTENT = re.compile(rb'"content":\s*"[^"]')
-USAGE_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+# Per API: the first frame that carries text (chat: '"content":"' followed by anything but
+# the closing quote), the generated tokens in a usage object, the frame of an error.
+CONTENT = {
+    "chat": re.compile(rb'"content":\s*"[^"]'),
+    "responses": re.compile(rb"response\.output_text\.delta"),
+    "messages": re.compile(rb'"text_delta","text":\s*"[^"]'),
+}
+USAGE_TOKENS = {
+    "chat": re.compile(rb'"completion_tokens":\s*(\d+)'),
+    "responses": re.compile(rb'"output_tokens":\s*(\d+)'),
+    "messages": re.compile(rb'"output_tokens":\s*(\d+)'),
+}
+ERROR_FRAME = {
+    "chat": re.compile(rb'"error"'),
+    "responses": re.compile(rb"^event: error"),
+    "messages": re.compile(rb"^event: error"),
+}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+def request_body(spec: dict) -> bytes:
+    """What a client of the scenario's API sends."""
+    api, stream = spec.get("api", "chat"), spec["stream"]
+    if api == "responses":
+        # Kept (store defaults to true), as the SDK's default: the gateway pays for keeping it.
+        payload = {
+            "model": spec["model"],
+            "input": "Say something.",
+            "max_output_tokens": spec["tokens"],
+            "stream": stream,
+        }
+        return orjson.dumps(payload)
+    if api == "messages":
+        payload = {
+            "model": spec["model"],
+            "messages": [{"role": "user", "content": "Say something."}],
+            "max_tokens": spec["tokens"],
+            "stream": stream,
+        }
+        return orjson.dumps(payload)
+    payload = {
+        "model": spec["model"],
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": spec["tokens"],
+        "ignore_eos": True,
+        "stream": stream,
+    }
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
+    return orjson.dumps(payload)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -50,7 +99,7 @@ class Run:
 
 
 async def one_whole(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run, api: str
 ) -> None:
     t0 = time.perf_counter()
     async with session.post(url, data=body, headers=headers) as r:
@@ -58,12 +107,12 @@ async def one_whole(
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {raw[:200]!r}")
     run.latency.append(time.perf_counter() - t0)
-    m = USAGE_TOKENS.search(raw)
+    m = USAGE_TOKENS[api].search(raw)
     run.tokens += int(m.group(1)) if m else 0
 
 
 async def one_stream(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, run: Run, api: str
 ) -> None:
     t0 = time.perf_counter()
     first = None
@@ -75,7 +124,7 @@ async def one_stream(
             raise RuntimeError(f"HTTP {r.status}: {(await r.read())[:200]!r}")
         async for chunk in r.content.iter_any():
             buffer += chunk
-            if first is None and CONTENT.search(buffer):
+            if first is None and CONTENT[api].search(buffer):
                 first = time.perf_counter()
                 run.started_streams += 1
             *done, buffer = buffer.split(b"\n\n")
@@ -84,10 +133,10 @@ async def one_stream(
                     continue
                 frames += 1
                 if b'"usage"' in frame:
-                    m = USAGE_TOKENS.search(frame)
+                    m = USAGE_TOKENS[api].search(frame)
                     if m:
                         usage = int(m.group(1))
-                if b'"error"' in frame:
+                if ERROR_FRAME[api].search(frame):
                     raise RuntimeError(f"error frame: {frame[:200]!r}")
     if first is None:
         raise RuntimeError("stream ended without a content chunk")
@@ -98,21 +147,16 @@ async def one_stream(
 
 
 async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
-    stream = spec["stream"]
-    payload = {
-        "model": spec["model"],
-        "messages": [{"role": "user", "content": "Say something."}],
-        "max_tokens": spec["tokens"],
-        "ignore_eos": True,
-        "stream": stream,
-    }
-    if stream:
-        payload["stream_options"] = {"include_usage": True}
-    body = orjson.dumps(payload)
+    stream, api = spec["stream"], spec.get("api", "chat")
+    body = request_body(spec)
     headers = {"content-type": "application/json"}
-    if spec.get("key"):
+    if api == "messages":
+        headers["anthropic-version"] = "2023-06-01"
+    if spec.get("key") and api == "messages":
+        headers["x-api-key"] = spec["key"]
+    elif spec.get("key"):
         headers["authorization"] = f"Bearer {spec['key']}"
-    url = spec["url"].rstrip("/") + "/v1/chat/completions"
+    url = spec["url"].rstrip("/") + PATHS[api]
     one = one_stream if stream else one_whole
     run = Run()
     left = spec["requests"]
@@ -123,7 +167,7 @@ async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
         while left > 0 and time.perf_counter() < deadline:
             left -= 1
             try:
-                await one(session, url, body, headers, run)
+                await one(session, url, body, headers, run, api)
             except Exception as exc:  # noqa: BLE001 - count it and go on
                 run.errors += 1
                 if not run.first_error:

@@ -239,7 +239,8 @@ def main() -> None:
                 with urllib.request.urlopen(url + "/__phases/stop", timeout=30) as resp:
                     report = json.load(resp)
                 print(
-                    f"\n=== {name}: {r['requests']} requests, {r['errors']} errors, {r['rps']:.0f} req/s, "
+                    f"\n=== {name}: {r['requests']} requests, {r['errors']} errors, "
+                    f"{r['rps']:.0f} req/s, "
                     f"client p50 {r['lat_p50']:.2f} ms, TTFT p50 {r['ttft_p50'] or 0:.2f} ms "
                     f"(phases of the {report.pop('requests')} requests one worker served)"
                 )
@@ -251,7 +252,8 @@ def main() -> None:
             _get(url + "/__profile/stop")
             unit, count = ("chunk", r["frames"]) if spec["stream"] else ("request", r["requests"])
             print(
-                f"\n=== {name}: {r['requests']} requests, {r['frames']} chunks, {r['errors']} errors, "
+                f"\n=== {name}: {r['requests']} requests, {r['frames']} chunks, {r['errors']} "
+                "errors, "
                 f"{r['rps']:.0f} req/s, worker CPU {r['server_cpu_s']:.2f} s "
                 f"= {r['server_cpu_s'] / max(count, 1) * 1e6:.1f} µs per {unit} (profiler on)"
             )

@@ -12,7 +12,11 @@
 #   docker-policy  the Docker API policy on :2375 (the docker-proxy service; needs no secret)
 #   stop-engines  remove this stack's engine containers now
 #   worker-ping   health check of the worker (answers Celery's ping within 10 s)
-#   manage …  any manage.py command;  anything else is executed as given
+#   manage …  any manage.py command
+#   login, logout, tenants, keys, models, prices, deployments, usage …
+#             the admin command line (tollgate_cli; README "Command line"), speaking the
+#             admin API at TOLLGATE_URL (default http://127.0.0.1:8000, this container's web)
+#   anything else is executed as given
 #
 # Secrets: DJANGO_SECRET_KEY, TOLLGATE_KEY_PEPPER and DATABASE_URL (or their _FILE) win when
 # set. Otherwise the secret key, the key pepper and the database password are read from the
@@ -217,5 +221,6 @@ case "$role" in
   docker-policy) exec python3 -m dockerpolicy "$@" ;;
   worker-ping) load_secrets; exec celery -A config inspect ping -d "worker@$HOSTNAME" --timeout 10 >/dev/null ;;
   manage) load_secrets; exec python3 manage.py "$@" ;;
+  login|logout|tenants|keys|models|prices|deployments|usage) exec python3 -m tollgate_cli "$role" "$@" ;;
   *) exec "$role" "$@" ;;
 esac

@@ -28,7 +28,8 @@ def decrypt(stored: str) -> str:
         return _fernet().decrypt(stored.removeprefix(PREFIX).encode()).decode()
     except InvalidToken:
         raise ValueError(
-            "An encrypted field cannot be read: TOLLGATE_ENCRYPTION_KEY (or DJANGO_SECRET_KEY) changed."
+            "An encrypted field cannot be read: TOLLGATE_ENCRYPTION_KEY (or DJANGO_SECRET_KEY) "
+            "changed."
         ) from None
 
 

@@ -1,4 +1,4 @@
-"""Log filters: no API key or admin token ever reaches a log line."""
+"""Log filters: no API key or admin token ever reaches a log line; a refusal is one line."""
 
 import logging
 import re
@@ -20,4 +20,17 @@ class RedactSecretsFilter(logging.Filter):
         redacted = redact(message)
         if redacted != message:
             record.msg, record.args = redacted, None
+        return True
+
+
+class RefusalsInOneLineFilter(logging.Filter):
+    """Drops the traceback from records of refused requests (403), keeping their one line.
+
+    Django logs "Forbidden (Permission denied): /path" with the PermissionDenied's
+    traceback attached; a refusal is expected behaviour, not a fault to debug.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "status_code", None) == 403 or record.name.startswith("django.security"):
+            record.exc_info, record.exc_text = None, None
         return True

@@ -74,12 +74,13 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "servestatic.middleware.ServeStaticMiddleware",  # static files, async under ASGI
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "console.middleware.PasswordChangeRequiredMiddleware",  # one-time passwords are changed first
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",  # turns a locked-out login into the lockout page
 ]
@@ -175,6 +176,41 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )
 AXES_VERBOSE = False
+# POST /api/v1/auth/token/: attempts per client address, and the tokens' default lifetime.
+TOLLGATE_TOKEN_LOGIN_RATE = env_str("TOLLGATE_TOKEN_LOGIN_RATE", "20/min")
+TOLLGATE_TOKEN_LOGIN_DAYS = env_int("TOLLGATE_TOKEN_LOGIN_DAYS", 30)
+
+# --- Single sign-on (OpenID Connect, authorization code + PKCE; console/sso.py) ---------------
+
+# On when an issuer and a client id are set; the provider's endpoints come from its discovery
+# document (<issuer>/.well-known/openid-configuration), read at the first sign-in.
+TOLLGATE_OIDC_ISSUER = env_str("TOLLGATE_OIDC_ISSUER", "").rstrip("/")
+OIDC_RP_CLIENT_ID = env_str("TOLLGATE_OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_secret("TOLLGATE_OIDC_CLIENT_SECRET")
+OIDC_RP_SCOPES = env_str("TOLLGATE_OIDC_SCOPES", "openid email profile groups")
+OIDC_RP_SIGN_ALGO = env_str("TOLLGATE_OIDC_SIGN_ALGO", "RS256")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_TIMEOUT = env_float("TOLLGATE_OIDC_TIMEOUT", 10.0)
+OIDC_VERIFY_SSL = env_bool("TOLLGATE_OIDC_VERIFY_TLS", True)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/"
+TOLLGATE_SSO_ENABLED = bool(TOLLGATE_OIDC_ISSUER and OIDC_RP_CLIENT_ID)
+TOLLGATE_OIDC_USERNAME_CLAIM = env_str("TOLLGATE_OIDC_USERNAME_CLAIM", "preferred_username")
+TOLLGATE_OIDC_GROUPS_CLAIM = env_str("TOLLGATE_OIDC_GROUPS_CLAIM", "groups")
+# Group → role: platform admins; "group=tenant-slug" pairs (a bare name: the same slug) for
+# tenant admins and members. Checked by tollgate.E021.
+TOLLGATE_OIDC_ADMIN_GROUPS = env_list("TOLLGATE_OIDC_ADMIN_GROUPS", [])
+TOLLGATE_OIDC_TENANT_ADMIN_GROUPS = env_list("TOLLGATE_OIDC_TENANT_ADMIN_GROUPS", [])
+TOLLGATE_OIDC_MEMBER_GROUPS = env_list("TOLLGATE_OIDC_MEMBER_GROUPS", [])
+TOLLGATE_OIDC_BUTTON_LABEL = env_str("TOLLGATE_OIDC_BUTTON_LABEL", "Sign in with single sign-on")
+# SSO only: local passwords stop working, except the break-glass admin's.
+TOLLGATE_SSO_ONLY = env_bool("TOLLGATE_SSO_ONLY", False)
+TOLLGATE_BREAK_GLASS_USERNAME = env_str(
+    "TOLLGATE_BREAK_GLASS_USERNAME", env_str("TOLLGATE_ADMIN_USERNAME", "admin")
+)
+# Answers only a provider's callback (with code and state) while SSO is on.
+AUTHENTICATION_BACKENDS.append("console.sso.SSOBackend")
 
 # HMAC pepper for API-key hashes. Kept apart from SECRET_KEY so that rotating one does not
 # silently invalidate the other; derived from SECRET_KEY only when not set.
@@ -228,7 +264,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "EXCEPTION_HANDLER": "config.problems.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "config.parsers.ObjectJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -244,6 +285,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.schema.postprocess",
+    ],
 }
 
 # --- Engines and deployments ------------------------------------------------------------
@@ -358,8 +403,33 @@ TOLLGATE_QUEUE_TIMEOUT_SECONDS = {
 # A gateway process renews its in-flight requests' leases; when it dies they lapse after this
 # and the reaper bills what those requests delivered and frees their engine slots.
 TOLLGATE_GATEWAY_LEASE_SECONDS = env_float("TOLLGATE_GATEWAY_LEASE_SECONDS", 30.0)
+# Kept /v1/responses answers stay this long in Redis (for immediate chaining from any
+# gateway process); PostgreSQL keeps them until deleted (gateway/response_store.py).
+TOLLGATE_RESPONSES_CACHE_SECONDS = env_int("TOLLGATE_RESPONSES_CACHE_SECONDS", 24 * 3600)
 # P2 (batch) runs only while engines report KV-cache use below this and nothing waiting.
 TOLLGATE_P2_KV_CACHE_THRESHOLD = env_float("TOLLGATE_P2_KV_CACHE_THRESHOLD", 0.9)
+# Headroom for higher classes (gateway/acquire.lua): lower classes leave free the slots P0/P1
+# needed at once within the last 1-2 windows of this many seconds (0: off). It costs
+# throughput while higher classes keep coming (those slots idle between their requests) and
+# buys them a free slot on engines that serve first come, first served.
+TOLLGATE_ADMISSION_HEADROOM_SECONDS = env_float("TOLLGATE_ADMISSION_HEADROOM_SECONDS", 5.0)
+# The headroom never exceeds this share of a model's slot budget.
+TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE = env_float("TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE", 0.5)
+# On engines that preempt by priority, a lower-class request predicted at no more than this
+# many tokens ignores the headroom: P0 preempts it, and recomputing it is cheap.
+TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS = env_int("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS", 2048)
+# Requests' predicted tokens (prompt + expected output) in flight may fill this share of the
+# engines' KV cache (from their /metrics); 0: admit by request count only.
+TOLLGATE_ADMISSION_KV_SHARE = env_float("TOLLGATE_ADMISSION_KV_SHARE", 0.95)
+# Which replica of a model serves a request (gateway/routing.py): "prefix" (the one that last
+# served the request's longest prefix, within the load bound; else the least loaded),
+# "least_loaded" or "round_robin".
+TOLLGATE_ROUTING = env_str("TOLLGATE_ROUTING", "prefix")
+# Prefix routing keeps a replica while its load (in flight / slots) stays within this factor
+# of the mean: higher keeps more cache hits, lower keeps replicas more evenly loaded.
+TOLLGATE_ROUTING_LOAD_FACTOR = env_float("TOLLGATE_ROUTING_LOAD_FACTOR", 1.25)
+# Expected output tokens of a request that asks for more, until a model's mean is learnt.
+TOLLGATE_ADMISSION_EXPECTED_OUTPUT = env_int("TOLLGATE_ADMISSION_EXPECTED_OUTPUT", 512)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.
 TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
 # Where the console's playground sends its chat requests (the gateway, like any client);
@@ -377,7 +447,7 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        "BACKEND": "servestatic.storage.CompressedManifestStaticFilesStorage"
         if PRODUCTION
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
@@ -389,7 +459,10 @@ LOG_LEVEL = env_str("TOLLGATE_LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact_keys": {"()": "config.logging.RedactSecretsFilter"}},
+    "filters": {
+        "redact_keys": {"()": "config.logging.RedactSecretsFilter"},
+        "refusals_in_one_line": {"()": "config.logging.RefusalsInOneLineFilter"},
+    },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {
         "console": {
@@ -399,5 +472,10 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # A refused request (403) is one line, not the PermissionDenied traceback.
+        "django.request": {"filters": ["refusals_in_one_line"]},
+        "django.security": {"filters": ["refusals_in_one_line"]},
+    },
 }

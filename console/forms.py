@@ -1,12 +1,15 @@
 """Console forms. They only shape input; every rule runs in the service the view calls."""
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from django import forms
+from django.utils import timezone
 
 from deployments.choices import Arch, NodeStatus
 from deployments.models import CatalogModel, EngineProfile, Node
+from tenants.choices import Role
 from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
 
 LIMIT_LABELS = {
@@ -197,7 +200,10 @@ class NodeForm(forms.ModelForm):
         required=False,
         min_value=0,
         label="Total memory (GB)",
-        help_text="Filled in by the node's heartbeat; set it now to check memory fit before the first one.",
+        help_text=(
+            "Filled in by the node's heartbeat; set it now to check memory fit before the "
+            "first one."
+        ),
     )
     gpu_memory_gb = forms.DecimalField(
         required=False,
@@ -380,5 +386,63 @@ class JoinNodeForm(forms.Form):
         max_length=255,
         required=False,
         label="Control plane address",
-        help_text="The address the new box reaches this box's PostgreSQL and Redis at (its private link).",
+        help_text=(
+            "The address the new box reaches this box's PostgreSQL and Redis at (its private link)."
+        ),
     )
+
+
+# --- People, profile ----------------------------------------------------------------------
+
+ROLE_HELP = "Tenant admins manage the tenant's keys, members and usage; members use it."
+
+
+class InviteForm(forms.Form):
+    """A new console user; the one-time password is made by the service and shown once."""
+
+    username = forms.CharField(max_length=150, help_text="What they log in with.")
+    email = forms.EmailField(required=False)
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.none(),
+        required=False,
+        to_field_name="slug",
+        empty_label="No tenant yet",
+    )
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, help_text=ROLE_HELP)
+    is_staff = forms.BooleanField(
+        required=False, label="Platform admin", help_text="Sees and manages everything."
+    )
+
+    def __init__(self, *args: Any, tenants: Any = None, staff: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if tenants is None:
+            # Inviting into one tenant (its members page): the tenant is the page's.
+            del self.fields["tenant"]
+        else:
+            self.fields["tenant"].queryset = tenants
+        if not staff:
+            del self.fields["is_staff"]
+
+
+class MembershipForm(forms.Form):
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.all(), to_field_name="slug")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, help_text=ROLE_HELP)
+
+
+TOKEN_LIFETIMES = [("30", "30 days"), ("90", "90 days"), ("365", "1 year"), ("", "Never")]
+
+
+class AdminTokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What it is for, e.g. “CI” or “laptop”.")
+    lifetime = forms.ChoiceField(
+        choices=TOKEN_LIFETIMES,
+        initial="90",
+        required=False,
+        label="Expires after",
+        help_text="A token that never expires lives until you revoke it.",
+    )
+
+    def service_data(self) -> dict[str, Any]:
+        days = self.cleaned_data.get("lifetime")
+        expires_at = timezone.now() + timedelta(days=int(days)) if days else None
+        return {"name": self.cleaned_data["name"], "expires_at": expires_at}

@@ -26,16 +26,26 @@ died, by the orphan reaper (gateway/orphans.py).
 Usage: ``usage:events``, the stream the gateway appends one ``core.usage.UsageRecord`` per
 request to and metering's consumer group reads.
 
+Stored responses (gateway/response_store.py): ``resp:<tenant id>:<response id>``, a kept
+``/v1/responses`` answer (JSON; ``-`` marks one deleted), with a TTL: PostgreSQL keeps them
+for good; ``responses:log``, the stream of puts and deletes its consumer writes there.
+
 Admission (gateway/admission.py and its Lua; the console reads it through
 ``gateway.admission.pool_status`` and ``wait_stats``):
 
 - ``adm:<model id>:run``: requests holding an engine slot (request id -> lease deadline,
   ms); ``…:q``: the queue (request id -> rank, an encoding private to the admission
   scripts); ``…:qexp``: when each waiter gives up (ms); ``…:vft``: fair-share virtual
-  times; ``…:ceiling``: the adaptive concurrency ceiling; ``…:ctl``: the controller's
-  last reading (gateway/tuning.py).
+  times; ``…:ceiling``: the adaptive concurrency ceiling; ``…:tok``: what the slot holders
+  hold (request id -> predicted tokens × 4 + class, ``_tok`` their total, ``_c0``/``_c1``/
+  ``_c2`` holders by class); ``…:hi``: recent higher-class demand (the headroom lower
+  classes leave free); ``…:ctl``: the controller's last reading (gateway/tuning.py).
 - ``adm:waits:<hour>``: queue waits of one UTC hour (hours since the epoch), a hash.
 - ``adm:wake``: channel; the payload is a model id whose engine slot was freed.
+
+Routing (gateway/routing.py and route.lua): ``route:<model id>``, a hash (prefix digest ->
+the replica that last served it) and ``route:<model id>:lru`` (prefix digest -> last use,
+ms), bounded by dropping the least recently used.
 
 Engines: ``engine:<replica id>:metrics``, the telemetry the worker scrapes (JSON, short
 TTL), read by the gateway's admission and its controller.
@@ -100,13 +110,24 @@ def usage_stream() -> str:
     return rkey("usage", "events")
 
 
-def pool_keys(model_id: int) -> tuple[str, str, str, str, str]:
-    """(running, queue, queue expiry, fair share, ceiling) of a model's engine pool."""
+def stored_response_key(tenant_id: int, response_id: str) -> str:
+    """A tenant's kept response (the write-through copy of gateway.models.StoredResponse)."""
+    return rkey("resp", tenant_id, response_id)
+
+
+def responses_log() -> str:
+    """The stream of stored-response puts and deletes, persisted to PostgreSQL."""
+    return rkey("responses", "log")
+
+
+def pool_keys(model_id: int) -> tuple[str, str, str, str, str, str, str]:
+    """(running, queue, queue expiry, fair share, ceiling, in-flight tokens, recent demand)
+    of a model's engine pool: the order of acquire.lua's pool."""
     return _pool_keys(setting(PREFIX_SETTING), model_id)
 
 
 @lru_cache(maxsize=4096)
-def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
+def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str, str]:
     base = ("adm", model_id)
     return (
         rkey(*base, "run"),
@@ -114,7 +135,19 @@ def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str]:
         rkey(*base, "qexp"),
         rkey(*base, "vft"),
         rkey(*base, "ceiling"),
+        rkey(*base, "tok"),
+        rkey(*base, "hi"),
     )
+
+
+def route_keys(model_id: int) -> tuple[str, str]:
+    """(prefix table, its recency) of a model's prefix-aware routing."""
+    return _route_keys(setting(PREFIX_SETTING), model_id)
+
+
+@lru_cache(maxsize=4096)
+def _route_keys(prefix: str, model_id: int) -> tuple[str, str]:
+    return rkey("route", model_id), rkey("route", model_id, "lru")
 
 
 def controller_key(model_id: int) -> str:

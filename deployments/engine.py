@@ -6,6 +6,7 @@ until it is running, ``/health`` answers 200 and ``/v1/models`` lists the served
 Each phase's duration is recorded in the operation's ``detail`` as the cold-start profile.
 """
 
+import contextlib
 import time
 from typing import Any
 
@@ -259,7 +260,8 @@ def engine_command(deployment: Deployment) -> list[str]:
     ]
     if model.revision:
         argv += ["--revision", model.revision]
-    if model.task == Task.EMBED and "runner" not in deployment.effective_args:
+    # Embedding and cross-encoder (rerank/score) models run on vLLM's pooling runner.
+    if model.task in (Task.EMBED, Task.SCORE) and "runner" not in deployment.effective_args:
         argv += ["--runner", "pooling"]
     return argv + to_argv(deployment.effective_args)
 
@@ -294,6 +296,8 @@ def warm_up(base_url: str, deployment: Deployment) -> None:
     model = deployment.model
     if model.task == Task.EMBED:
         path, body = "/v1/embeddings", {"model": model.served_name, "input": "warm-up"}
+    elif model.task == Task.SCORE:
+        path, body = "/v1/score", {"model": model.served_name, "text_1": "warm", "text_2": "up"}
     else:
         path, body = (
             "/v1/chat/completions",
@@ -340,6 +344,12 @@ def parse_metrics(text: str) -> dict[str, float]:
                 out["ttft_seconds_sum"] = out.get("ttft_seconds_sum", 0.0) + sample.value
             elif sample.name == "vllm:time_to_first_token_seconds_count":
                 out["ttft_count"] = out.get("ttft_count", 0.0) + sample.value
+            elif sample.name == "vllm:cache_config_info":
+                # The KV cache in tokens: num_gpu_blocks blocks of block_size tokens.
+                with contextlib.suppress(KeyError, ValueError):
+                    out["kv_capacity_tokens"] = float(
+                        int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+                    )
     return out
 
 

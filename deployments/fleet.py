@@ -152,7 +152,8 @@ def check_external(deployment: Deployment) -> Replica:
                 if status not in (None, 200)
                 else "not reachable"
                 if status is None
-                else f"/v1/models does not list {deployment.model.served_name!r} (it lists {served})"
+                else f"/v1/models does not list {deployment.model.served_name!r} "
+                f"(it lists {served})"
             )
         )
         changed = (

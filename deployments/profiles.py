@@ -21,10 +21,14 @@ SIMULATOR_IMAGE = "tollgate/engine-sim:latest"
 VLLM_RAY_HEAD = r"""set -e
 ray start --head --port={ray_port} --node-ip-address="$VLLM_HOST_IP" --disable-usage-stats
 deadline=$(( $(date +%s) + {timeout} ))
-alive() {{ python3 -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"]))' 2>/dev/null || echo 0; }}
+alive() {{
+  python3 -c 'import ray; ray.init(address="auto", logging_level="ERROR")
+print(sum(1 for n in ray.nodes() if n["Alive"]))' 2>/dev/null || echo 0
+}}
 until [ "$(alive)" -ge {nodes} ]; do
   if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "tollgate: timed out after {timeout} s waiting for {workers} Ray worker node(s) to join the head at $VLLM_HOST_IP:{ray_port}" >&2
+    echo "tollgate: timed out after {timeout} s waiting for {workers} Ray worker node(s)" \
+      "to join the head at $VLLM_HOST_IP:{ray_port}" >&2
     exit 3
   fi
   sleep 2

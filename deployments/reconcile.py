@@ -257,7 +257,9 @@ def _abandon(op: Operation) -> None:
     failed = Operation.objects.filter(pk=op.pk, status=OperationStatus.RUNNING).update(
         status=OperationStatus.FAILED,
         finished_at=timezone.now(),
-        error="The worker running this operation stopped (killed or restarted); reconcile took over.",
+        error=(
+            "The worker running this operation stopped (killed or restarted); reconcile took over."
+        ),
     )
     if failed:
         log.warning("operation %s lost its worker; reconcile takes over", op.pk)

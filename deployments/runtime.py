@@ -197,9 +197,12 @@ def find(dc: docker.DockerClient, name: str) -> Container | None:
 
 
 def list_managed(dc: docker.DockerClient, stack: str, node: str, **more: str) -> list[Container]:
-    """Tollgate's containers of this stack on this node (never anyone else's)."""
+    """Tollgate's containers of this stack on this node (never anyone else's). A container
+    removed between Docker's list and the inspect of each entry is left out, not an error."""
     with wrapped("listing Tollgate's containers"):
-        return dc.containers.list(all=True, filters={"label": label_filter(stack, node, **more)})
+        return dc.containers.list(
+            all=True, filters={"label": label_filter(stack, node, **more)}, ignore_removed=True
+        )
 
 
 def start(container: Container) -> None:

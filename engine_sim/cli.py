@@ -81,13 +81,15 @@ KNOBS = [
         "no-continuous-usage",
         bool,
         False,
-        "ignore stream_options.continuous_usage_stats, as older vLLM builds and external engines do",
+        "ignore stream_options.continuous_usage_stats, as older vLLM builds and external engines "
+        "do",
     ),
     Knob(
         "no-include-usage",
         bool,
         False,
-        "also ignore stream_options.include_usage (and --enable-force-include-usage): no usage in streams",
+        "also ignore stream_options.include_usage (and --enable-force-include-usage): no usage in "
+        "streams",
     ),
     Knob(
         "crash-after-requests", int, 0, "engine dies after this many finished requests; 0 = never"
@@ -104,6 +106,20 @@ KNOBS = [
         "hang-after-requests", int, 0, "stop answering (sockets stay open) after this many requests"
     ),
     Knob("hang-after-seconds", float, 0.0, "stop answering this long after start-up; 0 = never"),
+    Knob(
+        "hold",
+        bool,
+        False,
+        "admitted sequences generate nothing until the process gets SIGUSR1 (tests look at a "
+        "full batch without racing the clock)",
+    ),
+    Knob(
+        "hold-load",
+        bool,
+        False,
+        "loading stops before its last shard until the process gets SIGUSR1 (tests look at a "
+        "loading engine without racing the clock)",
+    ),
 ]
 
 
@@ -287,7 +303,8 @@ def parse(argv: list[str] | None = None) -> Config:
         # vLLM refuses this combination at start-up, before loading anything.
         p.exit(
             1,
-            "ValueError: When `--enable-auto-tool-choice` is set, `--tool-call-parser` must be set\n",
+            "ValueError: When `--enable-auto-tool-choice` is set, `--tool-call-parser` must be "
+            "set\n",
         )
     model = a.model_tag or a.model or DEFAULT_MODEL
     max_len = a.max_model_len if a.max_model_len > 0 else DEFAULT_MAX_MODEL_LEN

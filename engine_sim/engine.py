@@ -118,6 +118,9 @@ class Engine:
         self.dead = False
         self.hung = False
         self._hang_forever: asyncio.Future | None = None
+        self.held = bool(s.sim_hold)
+        self.load_held = bool(s.sim_hold_load)
+        self._released: asyncio.Event | None = None
 
     # --- admission -------------------------------------------------------------------
 
@@ -324,6 +327,18 @@ class Engine:
             if self._hang_forever is None:
                 self._hang_forever = asyncio.get_running_loop().create_future()
             await self._hang_forever
+
+    async def wait_if_held(self) -> None:
+        """--sim-hold: generation waits here until release() (SIGUSR1)."""
+        if self.held:
+            if self._released is None:
+                self._released = asyncio.Event()
+            await self._released.wait()
+
+    def release_hold(self) -> None:
+        self.held = self.load_held = False
+        if self._released is not None:
+            self._released.set()
 
     # --- accounting --------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ def _int_field(body: dict, name: str, minimum: int = 1) -> int | None:
 
 
 def priority_of(cfg: Config, body: dict) -> int:
-    """The request's `priority` (lower runs earlier); non-zero needs --scheduling-policy priority."""
+    """The request's `priority` (lower runs earlier); non-zero needs the priority scheduler."""
     p = body.get("priority", 0)
     if p is None:
         return 0
@@ -155,6 +155,10 @@ class Generator:
                 if eng.hung:
                     conn.flush()
                     await eng.pause_if_hung()
+                if eng.held:
+                    conn.flush()
+                    await eng.wait_if_held()
+                    due = loop.time()  # the pace starts at the release, no catching up
                 if eng.dead:
                     seq.finish_reason = "error"
                     raise EngineDead()
@@ -562,8 +566,8 @@ class Generator:
             raise
         self._finish(seq, reply.finish_reason)
         fin = (
-            head
-            + b'[{"index":0,"text":"","logprobs":null,"finish_reason":"%b","stop_reason":%b}]%b}\n\n'
+            head + b'[{"index":0,"text":"","logprobs":null,'
+            b'"finish_reason":"%b","stop_reason":%b}]%b}\n\n'
             % (
                 reply.finish_reason.encode(),
                 _dumps(reply.stop_reason).encode(),

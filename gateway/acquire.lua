@@ -1,40 +1,138 @@
 -- Tollgate admission queue: take one of a model's engine slots, or wait in a priority queue.
 --
--- try_slot(kr, kq, kx, kf, kc, rid, class, tenant, weight, cost, now, lease, budget, p2, giveup, p0extra, fresh)
---   kr running zset (request id -> lease deadline ms)   kq queue zset (request id -> rank)
---   kx queue expiry zset (request id -> give-up ms)      kf fair-share hash   kc ceiling
---   class 0 P0, 1 P1, 2 P2; cost in tokens; p2 '1' when engines have spare capacity;
---   p0extra: slots P0 may use beyond the ceiling when the engines preempt by priority
---   themselves (vLLM --scheduling-policy priority): P0 then never waits behind P2;
---   fresh: true when called by admission (the request is not in the queue yet).
+-- try_slot(K, o)
+--   K  the model's pool (core.keyspace.pool_keys): kr running zset (request id -> lease
+--      deadline ms), kq queue zset (request id -> rank), kx queue expiry zset (request id ->
+--      give-up ms), kf fair-share hash, kc ceiling, kt in-flight hash (request id -> predicted
+--      tokens * 4 + class; _tok their total, _c0/_c1/_c2 slot holders by class), kh recent
+--      higher-class demand (see headroom below)
+--   o  rid, class (0 P0, 1 P1, 2 P2), tenant, weight, cost (tokens, for fair share), now,
+--      lease, budget, p2 ('1' when engines have spare capacity), giveup (ms), fresh (true
+--      when called by admission: the request is not queued yet),
+--      p0extra  slots P0 may use beyond the ceiling when the engines preempt by priority
+--               (vLLM --scheduling-policy priority): P0 then never waits behind P2;
+--      kv       the request's predicted in-flight tokens (prompt estimate + expected output),
+--      kvcap    the engines' KV-cache capacity in tokens for admission (0: unknown, no limit),
+--      hwin     headroom window (ms, 0: no headroom), hmax most slots the headroom keeps,
+--      pmax     on engines that preempt, a lower-class request predicted at no more than
+--               this many tokens ignores the headroom (preempting it is cheap)
 --
 -- Rank = class * 1e13 + virtual start time: P0 before P1 before P2; inside a class, start-
 -- time fair queueing by tokens (a tenant's virtual time advances by cost / weight), so one
 -- tenant's burst cannot starve another's. A request takes a slot only when no better-ranked
--- request waits. Returns {1, running, ceiling} when admitted, {0, ahead, ceiling} when queued.
-local function try_slot(kr, kq, kx, kf, kc, rid, class, tenant, weight, cost, now, lease, budget, p2, giveup, p0extra, fresh)
+-- request waits, a slot is free under its class's limit, and its predicted tokens fit in
+-- the KV cache beside those in flight (a request alone always fits: the engine decides).
+--
+-- Headroom: on engines that serve first come, first served, a P0 request arriving while
+-- P2 holds every slot waits for a P2 reply to end (seconds). So lower classes leave free
+-- the slots higher classes recently needed: k = the most higher-class requests that ran at
+-- once (holding a slot or asking for one) in the last one to two windows (0 once they stop
+-- coming), at most hmax and never every slot. A lower-class request takes a slot only while
+-- running + max(0, k - higher-class slot holders now) < limit.
+-- Returns {1, running, ceiling} when admitted, {0, ahead, ceiling} when queued.
+
+-- Slot holders whose gateway died (lease lapsed) leave the running set and the token count.
+local function reap(kr, kt, now)
+  local gone = redis.call('ZRANGEBYSCORE', kr, '-inf', now, 'LIMIT', 0, 200)
+  if #gone == 0 then return end
+  redis.call('ZREM', kr, unpack(gone))
+  local held = redis.call('HMGET', kt, unpack(gone))
+  local tokens, by_class = 0, {0, 0, 0}
+  for _, v in ipairs(held) do
+    if v then
+      local n = tonumber(v)
+      local c = n % 4
+      tokens = tokens + (n - c) / 4
+      by_class[c + 1] = by_class[c + 1] + 1
+    end
+  end
+  redis.call('HDEL', kt, unpack(gone))
+  if tokens ~= 0 then redis.call('HINCRBY', kt, '_tok', -tokens) end
+  for c = 1, 3 do
+    if by_class[c] ~= 0 then redis.call('HINCRBY', kt, '_c' .. (c - 1), -by_class[c]) end
+  end
+end
+
+-- Recent demand of the classes above a class, kept per series s (1: P0; 2: P0 and P1) as
+-- the most that ran at once in the current window (m) and the one before (p).
+local function recent_demand(kh, s, now, win)
+  local v = redis.call('HMGET', kh, 'b' .. s, 'm' .. s, 'p' .. s)
+  if not v[1] then return 0 end
+  local b, cur = tonumber(v[1]), math.floor(now / win)
+  if b == cur then return math.max(tonumber(v[2]), tonumber(v[3])) end
+  if b == cur - 1 then return tonumber(v[2]) end
+  return 0
+end
+
+local function note_demand(kh, s, n, now, win)
+  local v = redis.call('HMGET', kh, 'b' .. s, 'm' .. s)
+  local cur = math.floor(now / win)
+  local b = tonumber(v[1] or '-1')
+  if b == cur then
+    if n > tonumber(v[2]) then redis.call('HSET', kh, 'm' .. s, n) end
+  elseif b == cur - 1 then
+    redis.call('HSET', kh, 'b' .. s, cur, 'p' .. s, v[2], 'm' .. s, n)
+  else
+    redis.call('HSET', kh, 'b' .. s, cur, 'p' .. s, 0, 'm' .. s, n)
+  end
+  redis.call('PEXPIRE', kh, 2 * win)
+end
+
+local function try_slot(K, o)
+  local kr, kq, kx, kf, kc, kt, kh = K[1], K[2], K[3], K[4], K[5], K[6], K[7]
+  local class, now, lease = o.class, o.now, o.lease
   local CLASS = 1e13
-  local ceiling = tonumber(redis.call('GET', kc) or budget)
+  local ceiling = tonumber(redis.call('GET', kc) or o.budget)
   if ceiling < 1 then ceiling = 1 end
+  local preempting = (o.p0extra or 0) > 0
   local limit = ceiling
-  if class == 0 then limit = ceiling + (p0extra or 0) end
+  if class == 0 then limit = ceiling + (o.p0extra or 0) end
 
   -- A fresh request (from admission) cannot be queued yet; a retry has its rank.
   local rank, tag = -1, nil
-  if not fresh then rank = tonumber(redis.call('ZSCORE', kq, rid) or '-1') end
+  if not o.fresh then rank = tonumber(redis.call('ZSCORE', kq, o.rid) or '-1') end
   if rank < 0 then
-    local vt = redis.call('HMGET', kf, '_v' .. class, tenant .. ':' .. class)
+    local vt = redis.call('HMGET', kf, '_v' .. class, o.tenant .. ':' .. class)
     local start = math.max(tonumber(vt[1] or '0'), tonumber(vt[2] or '0'))
-    tag = start + cost / weight
+    tag = start + o.cost / o.weight
     rank = class * CLASS + start
   end
 
   -- Leases and queue entries of gateways that died expire on their own; they only matter
   -- (and are only looked for) when they would keep this request waiting.
   local running = redis.call('ZCARD', kr)
-  if running >= limit then
-    redis.call('ZREMRANGEBYSCORE', kr, '-inf', now)
+  local held = redis.call('HMGET', kt, '_tok', '_c0', '_c1')
+  -- A higher-class request is demand whether it gets a slot now or waits for one: the
+  -- series of P0 counts the P0 slot holders and this one; that of P0 and P1 counts both.
+  if class < 2 and o.hwin > 0 then
+    local p0, p1 = tonumber(held[2] or '0'), tonumber(held[3] or '0')
+    if class == 0 then note_demand(kh, 1, p0 + 1, now, o.hwin) end
+    note_demand(kh, 2, p0 + p1 + 1, now, o.hwin)
+  end
+  local in_flight = tonumber(held[1] or '0')
+  local higher = 0  -- slot holders of better classes
+  if class >= 1 then higher = higher + tonumber(held[2] or '0') end
+  if class == 2 then higher = higher + tonumber(held[3] or '0') end
+  local reserved = 0
+  if class > 0 and o.hwin > 0 and not (preempting and o.kv <= o.pmax) then
+    reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
+  end
+  local kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
+      or in_flight + o.kv <= o.kvcap
+  if running + reserved >= limit or not kv_ok then
+    reap(kr, kt, now)
     running = redis.call('ZCARD', kr)
+    if running == 0 then redis.call('DEL', kt) end  -- nothing runs: nothing is in flight
+    held = redis.call('HMGET', kt, '_tok', '_c0', '_c1')
+    in_flight = tonumber(held[1] or '0')
+    higher = 0
+    if class >= 1 then higher = higher + tonumber(held[2] or '0') end
+    if class == 2 then higher = higher + tonumber(held[3] or '0') end
+    if reserved > 0 then
+      reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
+    end
+    kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
+      or in_flight + o.kv <= o.kvcap
   end
   local ahead = redis.call('ZCOUNT', kq, '-inf', '(' .. rank)
   if ahead > 0 then
@@ -45,27 +143,31 @@ local function try_slot(kr, kq, kx, kf, kc, rid, class, tenant, weight, cost, no
       ahead = redis.call('ZCOUNT', kq, '-inf', '(' .. rank)
     end
   end
-  if running < limit and (class < 2 or p2 == '1') and ahead == 0 then
-    if not fresh then
-      redis.call('ZREM', kq, rid)
-      redis.call('ZREM', kx, rid)
+  if running + reserved < limit and kv_ok and (class < 2 or o.p2 == '1') and ahead == 0 then
+    if not o.fresh then
+      redis.call('ZREM', kq, o.rid)
+      redis.call('ZREM', kx, o.rid)
     end
-    redis.call('ZADD', kr, now + lease, rid)
+    redis.call('ZADD', kr, now + lease, o.rid)
     redis.call('PEXPIRE', kr, lease)
+    redis.call('HSET', kt, o.rid, o.kv * 4 + class)
+    redis.call('HINCRBY', kt, '_tok', o.kv)
+    redis.call('HINCRBY', kt, '_c' .. class, 1)
+    redis.call('PEXPIRE', kt, lease)
     -- The class's virtual time moves to the start tag of what it last served.
     if tag then
-      redis.call('HSET', kf, '_v' .. class, rank - class * CLASS, tenant .. ':' .. class, tag)
+      redis.call('HSET', kf, '_v' .. class, rank - class * CLASS, o.tenant .. ':' .. class, tag)
     else
       redis.call('HSET', kf, '_v' .. class, rank - class * CLASS)
     end
     redis.call('PEXPIRE', kf, 3600000)
     return {1, running + 1, ceiling}
   end
-  if tag then redis.call('HSET', kf, tenant .. ':' .. class, tag) end
-  redis.call('ZADD', kq, rank, rid)
-  redis.call('ZADD', kx, now + giveup, rid)
-  redis.call('PEXPIRE', kq, giveup + 60000)
-  redis.call('PEXPIRE', kx, giveup + 60000)
+  if tag then redis.call('HSET', kf, o.tenant .. ':' .. class, tag) end
+  redis.call('ZADD', kq, rank, o.rid)
+  redis.call('ZADD', kx, now + o.giveup, o.rid)
+  redis.call('PEXPIRE', kq, o.giveup + 60000)
+  redis.call('PEXPIRE', kx, o.giveup + 60000)
   redis.call('PEXPIRE', kf, 3600000)
   return {0, ahead, ceiling}
 end

@@ -3,8 +3,11 @@ the rest wait in a priority queue shared by every gateway process (in Redis).
 
 P0 (interactive) goes before P1 (standard) before P2 (batch); inside a class tenants get
 weighted fair shares by tokens. P2 takes a slot only while the engines report spare
-capacity. A freed slot is announced on a pub/sub channel, so a waiter in any process can
-take it at once; waiters also retry on a short timer, so nothing depends on one message.
+capacity. Lower classes leave free the slots higher classes recently needed (the headroom,
+see acquire.lua), and requests are admitted by predicted tokens as well as by count: each
+holds its prompt estimate plus its expected output against the engines' KV cache. A freed
+slot is announced on a pub/sub channel, so a waiter in any process can take it at once;
+waiters also retry on a short timer, so nothing depends on one message.
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ TELEMETRY_FRESH_SECONDS = 20.0
 CLASS_RANK = 10**13
 
 
+def headroom_slots(budget: int) -> int:
+    """The most slots lower classes leave free for higher ones (0: headroom off; a model
+    with one slot has none to keep)."""
+    if setting("TOLLGATE_ADMISSION_HEADROOM_SECONDS") <= 0:
+        return 0
+    return min(int(budget * setting("TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE")), budget - 1)
+
+
 def queue_timeout(priority: str) -> float:
     return float(setting("TOLLGATE_QUEUE_TIMEOUT_SECONDS")[priority])
 
@@ -65,7 +76,7 @@ class PoolStatus:
 
 def pool_status(model_id: int, budget: int) -> PoolStatus:
     """The pool of a model whose engines' static budget is ``budget`` (for the console)."""
-    running, queue, _, _, ceiling = pool_keys(model_id)
+    running, queue, _, _, ceiling, _, _ = pool_keys(model_id)
     pipe = get_redis().pipeline(transaction=False)
     pipe.get(ceiling)
     pipe.zcard(running)
@@ -136,11 +147,28 @@ class Admission:
         self.running: dict[str, int] = {}  # request id -> model id (for lease renewal)
         self.p2_open: dict[int, bool] = {}  # from engine telemetry
         self.latency: dict[int, float] = {}  # EWMA seconds per request, per model
+        self.kv_capacity: dict[int, int] = {}  # from engine telemetry, tokens, per model
+        self.output: dict[int, float] = {}  # EWMA completion tokens per request, per model
+
+    def predicted_tokens(self, model_id: int, prompt: int, asked_output: int, limit: int) -> int:
+        """What a request will hold in the KV cache: its prompt estimate plus the output it
+        is expected to produce (the model's recent mean, at most what it asked for), at most
+        the model's context length."""
+        expected = self.output.get(model_id) or setting("TOLLGATE_ADMISSION_EXPECTED_OUTPUT")
+        output = min(asked_output, max(int(expected), 16)) if asked_output else 0
+        return min(prompt + output, limit) if limit > 0 else prompt + output
 
     def slot_request(
-        self, model_id: int, budget: int, priority: str, weight: int, p0_extra: int = 0
+        self,
+        model_id: int,
+        budget: int,
+        priority: str,
+        weight: int,
+        p0_extra: int = 0,
+        kv: int = 0,
     ) -> SlotRequest:
         """What the admission call needs to also take (or queue for) an engine slot."""
+        headroom = setting("TOLLGATE_ADMISSION_HEADROOM_SECONDS")
         return SlotRequest(
             pool=pool_keys(model_id),
             priority_index=CLASS_INDEX[priority],
@@ -150,6 +178,11 @@ class Admission:
             give_up_ms=int(queue_timeout(priority) * 1000) + 5000,
             lease_ms=lease_ms(),
             p0_extra=p0_extra,
+            kv=kv,
+            kv_capacity=self.kv_capacity.get(model_id, 0),
+            headroom_ms=int(headroom * 1000),
+            headroom_max=headroom_slots(budget),
+            preempt_max=setting("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS"),
         )
 
     def holding(self, request_id: str, model_id: int) -> None:
@@ -167,6 +200,7 @@ class Admission:
         cost: int,
         disconnected: asyncio.Event,
         p0_extra: int = 0,
+        kv: int = 0,
     ) -> Ticket:
         """Wait in the queue (where admission put the request) up to the class's timeout."""
         started = time.monotonic()
@@ -190,6 +224,7 @@ class Admission:
                 budget,
                 disconnected,
                 p0_extra,
+                kv,
             )
         finally:
             waited = time.monotonic() - started
@@ -226,6 +261,7 @@ class Admission:
         budget: int,
         disconnected: asyncio.Event,
         p0_extra: int = 0,
+        kv: int = 0,
     ) -> Ticket:
         ahead, ceiling = 1, budget
         while True:
@@ -251,6 +287,7 @@ class Admission:
                 budget,
                 model_id,
                 p0_extra,
+                kv,
             )
             if got == 1:
                 self.running[waiter.request_id] = model_id
@@ -268,26 +305,29 @@ class Admission:
         budget: int,
         model_id: int,
         p0_extra: int = 0,
+        kv: int = 0,
     ) -> list[int]:
-        now_ms = int(time.time() * 1000)
-        give_up_ms = int(queue_timeout(priority) * 1000) + 5000
+        slot = self.slot_request(model_id, budget, priority, weight, p0_extra, kv)
+        args = [
+            request_id,
+            slot.priority_index,
+            str(tenant_id),
+            weight,
+            cost,
+            int(time.time() * 1000),
+            slot.lease_ms,
+            budget,
+            "1" if slot.p2_open else "0",
+            slot.give_up_ms,
+            p0_extra,
+            kv,
+            slot.kv_capacity,
+            slot.headroom_ms,
+            slot.headroom_max,
+            slot.preempt_max,
+        ]
         async with asyncio.timeout(5.0):
-            result = await self._retry(
-                keys=list(keys),
-                args=[
-                    request_id,
-                    CLASS_INDEX[priority],
-                    tenant_id,
-                    weight,
-                    cost,
-                    now_ms,
-                    lease_ms(),
-                    budget,
-                    1 if self.p2_open.get(model_id, True) else 0,
-                    give_up_ms,
-                    p0_extra,
-                ],
-            )
+            result = await self._retry(keys=list(keys), args=[orjson.dumps(args)])
         return [int(x) for x in result]
 
     def wake_local(self, model_id: int) -> None:
@@ -296,10 +336,17 @@ class Admission:
         for waiter in self.waiters.get(model_id, ()):
             waiter.event.set()
 
-    def finished(self, request_id: str, model_id: int, seconds: float) -> None:
+    def finished(
+        self, request_id: str, model_id: int, seconds: float, output_tokens: int = 0
+    ) -> None:
         self.running.pop(request_id, None)
         previous = self.latency.get(model_id)
         self.latency[model_id] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+        if output_tokens > 0:
+            mean = self.output.get(model_id)
+            self.output[model_id] = (
+                output_tokens if mean is None else 0.9 * mean + 0.1 * output_tokens
+            )
 
     def retry_after(self, model_id: int, ahead: int, ceiling: int) -> int:
         """Seconds until the queue ahead would drain: ahead / (slots / mean request time)."""
@@ -314,8 +361,14 @@ class Admission:
             await asyncio.sleep(interval)
             deadline = int(time.time() * 1000) + lease_ms()
             pipe = self.redis.pipeline(transaction=False)
+            models = set()
             for request_id, model_id in list(self.running.items()):
                 pipe.zadd(pool_keys(model_id)[0], {request_id: deadline}, xx=True)
+                models.add(model_id)
+            for model_id in models:  # the slot sets outlive their last admission
+                pool = pool_keys(model_id)
+                pipe.pexpire(pool[0], lease_ms())
+                pipe.pexpire(pool[5], lease_ms())
             if open_requests:
                 pipe.zadd(open_keys()[0], dict.fromkeys(open_requests, deadline), xx=True)
             try:
@@ -338,10 +391,16 @@ class Admission:
         if not replicas:
             return
         raw = await self.redis.mget([engine_metrics_key(u.replica_id) for _, u in replicas])
-        now, verdict = time.time(), {}
+        now, verdict, capacity = time.time(), {}, {}
+        share = settings.TOLLGATE_ADMISSION_KV_SHARE
         for (model_id, upstream), blob in zip(replicas, raw, strict=True):
             figures = orjson.loads(blob) if blob else None
             fresh = figures and now - figures.get("scraped_at", 0) < TELEMETRY_FRESH_SECONDS
+            # The KV cache requests may fill, summed over the replicas that report one; a
+            # replica that does not (yet) leaves the model without a token limit.
+            kv = int(figures.get("kv_capacity_tokens", 0) * share) if fresh else 0
+            if capacity.get(model_id, 0) >= 0:
+                capacity[model_id] = capacity.get(model_id, 0) + kv if kv > 0 else -1
             # Without fresh telemetry only the slot ceiling limits P2. An engine that schedules
             # by priority has P2 requests waiting whenever P0 preempted them: that is its own
             # scheduler at work, not a lack of room, so only its KV cache counts there.
@@ -351,3 +410,4 @@ class Admission:
             spare = not fresh or (queued == 0 and figures.get("kv_cache_usage", 0) < threshold)
             verdict[model_id] = verdict.get(model_id, False) or spare
         self.p2_open = verdict
+        self.kv_capacity = {m: c for m, c in capacity.items() if c > 0}

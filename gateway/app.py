@@ -13,13 +13,15 @@ import time
 from typing import Any
 
 import orjson
+import redis.exceptions
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from core.credentials import INVALID_KEY, presented_key, unexpired
-from gateway import metrics
+from gateway import metrics, responses
 from gateway.errors import error_body, model_not_found
 from gateway.exchange import Exchange
+from gateway.messages import AnthropicSend
 from gateway.relay import respond
 from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo
@@ -29,7 +31,41 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/rerank": "rerank",
+    "/v1/score": "score",
+    "/v1/responses": "responses",
 }
+# The model task (deployments.choices.Task) each endpoint needs, and how its error names it.
+ENDPOINT_TASKS = {
+    "chat": "generate",
+    "completions": "generate",
+    "messages": "generate",
+    "count_tokens": "generate",
+    "embeddings": "embed",
+    "rerank": "score",
+    "score": "score",
+    "responses": "generate",
+}
+TASK_KINDS = {"generate": "a chat/completion", "embed": "an embedding", "score": "a rerank/score"}
+# Endpoints that answer in Anthropic's dialect (errors included).
+ANTHROPIC = frozenset(("messages", "count_tokens"))
+# /v1 paths the Django application serves (files, batches, usage); every other /v1 path is
+# the gateway's, which answers unknown ones with OpenAI's JSON 404.
+DJANGO_V1 = ("/v1/usage", "/v1/files", "/v1/batches")
+
+
+STORE_DOWN = error_body(
+    "Tollgate cannot reach its response store right now. Please retry shortly.",
+    "server_error",
+    code="service_unavailable",
+)
+
+
+def invalid_url(method: str, path: str) -> bytes:
+    """OpenAI's answer for a path it does not serve."""
+    return error_body(f"Invalid URL ({method} {path})")
 
 
 async def read_body(receive: Any, limit: int) -> bytes | None:
@@ -62,12 +98,9 @@ class Gateway:
 
     @staticmethod
     def handles(path: str) -> bool:
-        return (
-            path in ENDPOINTS
-            or path == "/v1/models"
-            or path.startswith("/v1/models/")
-            or path == "/metrics"
-        )
+        if path.startswith("/v1/"):
+            return not path.startswith(DJANGO_V1)
+        return path == "/metrics" or path == "/v1"
 
     async def startup(self) -> None:
         await self.rt.start()
@@ -88,6 +121,9 @@ class Gateway:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path, method = scope["path"], scope["method"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint in ANTHROPIC:
+            send = AnthropicSend(send)
         if not self.host_allowed(scope):
             return await respond(send, 400, error_body("Invalid Host header."))
         if path == "/metrics":
@@ -98,12 +134,16 @@ class Gateway:
                     send, 405, error_body(f"Method {method} is not allowed on {path}.")
                 )
             return await self.list_models(scope, send, path)
+        if endpoint is None:
+            if path.startswith(responses.PREFIX):
+                return await self.kept_response(scope, send, path, method)
+            return await respond(send, 404, invalid_url(method, path))
         if method != "POST":
             return await respond(
                 send, 405, error_body(f"Method {method} is not allowed on {path}.")
             )
         try:
-            await self.generate(scope, receive, send, ENDPOINTS[path])
+            await self.generate(scope, receive, send, endpoint)
         except ConnectionAbortedError:
             return
 
@@ -113,13 +153,15 @@ class Gateway:
         """The key and tenant for the request's credentials (core.credentials' rule: the
         snapshot holds only keys that were usable when it loaded); the same work for every
         failure."""
-        authorization = api_key = ""
+        authorization = api_key = x_api_key = ""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
             elif name == b"api-key":
                 api_key = value.decode("latin-1")
-        presented = presented_key(authorization, api_key)
+            elif name == b"x-api-key":
+                x_api_key = value.decode("latin-1")
+        presented = presented_key(authorization, api_key, x_api_key)
         snap = self.rt.snapshot
         prefix = parse_key(presented)
         key = snap.keys.get(prefix) if prefix else None
@@ -153,6 +195,27 @@ class Gateway:
         if card is None:
             return await respond(send, 404, model_not_found(wanted))
         await respond(send, 200, orjson.dumps(card))
+
+    # --- Kept responses ---------------------------------------------------------------------
+
+    async def kept_response(self, scope: dict, send: Any, path: str, method: str) -> None:
+        action, response_id = responses.route(path, method)
+        if action is None:
+            if response_id == 405:
+                return await respond(
+                    send, 405, error_body(f"Method {method} is not allowed on {path}.")
+                )
+            return await respond(send, 404, invalid_url(method, path))
+        auth = self.authenticate(scope)
+        if auth is None:
+            return await respond(send, 401, INVALID_KEY)
+        _, tenant = auth
+        try:
+            await responses.serve_object(
+                self.rt.responses, send, action, response_id, tenant.id, scope["query_string"]
+            )
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            await respond(send, 503, STORE_DOWN, [(b"retry-after", b"5")])
 
     # --- /metrics ------------------------------------------------------------------------------
 
@@ -195,6 +258,16 @@ class Gateway:
         problem = self.check_request(payload, model, endpoint)
         if problem:
             return await respond(send, *problem)
+        plan = None
+        if endpoint == "responses":
+            try:
+                prepared = await responses.prepare(self.rt.responses, payload, tenant.id, key.id)
+            except (redis.exceptions.RedisError, OSError, TimeoutError):
+                return await respond(send, 503, STORE_DOWN, [(b"retry-after", b"5")])
+            if isinstance(prepared[0], int):
+                return await respond(send, *prepared)
+            payload, plan = prepared
+            body = orjson.dumps(payload)
         upstreams = self.rt.snapshot.routes.get(model.id)
         if not upstreams:
             metrics.REJECTIONS.labels(tenant.slug, "no_replica").inc()
@@ -202,14 +275,15 @@ class Gateway:
                 send,
                 503,
                 error_body(
-                    f"The model `{model.served_name}` has no engine ready to serve it. Please retry shortly.",
+                    f"The model `{model.served_name}` has no engine ready to serve it. Please "
+                    "retry shortly.",
                     "server_error",
                     code="model_not_ready",
                 ),
                 [(b"retry-after", b"10")],
             )
         exchange = Exchange(
-            self.rt, send, endpoint, payload, body, key, tenant, model, upstreams, started
+            self.rt, send, endpoint, payload, body, key, tenant, model, upstreams, started, plan
         )
         await exchange.admit_and_forward(scope, receive)
 
@@ -231,11 +305,11 @@ class Gateway:
         return payload, None
 
     def check_request(self, payload: dict, model: ModelInfo, endpoint: str) -> tuple | None:
-        wants_embed = endpoint == "embeddings"
-        if wants_embed != (model.task == "embed"):
-            kind = "an embedding" if model.task == "embed" else "a chat/completion"
+        if ENDPOINT_TASKS[endpoint] != model.task:
+            kind = TASK_KINDS.get(model.task, f"a {model.task}")
+            path = next(p for p, e in ENDPOINTS.items() if e == endpoint)
             return 400, error_body(
-                f"`{model.served_name}` is {kind} model and is not supported on /v1/{endpoint.replace('chat', 'chat/completions')}.",
+                f"`{model.served_name}` is {kind} model and is not supported on {path}.",
                 param="model",
                 code="model_not_supported",
             )
@@ -244,7 +318,7 @@ class Gateway:
             not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n
         ):
             return 400, error_body(f"n must be a whole number from 1 to {self.max_n}.", param="n")
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             value = payload.get(field)
             if value is None:
                 continue

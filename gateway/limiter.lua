@@ -2,17 +2,21 @@
 --
 -- KEYS  1 key requests zset   2 key tokens hash    3 tenant requests zset  4 tenant tokens hash
 --       5 key in-flight zset   6 tenant in-flight zset   7 quota hash
---       8-12 the model's engine pool (running, queue, queue expiry, fair share, ceiling)
---       13 open requests zset (request id -> lease deadline)  14 open requests hash (-> record)
+--       8-14 the model's engine pool (core.keyspace.pool_keys: running, queue, queue expiry,
+--       fair share, ceiling, in-flight tokens, recent demand)
+--       15 open requests zset (request id -> lease deadline)  16 open requests hash (-> record)
 -- ARGV  1 now_ms  2 request id  3 estimated tokens  4 window_ms
 --       5 key rpm  6 key tpm  7 tenant rpm  8 tenant tpm  9 key max concurrent  10 tenant max concurrent
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
 --       15 quota ttl seconds  16 class  17 tenant weight  18 static budget  19 P2 allowed
 --       20 slot lease ms  21 queue give-up ms  22 tenant id  23 open-request record (JSON)
---       24 open-request lease deadline ms  25 extra slots for P0
+--       24 open-request lease deadline ms  25 extra slots for P0  26 predicted in-flight tokens
+--       27 KV-cache capacity (tokens, 0: unknown)  28 headroom window ms  29 headroom max slots
+--       30 preempt max tokens (see acquire.lua)
 -- Limits of 0 are off. A window is a zset (request id -> admission time) plus a hash
 -- (request id -> tokens, "_sum" -> total); entries older than the window are pruned here,
--- each exactly once, so the check is exact at any instant (no fixed-window edge).
+-- each exactly once and a bounded number per call (see prune), and never counted once
+-- expired, so the decision is exact at any instant (no fixed-window edge).
 --
 -- Returns {code, retry_ms, limit_req, remaining_req, reset_req_ms, limit_tok, remaining_tok, reset_tok_ms,
 --          slot}: once admitted, the request also tries for an engine slot in the same call
@@ -29,25 +33,37 @@ local est = tonumber(A[3])
 local window = tonumber(A[4])
 local cutoff = now - window
 
-local function prune(z, h)
-  while true do
-    local expired = redis.call('ZRANGEBYSCORE', z, '-inf', cutoff, 'LIMIT', 0, 500)
-    if #expired == 0 then return end
+-- Pruning is bounded per call: after a burst (5,000 requests a second on one key leave
+-- 300,000 entries that expire over the next minute) a call removes at most PRUNE_MAX of
+-- them, so no request pays for the burst's whole tail. What is left expired but unpruned
+-- (the backlog) still never counts: the request count subtracts it exactly (one ZCOUNT),
+-- and the token total, which still includes it, is only an over-estimate — a request that
+-- fits under it fits; one that does not makes the call prune up to DRAIN_MAX more first.
+local PRUNE_MAX, DRAIN_MAX = 256, 4096
+local backlog = {}
+local function prune_some(z, h, most)
+  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', cutoff, 'LIMIT', 0, most)
+  if #expired > 0 then
     local values = redis.call('HMGET', h, unpack(expired))
     local freed = 0
     for _, v in ipairs(values) do if v then freed = freed + tonumber(v) end end
     redis.call('ZREM', z, unpack(expired))
     redis.call('HDEL', h, unpack(expired))
     if freed ~= 0 then redis.call('HINCRBY', h, '_sum', -freed) end
-    if #expired < 500 then return end
+  end
+  if #expired < most then
+    backlog[z] = 0
+  else
+    backlog[z] = redis.call('ZCOUNT', z, '-inf', cutoff)
   end
 end
+local function prune(z, h) prune_some(z, h, PRUNE_MAX) end
 
--- The oldest entry's admission time in a window (or nil), read once per window.
+-- The oldest live entry's admission time in a window (or nil), read once per window.
 local oldest_seen = {}
 local function oldest(z)
   if oldest_seen[z] == nil then
-    local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', z, backlog[z], backlog[z], 'WITHSCORES')
     oldest_seen[z] = first[2] and tonumber(first[2]) or false
   end
   return oldest_seen[z] or nil
@@ -56,9 +72,10 @@ end
 -- Requests: admitted when one more fits; else wait until the oldest needed entry leaves.
 local function check_requests(z, limit)
   if limit <= 0 then return 0, -1, 0 end
-  local n = redis.call('ZCARD', z)
+  local n = redis.call('ZCARD', z) - backlog[z]
   if n + 1 > limit then
-    local e = redis.call('ZRANGE', z, n - limit, n - limit, 'WITHSCORES')
+    local at = backlog[z] + n - limit
+    local e = redis.call('ZRANGE', z, at, at, 'WITHSCORES')
     return tonumber(e[2]) + window - now, 0, tonumber(e[2]) + window - now
   end
   local reset = 0
@@ -66,10 +83,20 @@ local function check_requests(z, limit)
   return 0, limit - n - 1, reset
 end
 
--- Tokens: admitted when the estimate fits; else wait until enough old tokens leave.
+-- Tokens: admitted when the estimate fits; else wait until enough old tokens leave (read
+-- oldest first, at most SCAN_MAX entries: beyond them the wait is a lower bound).
+local SCAN_MAX = 1024
 local function check_tokens(z, h, limit)
   if limit <= 0 then return 0, -1, 0 end
   local used = tonumber(redis.call('HGET', h, '_sum') or '0')
+  if used + est > limit and backlog[z] > 0 then
+    prune_some(z, h, DRAIN_MAX)
+    oldest_seen[z] = nil
+    used = tonumber(redis.call('HGET', h, '_sum') or '0')
+    -- Still more than DRAIN_MAX expired entries behind: their tokens are not known here
+    -- without reading them all, so the request is refused briefly (its retry drains more).
+    if used + est > limit and backlog[z] > 0 then return 100, 0, 100 end
+  end
   if used + est <= limit then
     local reset = 0
     if used > 0 then
@@ -79,14 +106,25 @@ local function check_tokens(z, h, limit)
     return 0, limit - used - est, reset
   end
   local need = used + est - limit
-  local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
-  local freed = 0
-  for i = 1, #entries, 2 do
-    freed = freed + tonumber(redis.call('HGET', h, entries[i]) or '0')
-    if freed >= need then
-      local wait = tonumber(entries[i + 1]) + window - now
-      return wait, 0, wait
+  local freed, last = 0, nil
+  for start = 0, SCAN_MAX - 1, 256 do
+    local entries = redis.call('ZRANGE', z, start, start + 255, 'WITHSCORES')
+    if #entries == 0 then break end
+    local ids = {}
+    for i = 1, #entries, 2 do ids[#ids + 1] = entries[i] end
+    local values = redis.call('HMGET', h, unpack(ids))
+    for i, v in ipairs(values) do
+      freed = freed + tonumber(v or '0')
+      last = tonumber(entries[2 * i])
+      if freed >= need then
+        local wait = last + window - now
+        return wait, 0, wait
+      end
     end
+  end
+  if last then
+    local wait = math.max(last + window - now, 1)
+    return wait, 0, wait
   end
   return window, 0, window
 end
@@ -177,9 +215,12 @@ redis.call('HINCRBY', KEYS[7], 'money_reserved', est_money)
 redis.call('EXPIRE', KEYS[7], tonumber(A[15]))
 -- Until it settles, the request is on record: if its gateway dies, a reaper bills what it
 -- delivered (see gateway/orphans.py).
-redis.call('ZADD', KEYS[13], tonumber(A[24]), rid)
-redis.call('HSET', KEYS[14], rid, A[23])
-local slot = try_slot(KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], rid, tonumber(A[16]),
-  A[22], tonumber(A[17]), est, now, tonumber(A[20]), tonumber(A[18]), A[19],
-  tonumber(A[21]), tonumber(A[25]), true)
+redis.call('ZADD', KEYS[15], tonumber(A[24]), rid)
+redis.call('HSET', KEYS[16], rid, A[23])
+local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]},
+  {rid = rid, class = tonumber(A[16]), tenant = A[22], weight = tonumber(A[17]), cost = est,
+   now = now, lease = tonumber(A[20]), budget = tonumber(A[18]), p2 = A[19],
+   giveup = tonumber(A[21]), p0extra = tonumber(A[25]), kv = tonumber(A[26]),
+   kvcap = tonumber(A[27]), hwin = tonumber(A[28]), hmax = tonumber(A[29]),
+   pmax = tonumber(A[30]), fresh = true})
 return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

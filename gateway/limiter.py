@@ -90,6 +90,11 @@ class SlotRequest:
     give_up_ms: int
     lease_ms: int
     p0_extra: int = 0  # slots P0 may use beyond the ceiling (engines that preempt by priority)
+    kv: int = 0  # predicted in-flight tokens: prompt estimate + expected output
+    kv_capacity: int = 0  # the engines' KV cache for admission, in tokens (0: unknown)
+    headroom_ms: int = 0  # window of recent higher-class demand (0: no headroom)
+    headroom_max: int = 0  # most slots lower classes leave free
+    preempt_max: int = 0  # engines that preempt: cheaper requests ignore the headroom
 
 
 @lru_cache(maxsize=65536)
@@ -162,6 +167,11 @@ class Limiter:
             orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}).decode(),
             now_ms + slot.lease_ms,
             slot.p0_extra,
+            slot.kv,
+            slot.kv_capacity,
+            slot.headroom_ms,
+            slot.headroom_max,
+            slot.preempt_max,
         ]
         result = await self.pipe.evalsha(
             _ADMIT, (*keys, *slot.pool, *open_keys()[:2]), (orjson.dumps(argv),)
@@ -199,7 +209,8 @@ def settle_keys(
     """KEYS and ARGV of settle.lua (shared with the orphan reaper)."""
     stream, wake, opened, settled = _settle_names(setting(PREFIX_SETTING))
     k = reservation.keys
-    running, queue = pool_keys(model_id)[:2]
+    pool = pool_keys(model_id)
+    running, queue, in_flight = pool[0], pool[1], pool[5]
     keys = [
         k[1],
         k[3],
@@ -211,6 +222,7 @@ def settle_keys(
         running,
         queue,
         *opened,
+        in_flight,
     ]
     args = [
         reservation.request_id,

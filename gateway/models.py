@@ -23,3 +23,32 @@ class AdmissionSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_id} {self.at:%H:%M:%S} ceiling {self.ceiling}"
+
+
+class StoredResponse(models.Model):
+    """One response a tenant asked Tollgate to keep (``store``, the Responses API's default):
+    what ``GET /v1/responses/{id}``, ``input_items`` and a later ``previous_response_id``
+    need. Written by gateway.response_store's consumer from the gateway's stream."""
+
+    response_id = models.CharField(max_length=64)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    api_key = models.ForeignKey(
+        "tenants.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    model = models.CharField(max_length=200, help_text="The served model name asked for.")
+    status = models.CharField(max_length=16)
+    created_at = models.DateTimeField(db_index=True)
+    previous_response_id = models.CharField(max_length=64, blank=True)
+    chain = models.JSONField(
+        default=list, help_text="Ids of the earlier responses of the conversation, oldest first."
+    )
+    input_items = models.JSONField(default=list)
+    response = models.JSONField(help_text="The Response object as the client received it.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "response_id"], name="stored_response_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.response_id

@@ -1,7 +1,11 @@
--- A queued request tries again for a slot (see acquire.lua for the arguments).
--- KEYS 1-5: running, queue, queue expiry, fair share, ceiling.
--- ARGV 1 request id  2 class  3 tenant  4 weight  5 cost  6 now_ms  7 lease_ms  8 budget
---      9 P2 allowed (1/0)  10 give-up ms  11 extra slots for P0
-return try_slot(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], tonumber(ARGV[2]), ARGV[3],
-  tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]),
-  ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]))
+-- A queued request tries again for a slot (see acquire.lua for the options).
+-- KEYS 1-7: the model's pool (core.keyspace.pool_keys).
+-- ARGV 1: one JSON array: request id, class, tenant, weight, cost, now_ms, lease_ms, budget,
+--      P2 allowed ('1'/'0'), give-up ms, extra slots for P0, predicted tokens, KV capacity,
+--      headroom window ms, headroom max slots, preempt max tokens.
+local A = cjson.decode(ARGV[1])
+return try_slot(KEYS, {rid = A[1], class = tonumber(A[2]), tenant = A[3],
+  weight = tonumber(A[4]), cost = tonumber(A[5]), now = tonumber(A[6]), lease = tonumber(A[7]),
+  budget = tonumber(A[8]), p2 = A[9], giveup = tonumber(A[10]), p0extra = tonumber(A[11]),
+  kv = tonumber(A[12]), kvcap = tonumber(A[13]), hwin = tonumber(A[14]), hmax = tonumber(A[15]),
+  pmax = tonumber(A[16]), fresh = false})

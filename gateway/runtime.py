@@ -23,6 +23,8 @@ from gateway import metrics
 from gateway.admission import Admission
 from gateway.limiter import Limiter, Reservation
 from gateway.redispipe import RedisPipe
+from gateway.response_store import ResponseStore
+from gateway.routing import Router
 from gateway.state import Snapshot, load_snapshot
 from gateway.upstream import EngineClient, make_client
 
@@ -65,10 +67,12 @@ class Runtime:
         self.redis: aioredis.Redis | None = None
         self.pipe: RedisPipe | None = None  # the per-request calls (admit, settle, checkpoint)
         self.limiter: Limiter | None = None
+        self.router: Router | None = None
         self.session: EngineClient | aiohttp.ClientSession | None = None
         self.used_keys: set[int] = set()
         self.unsettled: list[tuple[Reservation, int, int, bytes, int]] = []
         self.admission: Admission | None = None
+        self.responses: ResponseStore | None = None  # kept /v1/responses answers
         self.open_requests: set[str] = set()  # admitted, not yet settled
         self._tasks: list[asyncio.Task] = []
         self._reload_requested = asyncio.Event()
@@ -87,7 +91,9 @@ class Runtime:
         self.redis = aioredis.Redis(connection_pool=pool)
         self.pipe = RedisPipe.from_url(settings.REDIS_URL)
         self.limiter = Limiter(self.redis, self.pipe)
+        self.router = Router(self.pipe)
         self.admission = Admission(self.redis)
+        self.responses = ResponseStore(self.redis, self.pipe)
         self.session = make_client(settings.TOLLGATE_UPSTREAM_CLIENT)
         try:
             self.snapshot = await asyncio.to_thread(_load_in_thread, None)

@@ -6,6 +6,7 @@
 --       5 quota hash  6 usage stream  7 settled marker (makes a retried settle a no-op)
 --       8 the model's running-slots zset  9 the model's admission queue zset
 --       10 open requests zset  11 open requests hash  12 delivered-token checkpoints hash
+--       13 the model's in-flight tokens hash (see acquire.lua)
 -- ARGV  1 request id  2 estimated tokens  3 actual tokens  4 estimated money (nano)
 --       5 actual money (nano)  6 usage event (JSON, empty: none)  7 wake channel  8 model id
 -- The arguments arrive as ONE JSON array in ARGV[1] (A below): one argument to encode
@@ -42,7 +43,16 @@ redis.call('ZREM', KEYS[10], rid)
 redis.call('HDEL', KEYS[11], rid)
 redis.call('HDEL', KEYS[12], rid)
 -- Free the engine slot; a waiting request (in any gateway process) can take it now.
-if redis.call('ZREM', KEYS[8], rid) == 1 and redis.call('ZCARD', KEYS[9]) > 0 then
+local freed = redis.call('ZREM', KEYS[8], rid) == 1
+local held = redis.call('HGET', KEYS[13], rid)
+if held then
+  local n = tonumber(held)
+  local class = n % 4
+  redis.call('HDEL', KEYS[13], rid)
+  if n - class ~= 0 then redis.call('HINCRBY', KEYS[13], '_tok', -(n - class) / 4) end
+  redis.call('HINCRBY', KEYS[13], '_c' .. class, -1)
+end
+if freed and redis.call('ZCARD', KEYS[9]) > 0 then
   redis.call('PUBLISH', A[7], A[8])
 end
 if A[6] ~= '' then

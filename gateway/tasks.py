@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from gateway import orphans, tuning
+from gateway import orphans, response_store, tuning
 
 
 @shared_task(name="gateway.tune_admission", ignore_result=True)
@@ -15,3 +15,9 @@ def tune_admission() -> int:
 def reap_orphans() -> int:
     """Bill and release requests whose gateway process died mid-flight."""
     return orphans.reap()
+
+
+@shared_task(name="gateway.persist_responses", ignore_result=True)
+def persist_responses(seconds: float = 20.0) -> int:
+    """Write kept /v1/responses answers (and deletions) from Redis to PostgreSQL."""
+    return response_store.persist(response_store.consumer_name(), seconds)

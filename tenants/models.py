@@ -49,6 +49,9 @@ class Tenant(models.Model):
     allowed_models = models.ManyToManyField(
         "deployments.CatalogModel", blank=True, related_name="listed_by_tenants"
     )
+    # Tollgate's own tenant (slug "platform"): staff tests in the playground bill to it, and
+    # showback leaves it out unless it is asked for by name.
+    internal = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -88,6 +91,22 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class Account(models.Model):
+    """What Tollgate keeps about a console user beyond Django's user: how they sign in."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True, related_name="account"
+    )
+    # Set with every password someone else chose (the first admin's generated one, an
+    # invitation, a reset): nothing in the console opens until the user sets their own.
+    must_change_password = models.BooleanField(default=False)
+    # The OpenID Connect subject ("iss sub") a single sign-on user is known by; empty: local.
+    sso_subject = models.CharField(max_length=400, blank=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"account of {self.user}"
 
 
 class ApiKeyQuerySet(models.QuerySet):

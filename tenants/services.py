@@ -1,5 +1,6 @@
 """Rules for tenants, members, API keys and admin tokens. Every view and command calls these."""
 
+import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,10 +13,11 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from core.changes import publish_change
+from core.errors import Conflict
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, Role, TenantStatus
 from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key
-from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, Membership, Tenant
+from tenants.models import LIMIT_FIELDS, Account, AdminToken, ApiKey, Membership, Tenant
 
 TENANT_FIELDS = [
     "name",
@@ -34,11 +36,13 @@ KEY_FIELDS = ["name", "expires_at", *LIMIT_FIELDS]
 
 # --- Tenants ----------------------------------------------------------------------------
 
+PLATFORM_SLUG = "platform"
+
 
 def _unique_slug(name: str) -> str:
     base = slugify(name)[:56] or "tenant"
     slug, n = base, 1
-    while Tenant.objects.filter(slug=slug).exists():
+    while slug == PLATFORM_SLUG or Tenant.objects.filter(slug=slug).exists():
         n += 1
         slug = f"{base}-{n}"
     return slug
@@ -50,6 +54,8 @@ def create_tenant(
 ) -> Tenant:
     """A new tenant with the default limits unless given; slug derived from the name."""
     fields.setdefault("slug", _unique_slug(name))
+    if fields["slug"] == PLATFORM_SLUG:
+        raise ValidationError({"slug": f"{PLATFORM_SLUG!r} is Tollgate's own tenant's slug."})
     tenant = Tenant(name=name, **fields)
     tenant.full_clean()
     tenant.save()
@@ -58,6 +64,23 @@ def create_tenant(
     record(
         actor, AuditAction.CREATE, tenant, tenant=tenant, changes=snapshot(tenant, TENANT_FIELDS)
     )
+    return tenant
+
+
+def platform_tenant() -> Tenant:
+    """Tollgate's own tenant, made on first use: platform admins' playground chats bill to it,
+    and showback leaves it out unless asked for by name (``?tenant=platform``)."""
+    tenant = Tenant.objects.filter(slug=PLATFORM_SLUG).first()
+    if tenant is None:
+        with transaction.atomic():
+            tenant, _ = Tenant.objects.get_or_create(
+                slug=PLATFORM_SLUG,
+                defaults={"name": "Platform (staff tests)", "internal": True, "quota_tokens": None},
+            )
+    if not tenant.internal:
+        raise ValidationError(
+            {"tenant": f"A customer tenant uses the slug {PLATFORM_SLUG!r}; rename it first."}
+        )
     return tenant
 
 
@@ -134,7 +157,7 @@ def add_member(
         with transaction.atomic():
             membership = Membership.objects.create(tenant=tenant, user=user, role=role)
     except IntegrityError:
-        raise ValidationError({"user": f"{user} is already a member of {tenant}."}) from None
+        raise Conflict({"user": f"{user} is already a member of {tenant}."}) from None
     record(actor, AuditAction.CREATE, membership, tenant=tenant, changes={"role": role})
     return membership
 
@@ -171,7 +194,7 @@ def _ensure_another_admin(membership: Membership) -> None:
         pk=membership.pk
     )
     if not others.exists():
-        raise ValidationError({"role": "A tenant must keep at least one tenant admin."})
+        raise Conflict({"role": "A tenant must keep at least one tenant admin."})
 
 
 # --- API keys ---------------------------------------------------------------------------
@@ -312,9 +335,14 @@ def create_user(
     password: str | None,
     email: str = "",
     is_staff: bool = False,
+    must_change_password: bool = False,
     **extra: Any,
 ) -> AbstractBaseUser:
-    """A console user; platform admins are staff users. The password is validated."""
+    """A console user; platform admins are staff users. The password is validated.
+
+    ``must_change_password``: the password was chosen for the user, who sets their own at
+    the first login before anything else opens.
+    """
     from django.contrib.auth import get_user_model
     from django.contrib.auth.password_validation import validate_password
 
@@ -330,8 +358,89 @@ def create_user(
         user.set_unusable_password()
     user.full_clean(exclude=["password"])
     user.save()
+    Account.objects.create(user=user, must_change_password=must_change_password)
     record(actor, AuditAction.CREATE, user, changes={"username": username, "is_staff": is_staff})
     return user
+
+
+@dataclass(frozen=True)
+class InvitedUser:
+    """A new user and the one-time password to hand them, which exists only here."""
+
+    user: AbstractBaseUser
+    password: str
+
+
+def one_time_password() -> str:
+    return secrets.token_urlsafe(12)
+
+
+@transaction.atomic
+def invite_user(
+    actor: Actor,
+    username: str,
+    email: str = "",
+    is_staff: bool = False,
+    tenant: Tenant | None = None,
+    role: str = Role.MEMBER,
+) -> InvitedUser:
+    """A new console user with a one-time password (changed at the first login), given a
+    role in ``tenant`` when one is named."""
+    password = one_time_password()
+    user = create_user(
+        actor, username, password, email=email, is_staff=is_staff, must_change_password=True
+    )
+    if tenant is not None:
+        add_member(actor, tenant, user, role)
+    return InvitedUser(user=user, password=password)
+
+
+def reset_password(actor: Actor, user: AbstractBaseUser) -> str:
+    """A new one-time password for the user (returned once); their old one stops working."""
+    if not user.is_active:
+        raise ValidationError({"detail": f"{user} is deactivated; activate the account first."})
+    password = one_time_password()
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    Account.objects.update_or_create(user=user, defaults={"must_change_password": True})
+    record(actor, AuditAction.UPDATE, user, changes={"password": "reset to a one-time password"})
+    return password
+
+
+def password_login_allowed(username: str) -> bool:
+    """Whether a local password may sign this user in: always, unless single sign-on is
+    the only way in (``TOLLGATE_SSO_ONLY``), which leaves only the break-glass admin's."""
+    from django.conf import settings
+
+    if not (settings.TOLLGATE_SSO_ENABLED and settings.TOLLGATE_SSO_ONLY):
+        return True
+    return bool(username) and username == settings.TOLLGATE_BREAK_GLASS_USERNAME
+
+
+def must_change_password(user: AbstractBaseUser) -> bool:
+    return Account.objects.filter(user=user, must_change_password=True).exists()
+
+
+def password_changed(user: AbstractBaseUser) -> None:
+    """The user chose their own password: the console opens."""
+    Account.objects.filter(user=user).update(must_change_password=False)
+    record(user, AuditAction.UPDATE, user, changes={"password": "changed by the user"})
+
+
+def set_user_active(actor: Actor, user: AbstractBaseUser, active: bool) -> AbstractBaseUser:
+    """Deactivate (sessions and admin tokens stop working at once) or reactivate a user.
+
+    Nobody deactivates themselves, and the last active platform admin stays.
+    """
+    from django.contrib.auth import get_user_model
+
+    if not active and actor is not None and getattr(actor, "pk", None) == user.pk:
+        raise ValidationError({"detail": "You cannot deactivate your own account."})
+    if not active and user.is_staff:
+        admins = get_user_model().objects.filter(is_staff=True, is_active=True)
+        if not admins.exclude(pk=user.pk).exists():
+            raise ValidationError({"detail": "The last active platform admin must stay."})
+    return update_user(actor, user, is_active=active)
 
 
 def update_user(
@@ -340,6 +449,11 @@ def update_user(
     """Change a console user's details, role flags or password."""
     from django.contrib.auth.password_validation import validate_password
 
+    if actor is not None and actor.pk == user.pk:
+        # Nobody locks themselves out: another platform admin has to do it.
+        for flag in ("is_staff", "is_active"):
+            if changes.get(flag) is False and getattr(user, flag):
+                raise Conflict({flag: "You cannot take this away from yourself."})
     before = snapshot(user, ["username", "email", "is_staff", "is_active"])
     for name, value in changes.items():
         setattr(user, name, value)
@@ -364,7 +478,7 @@ def update_user(
 def delete_tenant(actor: Actor, tenant: Tenant) -> None:
     """Remove a tenant that was never billed; one with usage is suspended instead."""
     if tenant.usage_events.exists():
-        raise ValidationError({"detail": "The tenant has usage on record; suspend it instead."})
+        raise Conflict({"detail": "The tenant has usage on record; suspend it instead."})
     record(actor, AuditAction.DELETE, tenant)
     publish_change("tenant", tenant.pk)
     tenant.delete()

@@ -23,6 +23,7 @@ from deployments.models import CatalogModel, Node
 from tenants import services
 from tenants.choices import Role
 from tenants.models import Tenant
+from tests import leaks
 
 User = get_user_model()
 PASSWORD = "correct horse battery staple 42"
@@ -136,3 +137,50 @@ def local_node(db: None) -> Node:
         gpu_description="NVIDIA GB10",
         gpu_count=1,
     )
+
+
+# --- nothing left behind -----------------------------------------------------------------
+
+# Sessions that run any of these start containers, networks or volumes (under the shared
+# Docker lock, so nothing else creates Docker objects meanwhile).
+DOCKER_MARKERS = ("docker", "browser", "slow", "compose", "faults")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the stage if the session leaves child processes or Docker objects behind that
+    were not there when it started (set up first, so torn down after every other fixture)."""
+    processes = {p.pid for p in leaks.live_descendants()}
+    uses_docker = any(
+        item.get_closest_marker(m) for item in request.session.items for m in DOCKER_MARKERS
+    )
+    client = leaks.docker_client() if uses_docker else None
+    objects = leaks.docker_objects(client) if client else set()
+    yield
+    grace = leaks.grace_seconds()
+    left = leaks.settle(lambda: leaks.leftover_processes(processes), grace)
+    if left:
+        leaks.end_processes(processes)
+    if client:
+        left += leaks.settle(lambda: sorted(leaks.docker_objects(client) - objects), grace)
+    if left:
+        pytest.fail("the test session left behind:\n  " + "\n  ".join(left), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: object) -> Iterator[None]:
+    """pytest-django's test database, and at the end a check that no other session is still
+    connected to it (they would also keep it from being dropped)."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        left = leaks.settle(lambda: leaks.other_db_sessions(connection), leaks.grace_seconds())
+        if left:
+            leaks.end_db_sessions(connection)
+        connection.close()
+    if left:
+        pytest.fail(
+            "the test session left connections to the test database open:\n  " + "\n  ".join(left),
+            pytrace=False,
+        )

@@ -77,7 +77,10 @@ def model_list(request: HttpRequest) -> HttpResponse:
         if staff
         else [],
         empty_title="No models yet",
-        empty_hint="Register a model (its Hugging Face id, size and context), set its price, then deploy it."
+        empty_hint=(
+            "Register a model (its Hugging Face id, size and context), set its price, then "
+            "deploy it."
+        )
         if staff
         else "No model is available to your tenant yet; ask a platform admin.",
         empty_action=Action("Register a model", reverse("console:model-new"), style="primary")
@@ -249,7 +252,10 @@ def node_list(request: HttpRequest) -> HttpResponse:
         queryset=Node.objects.all(),
         filterset_class=NodeFilter,
         default_sort="name",
-        intro="Docker hosts that run engines. Each runs a Celery worker on its own queue and reports a heartbeat.",
+        intro=(
+            "Docker hosts that run engines. Each runs a Celery worker on its own queue and "
+            "reports a heartbeat."
+        ),
         columns=[
             Column("Name", lambda n: n.name, sort="name", href=detail),
             Column("Status", lambda n: badge(n.status, n.get_status_display()), sort="status"),
@@ -265,7 +271,9 @@ def node_list(request: HttpRequest) -> HttpResponse:
             Action("Register node", reverse("console:node-new")),
         ],
         empty_title="No nodes yet",
-        empty_hint="`manage.py bootstrap` registers the local Docker host; register more boxes here.",
+        empty_hint=(
+            "`manage.py bootstrap` registers the local Docker host; register more boxes here."
+        ),
         empty_action=Action("Register a node", reverse("console:node-new"), style="primary"),
     )
     return page.render(request)

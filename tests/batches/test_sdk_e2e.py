@@ -176,7 +176,7 @@ def test_bad_jsonl_is_refused_with_the_line_number(world: World) -> None:
 
 
 def test_a_batch_whose_runner_died_continues_where_it_stopped(world: World) -> None:
-    """The dead runner is simulated: its claim, one stored result, its child key, its lease run out."""
+    """The dead runner is simulated: its claim, one stored result, its child key, its lease."""
     uploaded = client(world).files.create(file=("r.jsonl", requests_file(3)), purpose="batch")
     created = client(world).batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"

@@ -166,7 +166,8 @@ def compose_env(project: str, port: int) -> dict[str, str]:
             "TOLLGATE_PULL_POLICY": "never",
             "TOLLGATE_WEB_WORKERS": "2",
             "TOLLGATE_WORKER_CONCURRENCY": "2",
-            "TOLLGATE_DOCKER_POLICY_LOG": "all",  # every call the docker-proxy allowed, for the record
+            # Every call the docker-proxy allowed, for the record.
+            "TOLLGATE_DOCKER_POLICY_LOG": "all",
         }
     )
     return env
@@ -310,7 +311,7 @@ def test_docker_proxy_allows_only_what_the_worker_needs(stack: Stack) -> None:
     probe = """
 import json, sys, urllib.parse, urllib.request, urllib.error
 def call(method, path, body=None):
-    data = (body if isinstance(body, bytes) else json.dumps(body).encode()) if body is not None else None
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request("http://docker-proxy:2375" + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
@@ -318,19 +319,23 @@ def call(method, path, body=None):
     except urllib.error.HTTPError as exc:
         return exc.code
 mine = urllib.parse.quote(json.dumps({"label": ["tollgate.managed=true", "tollgate.stack=STACK"]}))
-img = b'"tollgate/engine-sim:latest"'
+IMAGE = "tollgate/engine-sim:latest"
+img = json.dumps(IMAGE).encode()
 create = "/v1.41/containers/create?name=STACK-probe"
 print(json.dumps({
     "ping": call("GET", "/_ping"),
     "list": call("GET", "/v1.41/containers/json?all=1&filters=" + mine),
     "list_everything": call("GET", "/v1.41/containers/json?all=1"),
     "exec": call("POST", "/v1.41/containers/anything/exec", {"Cmd": ["sh"]}),
-    "privileged": call("POST", create, {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Privileged": True}}),
-    "privileged_escaped": call("POST", create, b'{"Image": ' + img + b', "HostConfig": {"\\u0050rivileged": true}}'),
-    "privileged_lower": call("POST", create, b'{"image": ' + img + b', "hostconfig": {"privileged": true}}'),
-    "host_bind": call("POST", create, {"Image": "tollgate/engine-sim:latest", "HostConfig": {"Binds": ["/:/host"]}}),
-    "host_bind_escaped": call("POST", create, b'{"Image": ' + img + b', "HostConfig": {"Binds": ["\\u002f:/host"]}}'),
-    "host_network": call("POST", create, {"Image": "tollgate/engine-sim:latest", "HostConfig": {"NetworkMode": "host"}}),
+    "privileged": call("POST", create, {"Image": IMAGE, "HostConfig": {"Privileged": True}}),
+    "privileged_escaped": call(
+        "POST", create, b'{"Image": ' + img + b', "HostConfig": {"\\u0050rivileged": true}}'),
+    "privileged_lower": call(
+        "POST", create, b'{"image": ' + img + b', "hostconfig": {"privileged": true}}'),
+    "host_bind": call("POST", create, {"Image": IMAGE, "HostConfig": {"Binds": ["/:/host"]}}),
+    "host_bind_escaped": call(
+        "POST", create, b'{"Image": ' + img + b', "HostConfig": {"Binds": ["\\u002f:/host"]}}'),
+    "host_network": call("POST", create, {"Image": IMAGE, "HostConfig": {"NetworkMode": "host"}}),
     "build": call("POST", "/v1.41/build"),
     "swarm": call("GET", "/v1.41/swarm"),
 }))
@@ -361,7 +366,8 @@ print(json.dumps({
         "web",
         "python3",
         "-c",
-        "import socket\ntry:\n socket.create_connection(('docker-proxy', 2375), 3); print('reached')\n"
+        "import socket\ntry:\n socket.create_connection(('docker-proxy', 2375), 3); "
+        "print('reached')\n"
         "except OSError: print('unreachable')",
     )
     assert unreachable.strip() == "unreachable"
@@ -672,8 +678,8 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert sorted(r["custom_id"] for r in results) == ["b0", "b1", "b2"]
     assert all(r["response"]["status_code"] == 200 for r in results)
 
-    # Restart the gateway, web, the worker and the usage consumer under traffic: every request a client
-    # saw succeed is billed.
+    # Restart the gateway, web, the worker and the usage consumer under traffic: every
+    # request a client saw succeed is billed.
     thread = threading.Thread(target=traffic.run, daemon=True)
     thread.start()
     time.sleep(3)

@@ -38,7 +38,7 @@ def busy_model(public_model: object, local_node: Node, tenant_a: Tenant) -> obje
         healthy=True,
     )
     client = get_redis()
-    running, queue, _, _, ceiling = pool_keys(public_model.pk)
+    running, queue, _, _, ceiling, *_ = pool_keys(public_model.pk)
     client.zadd(running, {"r1": 9e15, "r2": 9e15, "r3": 9e15})
     client.zadd(queue, {"w0": 5.0, "w2a": 2e13 + 1, "w2b": 2e13 + 2})
     client.set(ceiling, 3)

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import connections
 from django.db.models import F, Sum
 
 from deployments import fleet
@@ -33,6 +33,7 @@ from metering.models import UsageEvent
 from tenants import services as tenant_services
 from tenants.choices import Role
 from tests.conftest import PASSWORD
+from tests.databases import database_url
 from tests.deployments.conftest import SIM_IMAGE, stack  # noqa: F401 - fixture
 from tests.gateway.conftest import free_port, stop, wait_listening
 
@@ -58,17 +59,11 @@ def redis_namespace(settings: object) -> str:
     return PREFIX
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return f"postgres://{db['USER'] or 'postgres'}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 def _env(stack_id: str) -> dict[str, str]:
     return {
         **os.environ,
         "TOLLGATE_ENV": "test",
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "TOLLGATE_REDIS_PREFIX": PREFIX,
         "TOLLGATE_LOG_LEVEL": "WARNING",
         "TOLLGATE_STACK_ID": stack_id,
@@ -174,6 +169,10 @@ def browser(live: str, node_worker: Node, monkeypatch: pytest.MonkeyPatch) -> It
         )
         yield chromium
         chromium.close()
+        # Inside sync_playwright() the ORM runs in another context, hence on connections of
+        # its own, which pytest-django does not know about: close them here, or they stay
+        # open and keep the test database from being dropped.
+        connections.close_all()
 
 
 def shot(page: object, name: str) -> None:
@@ -197,7 +196,8 @@ def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
 
     User = get_user_model()
     User.objects.create_user("root", "root@example.test", PASSWORD, is_staff=True)
-    ensure_builtin_profiles()  # a data migration made them; an earlier test's flush may not have kept them
+    # A data migration made them; an earlier test's flush may not have kept them.
+    ensure_builtin_profiles()
     model = deployment_services.create_model(
         None,
         served_name="tiny-chat",
@@ -300,7 +300,8 @@ def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
     # The vendored Chart.js drew both charts, and the tokens chart adds up to the events' tokens.
     drawn = page.evaluate("""() => ["tokens", "cost"].map((s) => {
         const chart = Chart.getChart(document.getElementById(`usage-chart-${s}`));
-        return chart ? chart.data.datasets.flatMap((d) => d.data).reduce((a, b) => a + (b || 0), 0) : null;
+        if (!chart) return null;
+        return chart.data.datasets.flatMap((d) => d.data).reduce((a, b) => a + (b || 0), 0);
     })""")
     tokens = events.aggregate(t=Sum(F("prompt_tokens") + F("completion_tokens")))["t"]
     assert drawn[0] == tokens and drawn[1] is not None and drawn[1] > 0, (drawn, tokens)

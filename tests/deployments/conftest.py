@@ -49,7 +49,7 @@ def stack(settings: object, request: pytest.FixtureRequest) -> Iterator[str]:
         policy.stop()
         client = docker.from_env()
         for container in client.containers.list(
-            all=True, filters={"label": f"{runtime.LABEL_STACK}={stack_id}"}
+            all=True, filters={"label": f"{runtime.LABEL_STACK}={stack_id}"}, ignore_removed=True
         ):
             container.remove(force=True)
         for name in (f"{stack_id}-models", f"{stack_id}-compile"):

@@ -35,7 +35,7 @@ def wait_for(check: Callable[[], object], timeout: float = 30.0) -> object:
 
 def containers(stack: str) -> list:
     return docker.from_env().containers.list(
-        all=True, filters={"label": f"{runtime.LABEL_STACK}={stack}"}
+        all=True, filters={"label": f"{runtime.LABEL_STACK}={stack}"}, ignore_removed=True
     )
 
 
@@ -244,6 +244,28 @@ def test_orphans_are_removed_and_foreign_containers_untouched(
         foreign.remove(force=True)
 
 
+def test_a_container_removed_while_listing_is_left_out(
+    docker_node: Node, stack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docker lists ids, then each one is inspected: a container removed in between (an
+    engine stopping while reconcile runs) is left out of the list instead of failing it."""
+    dc = docker.from_env()
+    labels = runtime.labels_for(stack, docker_node.name, deployment_id=999998, index=0)
+    kept = dc.containers.create(SIM_IMAGE, labels=labels, name=f"{stack}-kept")
+    gone = dc.containers.create(SIM_IMAGE, labels=labels, name=f"{stack}-gone")
+    listing = dc.api.containers(
+        all=True, filters={"label": runtime.label_filter(stack, docker_node.name)}
+    )
+    assert len(listing) == 2
+    gone.remove(force=True)
+    # Docker's answer to the list call, as it was before the removal.
+    monkeypatch.setattr(dc.api, "containers", lambda *args, **kwargs: listing)
+    try:
+        assert [c.name for c in runtime.list_managed(dc, stack, docker_node.name)] == [kept.name]
+    finally:
+        kept.remove(force=True)
+
+
 def test_the_same_deploy_task_delivered_twice_starts_one_container(
     docker_node: Node, sim_model: object, stack: str
 ) -> None:
@@ -328,7 +350,7 @@ def test_a_deployment_that_does_not_fit_is_a_400_with_the_arithmetic(
         format="json",
     )
     assert answer.status_code == 400
-    message = answer.json()["memory"][0]
+    (message,) = [e["message"] for e in answer.json()["errors"] if e["field"] == "memory"]
     assert "405 B params × 2 bytes (bf16) = 810.0 GB" in message
     assert "> 68.7 GB" in message  # the node's 64 GiB
     assert containers(stack) == [] and not Deployment.objects.exists()

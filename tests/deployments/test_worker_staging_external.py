@@ -8,12 +8,12 @@ import sys
 from decimal import Decimal
 
 import pytest
-from django.db import connection
 
 from deployments import fleet, services, staging, tasks
 from deployments.choices import OperationStatus, ReplicaState
 from deployments.models import CatalogModel, Deployment, Node, Operation, Replica, StagedModel
 from gateway.state import load_snapshot
+from tests.databases import database_url
 from tests.deployments.conftest import SIM_IMAGE, sim_env
 from tests.deployments.test_docker import containers, wait_for
 
@@ -28,7 +28,7 @@ def test_a_celery_worker_on_the_node_queue_deploys(
     """The deploy task goes through Redis to a `celery worker` consuming only this node's queue."""
     env = {
         **os.environ,
-        "DATABASE_URL": _test_database_url(),
+        "DATABASE_URL": database_url(),
         "TOLLGATE_REDIS_PREFIX": redis_namespace,
         "TOLLGATE_STACK_ID": stack,
         "TOLLGATE_MODEL_CACHE_VOLUME": f"{stack}-models",
@@ -83,12 +83,6 @@ def test_a_celery_worker_on_the_node_queue_deploys(
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
-
-
-def _test_database_url() -> str:
-    db = connection.settings_dict
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 # A stand-in for `hf download` inside the engine image: it prints the Hugging Face CLI's

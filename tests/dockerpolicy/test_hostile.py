@@ -617,7 +617,8 @@ def endpoint_cases() -> Iterator[Case]:
             "services/create",
             "POST",
             "/v1.41/services/create",
-            b'{"TaskTemplate": {"ContainerSpec": {"Image": "alpine", "Mounts": [{"Type": "bind", "Source": "/"}]}}}',
+            b'{"TaskTemplate": {"ContainerSpec": {"Image": "alpine",'
+            b' "Mounts": [{"Type": "bind", "Source": "/"}]}}}',
         ),
         ("nodes", "GET", "/v1.41/nodes", b""),
         ("tasks", "GET", "/v1.41/tasks", b""),

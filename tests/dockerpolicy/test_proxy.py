@@ -146,7 +146,8 @@ def test_docker_receives_the_canonical_body_and_none_of_the_client_s_headers(
 ) -> None:
     body = (
         (
-            '{"image" : "IMAGE", "LABELS": {"tollgate.managed": "true", "tollgate.stack": "STACK"},\n'
+            '{"image" : "IMAGE",'
+            ' "LABELS": {"tollgate.managed": "true", "tollgate.stack": "STACK"},\n'
             ' "hostconfig": {"networkmode": "default", "Bind\u017f": ["STACK-models:/m:ro"]},'
             ' "volumes": {"/m": {}}, "Unknown": {"Privileged": true}, "env": ["A=\\u0042"]}'
         )

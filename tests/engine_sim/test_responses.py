@@ -356,7 +356,8 @@ def test_max_output_tokens_beyond_the_context_is_clamped(sim):
 
 
 def test_cached_tokens_are_always_reported(module_sims):
-    """Responses report input_tokens_details.cached_tokens without --enable-prompt-tokens-details."""
+    """Responses report input_tokens_details.cached_tokens even without
+    --enable-prompt-tokens-details."""
     plain = module_sims(*MODEL, *FAST)
     long = "You follow the house style guide to the letter. " * 40
     first = post(plain, input="One.", instructions=long, max_output_tokens=2).json()["usage"]

@@ -299,8 +299,8 @@ def test_client_disconnect_aborts(module_sims, path, body):
     data = json.dumps({"model": "qwen3-8b", **body}).encode()
     conn = socket.create_connection(("127.0.0.1", s.port))
     conn.sendall(
-        b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
-        % (path.encode(), len(data), data)
+        b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        b"%d\r\n\r\n%b" % (path.encode(), len(data), data)
     )
     got = b""
     while b"delta" not in got:  # a token has been streamed

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
 
 from core.redis import get_redis
 from deployments import services as deployment_services
@@ -32,6 +31,7 @@ from deployments.models import CatalogModel, Deployment, Node, Replica
 from metering import services as metering_services
 from tenants import services as tenant_services
 from tenants.models import Tenant
+from tests.databases import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,15 +76,6 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def database_url_for_tests(host: str | None = None, port: int | None = None) -> str:
-    db = connection.settings_dict
-    auth = (db["USER"] or "postgres") + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-    return (
-        f"postgres://{auth}@{host or db['HOST'] or '127.0.0.1'}:"
-        f"{port or db['PORT'] or 5432}/{db['NAME']}"
-    )
 
 
 # --- Processes ---------------------------------------------------------------------------
@@ -236,7 +227,7 @@ def gateway_env(redis_namespace: str) -> Callable[..., dict[str, str]]:
         return {
             **os.environ,
             "TOLLGATE_ENV": "test",
-            "DATABASE_URL": database_url_for_tests(),
+            "DATABASE_URL": database_url(),
             "REDIS_URL": django_settings.REDIS_URL,
             "TOLLGATE_REDIS_PREFIX": redis_namespace,
             "TOLLGATE_LOG_LEVEL": "INFO",

@@ -349,7 +349,8 @@ def test_tenant_a_key_and_admin_reach_nothing_of_tenant_b(procs, gateway_env) ->
             files={
                 "file": (
                     "b.jsonl",
-                    b'{"custom_id": "1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "bravo-private", "messages": []}}\n',
+                    b'{"custom_id": "1", "method": "POST", "url": "/v1/chat/completions",'
+                    b' "body": {"model": "bravo-private", "messages": []}}\n',
                 )
             },
             data={"purpose": "batch"},
@@ -376,8 +377,8 @@ def test_tenant_a_key_and_admin_reach_nothing_of_tenant_b(procs, gateway_env) ->
         (f"/api/v1/keys/{key_b.pk}/", "/api/v1/keys/999999/"),
         (f"/api/v1/members/{membership_b.pk}/", "/api/v1/members/999999/"),
         (f"/api/v1/usage/{b_request}/", "/api/v1/usage/req_000000000000000000000000/"),
-        (f"/api/v1/models/{private_b.pk}/", "/api/v1/models/999999/"),
-        (f"/api/v1/users/{carol.pk}/", "/api/v1/users/999999/"),
+        (f"/api/v1/models/{private_b.served_name}/", "/api/v1/models/no-such-model/"),
+        (f"/api/v1/users/{carol.username}/", "/api/v1/users/no-such-user/"),
     ]
     if audit_b is not None:
         targets.append((f"/api/v1/audit/{audit_b.pk}/", "/api/v1/audit/999999/"))
@@ -449,7 +450,7 @@ def test_non_admins_cannot_raise_their_role_tenant_limits_or_admin_only_fields(
                 },
             ),
             ("post", "/api/v1/tenants/acme/activate/", {}),
-            ("patch", f"/api/v1/users/{who.pk}/", {"is_staff": True, "is_superuser": True}),
+            ("patch", f"/api/v1/users/{who.username}/", {"is_staff": True, "is_superuser": True}),
             ("post", "/api/v1/members/", {"tenant": "bravo", "user": who.pk, "role": "admin"}),
             (
                 "post",
@@ -676,7 +677,9 @@ class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
         body = b'{"object": "list", "data": [{"id": "endless"}]}'
-        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
         self.wfile.write(body)
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -684,7 +687,8 @@ class H(BaseHTTPRequestHandler):
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
         try:
-            self.wfile.write(b"data: {\"id\": \"x\", \"choices\": [{\"index\": 0, \"delta\": {\"content\": \"")
+            self.wfile.write(b"data: "
+                b"{\"id\": \"x\", \"choices\": [{\"index\": 0, \"delta\": {\"content\": \"")
             chunk = b"A" * 65536
             for _ in range(4096):  # 256 MiB on one line, never a newline
                 self.wfile.write(chunk)

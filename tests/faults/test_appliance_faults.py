@@ -143,7 +143,9 @@ PROBE = r"""
 import json, urllib.parse, urllib.request, urllib.error
 STACK = "{stack}"
 def call(method, path, body=None):
-    data = body.encode() if isinstance(body, str) else (json.dumps(body).encode() if body is not None else None)
+    if body is not None:
+        body = body if isinstance(body, str) else json.dumps(body)
+    data = None if body is None else body.encode()
     req = urllib.request.Request("http://docker-proxy:2375" + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
@@ -154,12 +156,14 @@ def call(method, path, body=None):
         return 0
 # Everything but the HostConfig is what the policy accepts: an allowed image, this stack's
 # labels and name, so a refusal can only come from the setting under test.
-BASE = '"Image": "tollgate/engine-sim:latest", "Labels": {"tollgate.managed": "true", "tollgate.stack": "%s"}' % STACK
+BASE = ('"Image": "tollgate/engine-sim:latest", '
+        '"Labels": {"tollgate.managed": "true", "tollgate.stack": "%s"}' % STACK)
 CREATE = "/v1.41/containers/create?name=%s-probe" % STACK
 def create(host, image=None):
     base = BASE if image is None else BASE.replace("tollgate/engine-sim:latest", image)
     return call("POST", CREATE, "{%s, \"HostConfig\": {%s}}" % (base, host))
-mine = urllib.parse.quote(json.dumps({"label": ["tollgate.managed=true", "tollgate.stack=" + STACK]}))
+mine = urllib.parse.quote(json.dumps(
+    {"label": ["tollgate.managed=true", "tollgate.stack=" + STACK]}))
 print(json.dumps({
     "list": call("GET", "/v1.41/containers/json?filters=" + mine),
     "list_everything": call("GET", "/v1.41/containers/json"),
@@ -177,7 +181,8 @@ print(json.dumps({
     "privileged_dotless_i": create('"Prıvileged": true'),
     "privileged_duplicate_last": create('"Privileged": false, "Privileged": true'),
     "privileged_duplicate_first": create('"Privileged": true, "Privileged": false'),
-    "hostconfig_twice": call("POST", CREATE, '{%s, "HostConfig": {"Privileged": true}, "HostConfig": {}}' % BASE),
+    "hostconfig_twice": call(
+        "POST", CREATE, '{%s, "HostConfig": {"Privileged": true}, "HostConfig": {}}' % BASE),
     "cap_add": create('"CapAdd": ["SYS_ADMIN"]'),
     "cap_add_spaced": create('"CapAdd" : ["SYS_ADMIN"]'),
     "cap_add_string": create('"capadd": "ALL"'),
@@ -200,7 +205,8 @@ print(json.dumps({
     "image_off_list": create('"NetworkMode": "default"', image="alpine:latest"),
     "pull_off_list": call("POST", "/v1.41/images/create?fromImage=alpine&tag=latest"),
     "volume_bound_to_host": call("POST", "/v1.41/volumes/create", {
-        "Name": STACK + "-model-cache", "DriverOpts": {"type": "none", "o": "bind", "device": "/"}}),
+        "Name": STACK + "-model-cache",
+        "DriverOpts": {"type": "none", "o": "bind", "device": "/"}}),
     "plugin_install": call("POST", "/v1.41/plugins/pull?remote=evil/plugin", []),
     "swarm": call("GET", "/v1.41/swarm"),
     "secrets": call("GET", "/v1.41/secrets"),
@@ -314,7 +320,8 @@ def test_from_the_tenant_network_only_the_tls_front_is_reachable(appliance: Stac
         code = (
             "import socket, json, sys\nres = {}\n"
             f"for name, ip, port in {targets!r}:\n"
-            "    try:\n        socket.create_connection((ip, port), 3).close(); res[name + ip] = 'open'\n"
+            "    try:\n        socket.create_connection((ip, port), 3).close(); res[name + ip] = "
+            "'open'\n"
             "    except OSError: res[name + ip] = 'closed'\nprint(json.dumps(res))"
         )
         out = subprocess.run(
@@ -401,7 +408,9 @@ def test_dangerous_deployments_are_400_and_create_no_container(
         if a.status_code != 400
     }
     client = docker.from_env()
-    created = client.containers.list(all=True, filters={"label": f"tollgate.stack={stack}"})
+    created = client.containers.list(
+        all=True, filters={"label": f"tollgate.stack={stack}"}, ignore_removed=True
+    )
     for container in created:  # whatever was accepted must at least not have got its way
         host = container.attrs["HostConfig"]
         assert not host["Privileged"] and not host.get("CapAdd") and host["NetworkMode"] != "host"

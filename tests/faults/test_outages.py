@@ -21,11 +21,11 @@ from core.redis import get_redis
 from metering import ingest
 from metering.models import UsageEvent
 from metering.periods import period_id
+from tests.databases import database_url
 from tests.faults.conftest import (
     Gateway,
     build_world,
     chat_body,
-    database_url_for_tests,
     start_engine,
     wait_for,
 )
@@ -165,7 +165,7 @@ def test_postgresql_unreachable_for_60s_the_gateway_serves_and_usage_lands_after
     db = connection.settings_dict
     proxy = Proxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
     proxy.start()
-    db_url = database_url_for_tests("127.0.0.1", proxy.port)
+    db_url = database_url("127.0.0.1", proxy.port)
     gw = Gateway(procs, gateway_env(DATABASE_URL=db_url)).start().wait_ready(world.key_a)
     consumer = procs.spawn(
         "consumer",

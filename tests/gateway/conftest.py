@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 
 from core.changes import publish_change
 from deployments import services as deployment_services
@@ -27,6 +26,7 @@ from deployments.models import CatalogModel, Deployment, Node, Replica
 from metering import services as metering_services
 from tenants import services as tenant_services
 from tenants.models import Tenant
+from tests.databases import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_PREFIX = f"gwtest-{secrets.token_hex(6)}"
@@ -124,22 +124,19 @@ def engines() -> Iterator[dict[str, Engine]]:
         stop(proc)
 
 
-@pytest.fixture(scope="session")
-def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
-    """A gunicorn server with two uvicorn workers serving config.asgi, on the test database."""
-    db = connection.settings_dict
+def start_gateway(
+    workers: int, extra_env: dict[str, str] | None = None, log: Path | None = None
+) -> tuple[subprocess.Popen, str]:
+    """A gunicorn server of config.asgi on the test database and the tests' Redis prefix."""
     port = free_port()
     env = {
         **os.environ,
         "TOLLGATE_ENV": "test",
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DATABASE_URL": database_url(),
         "TOLLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOLLGATE_METRICS_TOKEN": METRICS_TOKEN,
         "TOLLGATE_LOG_LEVEL": "WARNING",
-        # Short queue timeouts, so the admission tests see them without long waits.
-        "TOLLGATE_QUEUE_TIMEOUT_P0": "20",
-        "TOLLGATE_QUEUE_TIMEOUT_P1": "4",
-        "TOLLGATE_QUEUE_TIMEOUT_P2": "4",
+        **(extra_env or {}),
     }
     proc = subprocess.Popen(
         [
@@ -150,7 +147,7 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
             "python:config.gunicorn",
             "config.asgi:application",
             "-w",
-            "2",
+            str(workers),
             "-b",
             f"127.0.0.1:{port}",
             "--graceful-timeout",
@@ -159,10 +156,20 @@ def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[st
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open(ROOT / ".pytest-gateway.log", "w"),
+        stderr=open(log, "w") if log else subprocess.DEVNULL,
     )
     wait_listening(port, proc)
-    yield f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def gateway_url(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
+    """A gunicorn server with two uvicorn workers serving config.asgi, on the test database."""
+    # Short queue timeouts, so the admission tests see them without long waits.
+    timeouts = {"TOLLGATE_QUEUE_TIMEOUT_P0": "20", "TOLLGATE_QUEUE_TIMEOUT_P1": "4"}
+    timeouts["TOLLGATE_QUEUE_TIMEOUT_P2"] = "4"
+    proc, url = start_gateway(2, timeouts, log=ROOT / ".pytest-gateway.log")
+    yield url
     stop(proc)
 
 
@@ -229,6 +236,18 @@ def deploy(model: CatalogModel, node: Node, *ports: int, max_num_seqs: int = 256
         )
     publish_change("deployment", deployment.pk)
     return deployment
+
+
+def wait_until_refused(url: str, key: str, timeout: float = 30.0) -> None:
+    """Poll until every gateway worker answers the key with 401 (a revocation has arrived)."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        streak = streak + 1 if r.status_code == 401 else 0
+        if streak >= 6:  # several refusals in a row: both workers have reloaded
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"the gateway still accepts the key after {timeout}s")
 
 
 def wait_until_served(url: str, key: str, model: str, timeout: float = 5.0) -> None:

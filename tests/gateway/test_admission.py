@@ -228,6 +228,7 @@ def test_a_queued_p0_request_retries_with_its_extra_slots(settings: object) -> N
                 time.perf_counter(),
             )  # no replica: forwarding answers 503
             ex.request_id, ex.priority, ex.budget, ex.p0_extra, ex.tokens = "urgent", "P0", 1, 1, 10
+            ex.kv = 10
             ex.headers, ex.disconnect = [], Disconnect(never)
             started = time.monotonic()
             await ex.queue_then_forward()

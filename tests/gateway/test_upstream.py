@@ -133,7 +133,8 @@ def test_a_chunked_stream_is_handed_over_as_it_arrives() -> None:
     async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: "
+            b"chunked\r\n\r\n"
         )
         for frame in (b"data: one\n\n", b"data: two\n\n"):
             writer.write(b"%x\r\n%b\r\n" % (len(frame), frame))
@@ -222,7 +223,7 @@ def test_closing_a_response_early_drops_the_connection_so_the_engine_sees_the_cl
             async for _ in resp.content.iter_any():
                 break
             resp.close()
-            await asyncio.wait_for(engine.disconnected.wait(), 5)
+            await asyncio.wait_for(engine.disconnected.wait(), 30)
             await client.close()
             return engine.disconnected.is_set()
 

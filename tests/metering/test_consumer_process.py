@@ -24,6 +24,7 @@ from core.keyspace import usage_stream
 from core.redis import get_redis
 from metering import ingest
 from metering.models import UsageEvent, UsageRollup
+from tests.databases import database_url
 from tests.metering.conftest import emit, record
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -99,12 +100,6 @@ class Proxy:
             except OSError:
                 pass
         self.sockets = []
-
-
-def database_url(host: str, port: int) -> str:
-    db = connection.settings_dict
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{auth}@{host}:{port}/{db['NAME']}"
 
 
 @pytest.fixture
@@ -183,9 +178,14 @@ def test_events_wait_in_redis_while_postgresql_is_unreachable_and_land_afterward
     emit(*[record(tenant_a, public_model, key_a) for _ in range(300)])
     wait_for(lambda: stored() == 300 and not_acked() == 0)
 
+    def failures() -> int:
+        return Path(proc.log_path).read_bytes().count(b"database unavailable")
+
     proxy.stop()
+    seen = failures()
     emit(*[record(tenant_a, public_model, key_a) for _ in range(700)])
-    time.sleep(3)  # the consumer keeps trying meanwhile
+    # The consumer has tried and failed (its log says so), and keeps the batch unacknowledged.
+    wait_for(lambda: failures() > seen)
     assert stored() == 300 and not_acked() == 700
     assert get_redis().xlen(usage_stream()) == 1000
     assert proc.poll() is None  # still running, backing off

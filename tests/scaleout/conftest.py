@@ -12,11 +12,11 @@ from decimal import Decimal
 import docker
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
 
 from core.redis import get_redis
 from deployments import services
 from deployments.models import CatalogModel, Node
+from tests.databases import database_url
 from tests.deployments.conftest import stack  # noqa: F401 - the per-test stack fixture
 from tests.gateway.conftest import REDIS_PREFIX, gateway_url  # noqa: F401 - one real gateway
 
@@ -76,15 +76,6 @@ def nodes(transactional_db: None, stack: str, fast: dict) -> Iterator[tuple[Node
     node_b = make_node("node-b", stack, 7 * GB, "10.99.0.2")
     yield node_a, node_b
     get_redis().delete(node_a.queue, node_b.queue)
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return (
-        f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:"
-        f"{db['PORT'] or 5432}/{db['NAME']}"
-    )
 
 
 @pytest.fixture

@@ -44,7 +44,11 @@ def drive(check: Callable[[], object], timeout: float = 60.0, every: float = 0.5
 
 def containers(stack: str, **labels: str) -> list:
     pairs = [f"{runtime.LABEL_STACK}={stack}", *(f"{k}={v}" for k, v in labels.items())]
-    return docker.from_env().containers.list(all=True, filters={"label": pairs})
+    # Containers come and go while the control plane works: one removed between Docker's
+    # list and its inspect is simply not there any more.
+    return docker.from_env().containers.list(
+        all=True, filters={"label": pairs}, ignore_removed=True
+    )
 
 
 def seen(*nodes: Node) -> Callable[[], bool]:

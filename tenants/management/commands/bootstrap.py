@@ -44,11 +44,16 @@ class Command(BaseCommand):
             email=env_str("TOLLGATE_ADMIN_EMAIL", ""),
             is_staff=True,
             is_superuser=True,
+            # A password printed in a log is known to whoever reads the log.
+            must_change_password=generated,
         )
         self.stdout.write(f"bootstrap: created platform admin {username!r}")
         if generated:
-            # Printed once so a first-time admin can log in; change it in the console.
-            self.stdout.write(f"bootstrap: one-time password for {username!r}: {password}")
+            # Printed once so a first-time admin can log in; the console asks for a new one.
+            self.stdout.write(
+                f"bootstrap: one-time password for {username!r}: {password} (to be changed at the "
+                "first login)"
+            )
 
     def _ensure_local_node(self) -> None:
         name = settings.TOLLGATE_LOCAL_NODE_NAME
