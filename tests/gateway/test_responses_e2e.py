@@ -19,6 +19,7 @@ from core.redis import get_redis
 from deployments.models import Node
 from gateway import response_store
 from gateway.models import StoredResponse
+from tenants import services as tenant_services
 from tests.gateway.conftest import (
     Engine,
     World,
@@ -216,6 +217,21 @@ def test_engine_death_mid_stream_ends_with_an_error_event_and_bills_what_was_rea
     assert record.status == "error" and record.completion_tokens == deltas >= 3
     # Nobody is left to count the prompt: it is estimated, and marked so.
     assert record.prompt_tokens > 0 and record.prompt_estimated
+
+
+def test_rate_limits_apply_to_responses_like_chat(world: World) -> None:
+    issued = tenant_services.issue_api_key(None, world.tenant_a, name="rpm2", requests_per_minute=2)
+    wait_until_served(world.url, issued.plaintext, "sim-chat")
+    c = client(world, issued.plaintext)
+    c.chat.completions.create(
+        model="sim-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+    )
+    raw = c.responses.with_raw_response.create(model="sim-chat", input="Hi", max_output_tokens=1)
+    assert raw.headers["x-ratelimit-remaining-requests"] == "0"  # one window for both APIs
+    with pytest.raises(openai.RateLimitError) as caught:
+        c.responses.create(model="sim-chat", input="Hi", max_output_tokens=1)
+    assert caught.value.body["code"] == "rate_limit_exceeded"
+    assert int(caught.value.response.headers["retry-after"]) > 0
 
 
 # --- Conversations ----------------------------------------------------------------------------
