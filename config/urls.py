@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from config import problems
 from config.views import favicon, healthz, v1_not_found
+from console.sso import SSOCallbackView, SSOLoginView
 
 # Under /api/ these answer problem+json; everywhere else the console's pages.
 handler400 = "config.problems.bad_request"
@@ -15,6 +16,9 @@ handler500 = "config.problems.server_error"
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", favicon, name="favicon"),
+    # Single sign-on (OpenID Connect); the names are mozilla-django-oidc's.
+    path("oidc/authenticate/", SSOLoginView.as_view(), name="oidc_authentication_init"),
+    path("oidc/callback/", SSOCallbackView.as_view(), name="oidc_authentication_callback"),
     path("", include("metering.urls")),  # /v1/usage, /api/v1/usage/export.csv
     path("", include("batches.urls")),  # /v1/files, /v1/batches
     # The rest of /v1 is the gateway's (config/asgi.py); what reaches Django is not a path.

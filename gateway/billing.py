@@ -11,6 +11,8 @@ The prompt's tokens come from, in this order:
 1. the engine's usage (running usage on the first chunk, the final usage, the whole answer);
 2. the engine's own tokenizer, asked after the response ended (off the client's path):
    ``/tokenize`` with the chat ``messages`` (or the completion ``prompt``) exactly as sent,
+   with the chat messages the engine makes of a Responses request (its whole conversation:
+   gateway/responses.py expands ``previous_response_id`` before forwarding), and
    ``/v1/messages/count_tokens`` for Anthropic Messages (vLLM's own conversion of the
    request, so the count is the one the engine would have reported);
 3. only where neither exists (the engine went away): an estimate from the request's text,
