@@ -252,7 +252,7 @@ def test_previous_response_id_chains_over_two_replicas_two_gateways_and_a_restar
     first_engine, other = (pair[0], pair[1]) if took[0] else (pair[1], pair[0])
     # The replica that answered goes away: the next turn can only land on the other one,
     # which has never seen the first turn; and it arrives through another gateway process.
-    wait_until_served(second_gateway, world.key_a, "sim-pair")
+    wait_until_served(second_gateway, world.key_a, "sim-pair", timeout=30)
     stop(started_pair[pair.index(first_engine)][1])
     second = client(world, url=second_gateway).responses.create(
         model="sim-pair",
@@ -281,10 +281,11 @@ def test_previous_response_id_chains_over_two_replicas_two_gateways_and_a_restar
     # Only the turn's own input is its input; the chain is kept for the next turn.
     items = client(world).responses.input_items.list(second.id, order="asc")
     assert [i.content[0].text for i in items.data] == ["What is my name?"]
-    # A gateway that starts afresh (a restart) carries the conversation on.
+    # A gateway that starts afresh (a restart) carries the conversation on (a fresh process
+    # loads Django and its snapshot first: seconds on a loaded machine).
     proc, restarted_url = start_gateway(1)
     try:
-        wait_until_served(restarted_url, world.key_a, "sim-pair")
+        wait_until_served(restarted_url, world.key_a, "sim-pair", timeout=30)
         restarted = client(world, url=restarted_url)
         assert restarted.responses.retrieve(second.id).output_text == second.output_text
         third = restarted.responses.create(
