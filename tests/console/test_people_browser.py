@@ -20,7 +20,7 @@ from tenants import services as tenant_services
 from tenants.choices import Role
 from tenants.models import AdminToken, Membership
 from tests.conftest import PASSWORD
-from tests.console.test_browser import CHROMIUM_ARGS, SHOTS
+from tests.console.test_browser import SHOTS
 from tests.liveserver import Server, serve
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -33,20 +33,6 @@ MEMBER_PASSWORD = "the member's passphrase 7"
 def live(tmp_path: Path, transactional_db: None) -> Iterator[Server]:
     with serve(tmp_path / "web.log") as server:
         yield server
-
-
-@pytest.fixture
-def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
-        yield browser
-        browser.close()
 
 
 def _login(page: object, url: str, username: str, password: str) -> None:
