@@ -7,7 +7,7 @@
 #   gateway   the same server for /v1, as the database's least-privilege gateway role
 #   worker    Celery worker for the control queue and this node's queue
 #   beat      Celery beat (periodic reconcile, telemetry, usage safety net, rollups)
-#   usage     usage consumer: Redis stream -> PostgreSQL
+#   usage     usage consumer: Redis stream -> PostgreSQL (`usage export …`: the command line)
 #   janitor   idle; on SIGTERM (compose down/stop) remove this stack's engine containers
 #   docker-policy  the Docker API policy on :2375 (the docker-proxy service; needs no secret)
 #   stop-engines  remove this stack's engine containers now
@@ -214,13 +214,14 @@ case "$role" in
   gateway) TOLLGATE_IDENTITY=gateway role_web ;;
   worker) role_worker ;;
   beat) role_beat ;;
-  usage) role_usage ;;
+  # `usage` alone is the consumer role; `usage export …` is the command line's.
+  usage) if [ $# -gt 0 ]; then exec python3 -m tollgate_cli usage "$@"; else role_usage; fi ;;
   batches) role_batches ;;
   janitor) role_janitor ;;
   stop-engines) role_janitor --now ;;
   docker-policy) exec python3 -m dockerpolicy "$@" ;;
   worker-ping) load_secrets; exec celery -A config inspect ping -d "worker@$HOSTNAME" --timeout 10 >/dev/null ;;
   manage) load_secrets; exec python3 manage.py "$@" ;;
-  login|logout|tenants|keys|models|prices|deployments|usage) exec python3 -m tollgate_cli "$role" "$@" ;;
+  login|logout|tenants|keys|models|prices|deployments) exec python3 -m tollgate_cli "$role" "$@" ;;
   *) exec "$role" "$@" ;;
 esac
