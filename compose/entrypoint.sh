@@ -164,7 +164,7 @@ role_web() {
   export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-/tmp/tollgate-metrics}"
   exec gunicorn -c python:config.gunicorn config.asgi:application \
     --workers "${TOLLGATE_WEB_WORKERS:-2}" \
-    --bind "0.0.0.0:${TOLLGATE_WEB_PORT:-8000}" \
+    --bind "${TOLLGATE_WEB_HOST:-0.0.0.0}:${TOLLGATE_WEB_PORT:-8000}" \
     --graceful-timeout "${TOLLGATE_WEB_GRACEFUL_SECONDS:-30}" \
     --timeout 0 --keep-alive 75 \
     --forwarded-allow-ips "${TOLLGATE_FORWARDED_ALLOW_IPS:-127.0.0.1}" \
