@@ -8,8 +8,9 @@ log on), ``worker`` (Celery, queues ``control,node.local``, concurrency 4), ``be
 directory, as Docker would collect its stdout. The bench's engines are rows on a node
 called ``bench-node``, whose queue no worker here consumes, so reconcile leaves them alone;
 everything else beat schedules (engine scraping, the admission controller, orphan reaping,
-usage ingestion, quota reconciliation) runs as in production. Celery's broker is its own
-Redis database (``BROKER_DB``), so no other Celery on this Redis takes these tasks.
+usage ingestion, quota reconciliation) runs as in production. Celery's broker is a Redis
+database of its own (the first empty one of ``BROKER_DBS``), so no other Celery on this
+Redis takes these tasks; its keys are removed when the appliance stops.
 
 CPU is counted over every process of every part; ``cpu_by_part`` splits it.
 """
@@ -24,15 +25,15 @@ from pathlib import Path
 import redis
 from gateway_bench import PY, ROOT, Server, cpu_seconds, free_port, wait_listening, wait_serving
 
-BROKER_DB = 9
+BROKER_DBS = range(9, 16)
 STREAM_GROUP = "metering"  # metering/ingest.py
 
 
 class Appliance:
     """Several processes measured as one server (the interface of gateway_bench.Server)."""
 
-    def __init__(self, parts: dict[str, Server], stream: str) -> None:
-        self.parts, self.stream = parts, stream
+    def __init__(self, parts: dict[str, Server], stream: str, broker: redis.Redis) -> None:
+        self.parts, self.stream, self.broker = parts, stream, broker
         self.redis = redis.Redis.from_url("redis://127.0.0.1:6379/0")
 
     @property
@@ -50,6 +51,7 @@ class Appliance:
     def stop(self) -> None:
         for part in reversed(list(self.parts.values())):
             part.stop()
+        clear(self.broker)
 
     def cpu_by_part(self) -> dict[str, float]:
         return {name: cpu_seconds(part.pids) for name, part in self.parts.items()}
@@ -75,14 +77,30 @@ class Appliance:
         return None
 
 
+def clear(broker: redis.Redis) -> None:
+    """Remove the broker database's keys (it was empty when the appliance started)."""
+    keys = list(broker.scan_iter(count=1000))
+    for i in range(0, len(keys), 500):
+        broker.delete(*keys[i : i + 500])
+
+
+def empty_broker_db() -> int:
+    for db in BROKER_DBS:
+        if redis.Redis.from_url(f"redis://127.0.0.1:6379/{db}").dbsize() == 0:
+            return db
+    raise RuntimeError(f"no empty Redis database among {list(BROKER_DBS)} for Celery's broker")
+
+
 def start_appliance(workers: int, env: dict, key: str, tmp: Path) -> tuple[str, Appliance]:
+    db = empty_broker_db()
+    broker = redis.Redis.from_url(f"redis://127.0.0.1:6379/{db}")
     env = {
         **env,
         "TOLLGATE_ENV": "production",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
         "DJANGO_DEBUG": "false",
         "REDIS_URL": "redis://127.0.0.1:6379/0",
-        "CELERY_BROKER_URL": f"redis://127.0.0.1:6379/{BROKER_DB}",
+        "CELERY_BROKER_URL": f"redis://127.0.0.1:6379/{db}",
         "TOLLGATE_UPSTREAM_CLIENT": "tollgate",
     }
     env.pop("TOLLGATE_LOG_LEVEL", None)  # as shipped
@@ -154,7 +172,7 @@ def start_appliance(workers: int, env: dict, key: str, tmp: Path) -> tuple[str, 
         wait_listening(port, parts["web"].proc)
         url = f"http://127.0.0.1:{port}"
         wait_serving(url, key, parts["web"].proc)
-        appliance = Appliance(parts, stream)
+        appliance = Appliance(parts, stream, broker)
         deadline = time.monotonic() + 60
         while appliance.backlog() is None:  # the consumer created its group
             for name, part in parts.items():
@@ -168,4 +186,5 @@ def start_appliance(workers: int, env: dict, key: str, tmp: Path) -> tuple[str, 
     except BaseException:
         for part in parts.values():
             part.stop()
+        clear(broker)
         raise

@@ -59,6 +59,10 @@ class PasswordChangeView(auth_views.PasswordChangeView):
             return redirect("console:profile")
         return super().dispatch(request, *args, **kwargs)
 
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        forced = services.must_change_password(self.request.user)
+        return {**super().get_context_data(**kwargs), "forced": forced}
+
     def form_valid(self, form: object) -> HttpResponse:
         response = super().form_valid(form)
         services.password_changed(self.request.user)

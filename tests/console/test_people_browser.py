@@ -6,6 +6,7 @@ Screenshots go to tests/console/screenshots/ (not committed).
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tenants import services as tenant_services
 from tenants.choices import Role
 from tenants.models import AdminToken, Membership
 from tests.conftest import PASSWORD
-from tests.console.test_browser import CHROMIUM_ARGS, SHOTS
+from tests.console.test_browser import SHOTS
 from tests.liveserver import Server, serve
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -33,20 +34,6 @@ MEMBER_PASSWORD = "the member's passphrase 7"
 def live(tmp_path: Path, transactional_db: None) -> Iterator[Server]:
     with serve(tmp_path / "web.log") as server:
         yield server
-
-
-@pytest.fixture
-def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
-        yield browser
-        browser.close()
 
 
 def _login(page: object, url: str, username: str, password: str) -> None:
@@ -90,6 +77,7 @@ def test_people_from_invitation_to_tokens(live: Server, chromium: object) -> Non
     # Tess logs in with the one-time password and must choose her own first.
     _login(page, url, "tess", first_password)
     page.wait_for_url(f"{url}/password/")
+    assert page.is_visible("#forced-change")
     page.goto(f"{url}/tenants/acme/")
     assert page.url == f"{url}/password/"  # nothing else opens
     page.fill("#id_old_password", first_password)
@@ -182,10 +170,11 @@ def _layout_data() -> dict[str, str]:
     deployment_services.register_node(
         None, name="spark-one", docker_url="tcp://127.0.0.1:1", total_memory_bytes=128 * 2**30
     )
-    now = timezone.now().replace(minute=0, second=0, microsecond=0)
-    for hours, cost, model in ((1, "0.00009", models[0]), (30, "12345.678901", models[1])):
+    # Inside the usage page's default period (this month), whatever the day.
+    month = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    for hours, cost, model in ((0, "0.00009", models[0]), (1, "12345.678901", models[1])):
         UsageRollup.objects.create(
-            hour=now - timezone.timedelta(hours=hours),
+            hour=month + timedelta(hours=hours),
             tenant=tenant,
             model=model,
             requests=3,
@@ -225,7 +214,7 @@ def test_tables_never_clip_at_desktop_and_phone_widths(live: Server, chromium: o
                 .map((t) => t.label)"""
         )
         assert ticks and not any(SCIENTIFIC.search(str(t)) for t in ticks), ticks
-        assert "12,345.678901" in page.inner_text("body")
+        assert "12,345.678991" in page.inner_text("body")  # 12,345.678901 + 0.00009
         page.goto(f"{live.url}/models/")
         listing = page.inner_text("main")
         assert "98,765.4321 USD" in listing and "0.25 USD" in listing

@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from tenants import services as tenant_services
 from tenants.choices import Role
 from tenants.models import Account, Membership
-from tests.console.test_browser import CHROMIUM_ARGS, SHOTS
+from tests.console.test_browser import SHOTS
 from tests.gateway.conftest import free_port, stop, wait_listening
 from tests.liveserver import ROOT, Server, serve
 
@@ -88,20 +88,6 @@ def sso(tmp_path: Path, transactional_db: None) -> Iterator[tuple[Server, str]]:
             yield server, issuer
     finally:
         stop(provider)
-
-
-@pytest.fixture
-def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
-        yield browser
-        browser.close()
 
 
 def _sign_in(browser: object, url: str, username: str, password: str) -> object:
