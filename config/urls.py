@@ -15,6 +15,8 @@ handler500 = "config.problems.server_error"
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", favicon, name="favicon"),
+    # Single sign-on (OpenID Connect); the names are mozilla-django-oidc's.
+    path("", include("console.sso_urls")),
     path("", include("metering.urls")),  # /v1/usage, /api/v1/usage/export.csv
     path("", include("batches.urls")),  # /v1/files, /v1/batches
     # The rest of /v1 is the gateway's (config/asgi.py); what reaches Django is not a path.

@@ -59,6 +59,7 @@ class UsageEventSerializer(ModelSerializer):
             "cached_tokens",
             "completion_tokens",
             "reasoning_tokens",
+            "prompt_estimated",
             "status",
             "http_status",
             "latency_ms",
