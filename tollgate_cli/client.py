@@ -12,6 +12,7 @@ import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 class CliError(Exception):
@@ -71,6 +72,11 @@ class Api:
         headers = {"Accept": "application/json", "User-Agent": "tollgate-cli"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        if httpx.URL(self.url).host in LOOPBACK and self.url.startswith("http://"):
+            # Inside the image the command line calls its container's own web port, behind
+            # the appliance's TLS front: the request never left the box, so it tells the web
+            # (which trusts this header only from its proxy setting) not to redirect it to https.
+            headers["X-Forwarded-Proto"] = "https"
         return httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -97,7 +103,7 @@ class Api:
         with self.client() as client:
             try:
                 with client.stream("GET", path, params=params) as response:
-                    if response.status_code >= 400:
+                    if response.status_code >= 300:
                         response.read()
                         raise_for_problem(response)
                     for chunk in response.iter_text():
@@ -121,6 +127,11 @@ class Api:
 
 def raise_for_problem(response: httpx.Response) -> None:
     """A CliError made of the problem+json answer (or whatever the server said)."""
+    if response.is_redirect:
+        where = response.headers.get("Location", "elsewhere")
+        raise CliError(
+            f"the appliance redirects to {where}: give that address with --url or TOLLGATE_URL"
+        )
     if response.status_code < 400:
         return
     try:

@@ -53,6 +53,7 @@ def test_usage_alone_is_still_the_consumer_role(tmp_path: Path) -> None:
         "PATH": f"{tmp_path}:/usr/bin:/bin",
         "DJANGO_SECRET_KEY": "x" * 50,
         "DATABASE_URL": "postgres://nobody@127.0.0.1/none",
+        "REDIS_URL": "redis://127.0.0.1:6379/0",  # given, so no secret file is awaited
     }
     runs = {
         args: subprocess.run(
