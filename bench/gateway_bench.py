@@ -10,12 +10,26 @@ from a separate load-generator process (bench/gateway_load.py, aiohttp client):
   json c=1/16/64      16-token replies, no delay: added latency, requests/s, CPU per request
   stream c=1/16/64    64 tokens 5 ms apart: time to first token, token rate, CPU per chunk
   hold                1,000 concurrent streams of 200 tokens 50 ms apart: errors, RSS
-  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses) beside chat: added latency
-  <api> stream c=64   and the token rate at 64 streams, against the same engines
+  <api> json c=1      the agent APIs (EXTRA_APIS: /v1/responses, /v1/messages) beside chat:
+  <api> stream c=64   added latency and the token rate at 64 streams, same engines
 
 Server CPU is the utime+stime of the server's whole process tree (from /proc) before and
 after each scenario; memory is the peak summed RSS of its workers while the streams are
 held. LiteLLM is installed on demand into .bench-venvs/litellm (not committed).
+
+``Tollgate w2 appliance`` is the appliance as it really runs (bench/gateway_appliance.py):
+web with 2 workers and its access log, the Celery worker, beat and the usage consumer, all
+on the same cores with production settings; its CPU is every one of those processes', also
+split by process, and after each scenario the bench waits for the usage consumer to bring
+the stream's backlog back to 0 (the time it took is a row of the table).
+
+A column named "Tollgate wN tls" puts the appliance's TLS front in front of the gateway:
+Caddy (Debian's `caddy` package on this host: apt-get install caddy) with the appliance's
+own compose/caddy/Caddyfile and its internal CA, the load generator trusting only that CA.
+Caddy's CPU and memory count as the server's. Its verdict: streaming token rate within 10%
+of the plain column's in the same run.
+
+    .venv/bin/python bench/gateway_bench.py --columns "direct,Tollgate w2,Tollgate w2 tls" --hold 0
 
     .venv/bin/python bench/gateway_bench.py            # print the table
     .venv/bin/python bench/gateway_bench.py --write    # and replace the section in bench/RESULTS.md
@@ -30,9 +44,11 @@ import json
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -50,6 +66,7 @@ LITELLM_VENV = ROOT / ".bench-venvs" / "litellm"
 DB_NAME = "tollgate_bench"
 PG = "postgres://postgres@127.0.0.1:5432"
 SECTION = "## Gateway overhead"
+CADDY = shutil.which("caddy") or "/usr/bin/caddy"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -57,7 +74,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 SIMS = {"bench-model": (16, 0), "bench-stream": (64, 200), "bench-hold": (200, 20)}
 # APIs measured beside chat (bench/gateway_load.py builds their requests and reads their
 # answers): added p50 at c=1 and the token rate at 64 streams, chat's targets.
-EXTRA_APIS = ("responses",)
+EXTRA_APIS = ("responses", "messages")
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -214,8 +231,11 @@ def start_tollgate(
     return url, server
 
 
-def wait_serving(url: str, key: str | None, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+def wait_serving(
+    url: str, key: str | None, proc: subprocess.Popen, timeout: float = 90.0, ca: str | None = None
+) -> None:
     """Until several /v1/models calls in a row list every bench model (all workers up)."""
+    tls = ssl.create_default_context(cafile=ca) if ca else None
     deadline, streak = time.monotonic() + timeout, 0
     while time.monotonic() < deadline and streak < 8:
         if proc.poll() is not None:
@@ -224,7 +244,7 @@ def wait_serving(url: str, key: str | None, proc: subprocess.Popen, timeout: flo
             url + "/v1/models", headers={"Authorization": f"Bearer {key or 'none'}"}
         )
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=5, context=tls) as r:
                 names = {m["id"] for m in json.load(r)["data"]}
             streak = streak + 1 if set(SIMS) <= names else 0
         except OSError:
@@ -232,6 +252,53 @@ def wait_serving(url: str, key: str | None, proc: subprocess.Popen, timeout: flo
         time.sleep(0.1)
     if streak < 8:
         raise TimeoutError(f"{url} did not serve the bench models in {timeout}s")
+
+
+@dataclass
+class Fronted(Server):
+    """The gateway with the TLS front (Caddy) before it: both processes count as the server."""
+
+    front: Server | None = None
+
+    def refresh(self) -> None:
+        super().refresh()
+        if self.front:
+            self.front.refresh()
+            self.pids += self.front.pids
+
+    def stop(self) -> None:
+        if self.front:
+            self.front.stop()
+        super().stop()
+
+
+def start_tls_front(upstream: str, key: str, tmp: Path, log: Path) -> tuple[str, str, Server]:
+    """Caddy with the appliance's Caddyfile and internal CA in front of ``upstream``."""
+    https, http = free_port(), free_port()
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(tmp / "caddy-data"),
+        "XDG_CONFIG_HOME": str(tmp / "caddy-config"),
+        "TOLLGATE_TLS_UPSTREAM": upstream.removeprefix("http://"),
+        "TOLLGATE_TLS_GATEWAY": upstream.removeprefix("http://"),
+        "TOLLGATE_TLS_NAMES": "127.0.0.1",
+        "TOLLGATE_TLS_DEFAULT_NAME": "127.0.0.1",
+        "TOLLGATE_TLS_LISTEN_HTTPS": str(https),
+        "TOLLGATE_TLS_LISTEN_HTTP": str(http),
+        "TOLLGATE_HTTPS_PORT": str(https),
+    }
+    caddyfile = ROOT / "compose" / "caddy" / "Caddyfile"
+    cmd = [CADDY, "run", "--config", str(caddyfile), "--adapter", "caddyfile"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
+    server = Server(proc)
+    wait_listening(https, proc)
+    ca = tmp / "caddy-data" / "caddy" / "pki" / "authorities" / "local" / "root.crt"
+    deadline = time.monotonic() + 30
+    while not ca.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    url = f"https://127.0.0.1:{https}"
+    wait_serving(url, key, proc, ca=str(ca))
+    return url, str(ca), server
 
 
 def ensure_litellm() -> Path:
@@ -333,9 +400,11 @@ class Load:
             raise RuntimeError("load generator died")
         return json.loads(line)
 
+    ca: str | None = None  # set: the server is behind the TLS front, trust only this CA
+
     def reset(self) -> None:
         """Close the client's connections: the next scenario opens fresh ones."""
-        assert self.run({"reset": True}).get("reset")
+        assert self.run({"reset": True, "ca": self.ca}).get("reset")
 
     def stop(self) -> None:
         self.proc.stdin.close()
@@ -490,6 +559,12 @@ def run_rounds(load: Load, col: Column, spec: dict) -> dict:
     pooled["server_cpu_s"] = sum(r["server_cpu_s"] for r in runs) if col.server else None
     pooled["peak_rss"] = max(r["peak_rss"] for r in runs) if col.server else None
     pooled["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), "")
+    if "drain_s" in runs[0]:
+        drains = [r["drain_s"] for r in runs]
+        pooled["drain_s"] = None if None in drains else max(drains)
+        pooled["cpu_parts"] = {
+            k: sum(r["cpu_parts"][k] for r in runs) for k in runs[0]["cpu_parts"]
+        }
     pooled["rps"], pooled["tok_s"] = (
         pooled["requests"] / pooled["seconds"],
         pooled["tokens"] / pooled["seconds"],
@@ -509,11 +584,17 @@ def run_scenario(load: Load, col: Column, spec: dict) -> dict:
         "tokens": SIMS[spec["model"]][0],
     }
     pids = col.server.pids if col.server else []
+    by_part = getattr(col.server, "cpu_by_part", None)  # the whole appliance
+    parts0 = by_part() if by_part else {}
     cpu0 = cpu_seconds(pids)
     with PeakRss(col.server.workers if col.server else []) as rss:
         result = load.run(spec)
     result["server_cpu_s"] = cpu_seconds(pids) - cpu0 if col.server else None
     result["peak_rss"] = rss.peak if col.server else None
+    if by_part:
+        result["cpu_parts"] = {k: v - parts0[k] for k, v in by_part().items()}
+        # After the load: how long the usage consumer takes to ingest the backlog.
+        result["drain_s"] = col.server.drain_seconds()
     return result
 
 
@@ -694,6 +775,22 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
             ratio.append(f"{fmt(a, 0)} ({a / b:.2f})" if a is not None and b else fmt(a, 0))
         rows.append((f"{api} streaming c=64: tokens/s (vs direct)", ratio))
     rows.append(("server CPU per request (json c=64), ms", per_req))
+    parts_row, drain_row = [], []
+    for k in cols:
+        j = res.get(k, {}).get("json c=64", {})
+        parts = j.get("cpu_parts")
+        parts_row.append(
+            " / ".join(f"{n} {v / j['requests'] * 1000:.3f}" for n, v in parts.items())
+            if parts and j.get("requests")
+            else "–"
+        )
+        drains = [r.get("drain_s", "–") for r in res.get(k, {}).values() if "drain_s" in r]
+        worst = None if None in drains else max(drains, default=None)
+        drain_row.append(("not in 30 s" if None in drains else fmt(worst, 2)) if drains else "–")
+        facts[f"{k}.drain_s"] = worst if drains else None
+        facts[f"{k}.drained"] = (None not in drains) if drains else None
+    rows.append(("  … by process (json c=64), ms", parts_row))
+    rows.append(("usage backlog back to 0 after a scenario, s (worst)", drain_row))
     rows.append(("server CPU per streamed chunk (stream c=64, all CPU / chunks), µs", per_chunk))
     rows.append(("  … net of the per-request cost, µs", net_chunk))
     rows.append(
@@ -767,9 +864,16 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
 
 def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
     out = []
-    for g in ("Tollgate w2", "Tollgate w1"):
+    for g in ("Tollgate w2 appliance", "Tollgate w2", "Tollgate w1"):
         if facts.get(f"{g}.rps_c64") is None:
             continue
+        if facts.get(f"{g}.drained") is not None:
+            v = facts[f"{g}.drain_s"]
+            out.append(
+                f"- {g}: usage stream backlog back to 0 within 10 s of each scenario: "
+                f"{'met' if facts[f'{g}.drained'] and v <= 10 else 'MISSED'} "
+                f"(worst {fmt(v, 2)} s)"
+            )
         v = facts[f"{g}.added_p50_c1"]
         out.append(
             f"- {g}: added p50 at c=1, non-streaming ≤ 1.0 ms: "
@@ -816,6 +920,11 @@ def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
 
 
 BEGIN, END = "<!-- gateway_bench.py --write: begin -->", "<!-- gateway_bench.py --write: end -->"
+
+
+# A run with a TLS column writes its own section: it compares plain and TLS, not the
+# full set of columns the gateway-overhead section holds.
+TLS_SECTION = "## TLS front (HTTPS through Caddy)"
 
 
 def write_section(block: str, section: str = SECTION) -> None:
@@ -926,13 +1035,22 @@ def main() -> None:
     )
     ap.add_argument(
         "--columns",
-        default="direct,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,LiteLLM w1,LiteLLM w2",
-        help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp",
+        default="direct,Tollgate w2 appliance,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,"
+        "LiteLLM w1,LiteLLM w2",
+        help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp; "
+        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy); "
+        "'Tollgate wN appliance': web, worker, beat and usage consumer together",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
+    )
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
+    )
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
     )
     ap.add_argument(
         "--section",
@@ -947,13 +1065,23 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     if any(c.startswith("LiteLLM") for c in cols):
         ensure_litellm()
-    with bench_stack() as st:
+    with bench_stack(a.db_name) as st:
         for col in cols:
             print(f"{col} …", file=sys.stderr, flush=True)
             if col == "direct":
                 column = Column(
                     col, {n: f"http://127.0.0.1:{p}" for n, p in st.ports.items()}, None, None
                 )
+            elif col.startswith("Tollgate") and col.endswith("appliance"):
+                from gateway_appliance import start_appliance
+
+                env = {
+                    **st.env,
+                    "TOLLGATE_REDIS_PREFIX": f"{st.env['TOLLGATE_REDIS_PREFIX']}-{len(results)}",
+                }
+                url, srv = start_appliance(workers_of(col), env, st.key, st.tmp)
+                st.servers.append(srv)
+                column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
             elif col.startswith("Tollgate"):
                 # Each gateway column starts from empty Redis state, like a fresh appliance:
                 # otherwise the previous column's 60-s rate windows, still full of its
@@ -967,6 +1095,12 @@ def main() -> None:
                     "TOLLGATE_REDIS_PREFIX": f"{st.env['TOLLGATE_REDIS_PREFIX']}-{len(results)}",
                 }
                 url, srv = start_tollgate(workers_of(col), env, st.key, st.tmp / "tollgate.log")
+                if col.endswith(" tls"):
+                    url, st.load.ca, front = start_tls_front(
+                        url, st.key, st.tmp, st.tmp / "caddy.log"
+                    )
+                    srv = Fronted(srv.proc, front=front)
+                    srv.refresh()
                 st.servers.append(srv)
                 column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
             else:
@@ -981,13 +1115,14 @@ def main() -> None:
                 else 0
             )
             results[col] = run_column(st.load, column, a.scale, hold)
+            st.load.ca = None
             if column.server:
                 column.server.stop()
                 st.servers.remove(column.server)
     load_after = load_avg()
     text, facts = table(cols, results)
-    lines = verdicts(facts, a.hold)
-    cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
+    lines = verdicts(facts, a.hold) + tls_verdicts(results)
+    cmd = "$ .venv/bin/python bench/gateway_bench.py " + shlex.join(sys.argv[1:])
     machine = (
         f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
         f"{platform.python_version()}, "
@@ -996,7 +1131,30 @@ def main() -> None:
     )
     print(f"\n{cmd.strip()}\n{machine}\n\n{text}\n\n" + "\n".join(lines))
     if a.write:
-        write_section(render_section(cmd.strip(), machine, text, lines), a.section)
+        section = a.section
+        if section == SECTION and any(c.endswith(" tls") for c in cols):
+            section = TLS_SECTION
+        write_section(render_section(cmd.strip(), machine, text, lines), section)
+
+
+def tls_verdicts(res: dict[str, dict[str, dict]]) -> list[str]:
+    """The TLS front against the same gateway without it, measured in this run."""
+    out = []
+    for col in res:
+        plain = col.removesuffix(" tls")
+        if plain == col or plain not in res:
+            continue
+        for c in (1, 16, 64):
+            s = f"stream c={c}"
+            a, b = res[col].get(s, {}).get("tok_s"), res[plain].get(s, {}).get("tok_s")
+            if a is None or not b:
+                continue
+            ratio = a / b
+            out.append(
+                f"- {col}: streaming token rate at c={c} within 10% of {plain}: "
+                f"{'met' if ratio >= 0.9 else 'MISSED'} ({a:,.0f} vs {b:,.0f} tok/s = {ratio:.3f})"
+            )
+    return out
 
 
 def workers_of(column: str) -> int:

@@ -8,9 +8,10 @@ or ``duration`` seconds have passed. Per request it records the latency, the tim
 first content chunk (streams) and the completion tokens received.
 
 Scenario fields: url, key, model, stream, tokens, concurrency, requests, duration; ``api``:
-``chat`` (default, /v1/chat/completions) or ``responses`` (/v1/responses); ``raw``: also
-answer every latency and TTFT (ms). ``{"reset": true}`` closes the connections, so the
-next scenario opens fresh ones.
+``chat`` (default, /v1/chat/completions), ``responses`` (/v1/responses) or ``messages`` (the
+Anthropic Messages API, /v1/messages, with the key in ``x-api-key`` as the anthropic SDK sends
+it); ``raw``: also answer every latency and TTFT (ms). ``{"reset": true}`` closes the
+connections, so the next scenario opens fresh ones.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import resource
+import ssl
 import sys
 import time
 
@@ -29,13 +31,19 @@ import orjson
 CONTENT = {
     "chat": re.compile(rb'"content":\s*"[^"]'),
     "responses": re.compile(rb"response\.output_text\.delta"),
+    "messages": re.compile(rb'"text_delta","text":\s*"[^"]'),
 }
 USAGE_TOKENS = {
     "chat": re.compile(rb'"completion_tokens":\s*(\d+)'),
     "responses": re.compile(rb'"output_tokens":\s*(\d+)'),
+    "messages": re.compile(rb'"output_tokens":\s*(\d+)'),
 }
-ERROR_FRAME = {"chat": re.compile(rb'"error"'), "responses": re.compile(rb"^event: error")}
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
+ERROR_FRAME = {
+    "chat": re.compile(rb'"error"'),
+    "responses": re.compile(rb"^event: error"),
+    "messages": re.compile(rb"^event: error"),
+}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
 def request_body(spec: dict) -> bytes:
@@ -47,6 +55,14 @@ def request_body(spec: dict) -> bytes:
             "model": spec["model"],
             "input": "Say something.",
             "max_output_tokens": spec["tokens"],
+            "stream": stream,
+        }
+        return orjson.dumps(payload)
+    if api == "messages":
+        payload = {
+            "model": spec["model"],
+            "messages": [{"role": "user", "content": "Say something."}],
+            "max_tokens": spec["tokens"],
             "stream": stream,
         }
         return orjson.dumps(payload)
@@ -134,7 +150,11 @@ async def scenario(session: aiohttp.ClientSession, spec: dict) -> dict:
     stream, api = spec["stream"], spec.get("api", "chat")
     body = request_body(spec)
     headers = {"content-type": "application/json"}
-    if spec.get("key"):
+    if api == "messages":
+        headers["anthropic-version"] = "2023-06-01"
+    if spec.get("key") and api == "messages":
+        headers["x-api-key"] = spec["key"]
+    elif spec.get("key"):
         headers["authorization"] = f"Bearer {spec['key']}"
     url = spec["url"].rstrip("/") + PATHS[api]
     one = one_stream if stream else one_whole
@@ -194,7 +214,9 @@ async def main() -> None:
             spec = orjson.loads(line)
             if spec.get("reset"):  # fresh connections for the next server
                 await session.close()
-                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+                # Behind the TLS front: trust exactly its CA, as a pinned client does.
+                tls = ssl.create_default_context(cafile=spec["ca"]) if spec.get("ca") else True
+                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ssl=tls)
                 session = aiohttp.ClientSession(connector=connector, timeout=timeout)
                 print(orjson.dumps({"reset": True}).decode(), flush=True)
                 continue

@@ -1,7 +1,9 @@
-"""The admin REST API under /api/v1/: one router for every app's resources."""
+"""The admin REST API under /api/v1/: one router for every app's resources, and the
+password-for-token exchange."""
 
-from rest_framework.routers import DefaultRouter
+from django.urls import path
 
+from config.api import AdminRouter
 from deployments.api import (
     AllowedImageViewSet,
     CatalogModelViewSet,
@@ -19,8 +21,9 @@ from tenants.api import (
     TenantViewSet,
     UserViewSet,
 )
+from tenants.token_login import TokenLoginView
 
-router = DefaultRouter()
+router = AdminRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("members", MembershipViewSet, basename="membership")
@@ -35,4 +38,7 @@ router.register("engine-profiles", EngineProfileViewSet, basename="engineprofile
 router.register("engine-images", AllowedImageViewSet, basename="allowedimage")
 router.register("usage", UsageEventViewSet, basename="usageevent")
 router.register("audit", AuditLogViewSet, basename="auditlog")
-urlpatterns = router.urls
+urlpatterns = [
+    path("auth/token/", TokenLoginView.as_view(), name="auth-token"),
+    *router.urls,
+]

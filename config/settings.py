@@ -7,6 +7,7 @@ refuses to start on an unsafe configuration).
 
 import hashlib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -37,7 +38,14 @@ SECRET_KEY = _required_in_production(
 )
 DEBUG = env_bool("DJANGO_DEBUG", not PRODUCTION)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
-CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+# The URL users reach (shown in the console; the default trusted origin for forms).
+TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
+# Forms posted from the public URL's origin pass the CSRF origin check even when a TLS
+# front on another port or name stands in front; more origins are listed explicitly.
+_public = urlsplit(TOLLGATE_PUBLIC_URL)
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", []) or [
+    f"{_public.scheme}://{_public.netloc}"
+]
 
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DJANGO_DEBUG must be off when TOLLGATE_ENV=production")
@@ -168,6 +176,41 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )
 AXES_VERBOSE = False
+# POST /api/v1/auth/token/: attempts per client address, and the tokens' default lifetime.
+TOLLGATE_TOKEN_LOGIN_RATE = env_str("TOLLGATE_TOKEN_LOGIN_RATE", "20/min")
+TOLLGATE_TOKEN_LOGIN_DAYS = env_int("TOLLGATE_TOKEN_LOGIN_DAYS", 30)
+
+# --- Single sign-on (OpenID Connect, authorization code + PKCE; tenants/sso.py) ---------------
+
+# On when an issuer and a client id are set; the provider's endpoints come from its discovery
+# document (<issuer>/.well-known/openid-configuration), read at the first sign-in.
+TOLLGATE_OIDC_ISSUER = env_str("TOLLGATE_OIDC_ISSUER", "").rstrip("/")
+OIDC_RP_CLIENT_ID = env_str("TOLLGATE_OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_secret("TOLLGATE_OIDC_CLIENT_SECRET")
+OIDC_RP_SCOPES = env_str("TOLLGATE_OIDC_SCOPES") or "openid email profile groups"
+OIDC_RP_SIGN_ALGO = env_str("TOLLGATE_OIDC_SIGN_ALGO", "RS256")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_TIMEOUT = env_float("TOLLGATE_OIDC_TIMEOUT", 10.0)
+OIDC_VERIFY_SSL = env_bool("TOLLGATE_OIDC_VERIFY_TLS", True)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/"
+TOLLGATE_SSO_ENABLED = bool(TOLLGATE_OIDC_ISSUER and OIDC_RP_CLIENT_ID)
+TOLLGATE_OIDC_USERNAME_CLAIM = env_str("TOLLGATE_OIDC_USERNAME_CLAIM") or "preferred_username"
+TOLLGATE_OIDC_GROUPS_CLAIM = env_str("TOLLGATE_OIDC_GROUPS_CLAIM") or "groups"
+# Group → role: platform admins; "group=tenant-slug" pairs (a bare name: the same slug) for
+# tenant admins and members. Checked by tollgate.E021.
+TOLLGATE_OIDC_ADMIN_GROUPS = env_list("TOLLGATE_OIDC_ADMIN_GROUPS", [])
+TOLLGATE_OIDC_TENANT_ADMIN_GROUPS = env_list("TOLLGATE_OIDC_TENANT_ADMIN_GROUPS", [])
+TOLLGATE_OIDC_MEMBER_GROUPS = env_list("TOLLGATE_OIDC_MEMBER_GROUPS", [])
+TOLLGATE_OIDC_BUTTON_LABEL = env_str("TOLLGATE_OIDC_BUTTON_LABEL", "Sign in with single sign-on")
+# SSO only: local passwords stop working, except the break-glass admin's.
+TOLLGATE_SSO_ONLY = env_bool("TOLLGATE_SSO_ONLY", False)
+TOLLGATE_BREAK_GLASS_USERNAME = (
+    env_str("TOLLGATE_BREAK_GLASS_USERNAME") or env_str("TOLLGATE_ADMIN_USERNAME") or "admin"
+)
+# Answers only a provider's callback (with code and state) while SSO is on.
+AUTHENTICATION_BACKENDS.append("tenants.sso.SSOBackend")
 
 # HMAC pepper for API-key hashes. Kept apart from SECRET_KEY so that rotating one does not
 # silently invalidate the other; derived from SECRET_KEY only when not set.
@@ -221,7 +264,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "EXCEPTION_HANDLER": "config.problems.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "config.parsers.ObjectJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -237,6 +285,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.schema.postprocess",
+    ],
 }
 
 # --- Engines and deployments ------------------------------------------------------------
@@ -380,7 +432,6 @@ TOLLGATE_ROUTING_LOAD_FACTOR = env_float("TOLLGATE_ROUTING_LOAD_FACTOR", 1.25)
 TOLLGATE_ADMISSION_EXPECTED_OUTPUT = env_int("TOLLGATE_ADMISSION_EXPECTED_OUTPUT", 512)
 # Bearer token for the gateway's /metrics; empty: /metrics is not served.
 TOLLGATE_METRICS_TOKEN = env_secret("TOLLGATE_METRICS_TOKEN")
-TOLLGATE_PUBLIC_URL = env_str("TOLLGATE_PUBLIC_URL", "http://localhost:8000")
 # Where the console's playground sends its chat requests (the gateway, like any client);
 # empty: this very server over loopback, on the port the request came in on.
 TOLLGATE_PLAYGROUND_UPSTREAM = env_str("TOLLGATE_PLAYGROUND_UPSTREAM", "")

@@ -3,10 +3,11 @@
 from collections.abc import Callable
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
+from config.problems import problem
 from tenants.services import must_change_password
 
 # Reachable with a one-time password: the page to change it, logging out, and the
@@ -38,15 +39,6 @@ class PasswordChangeRequiredMiddleware:
     def _refuse(request: HttpRequest) -> HttpResponse:
         detail = "Set a new password first: the one you signed in with was a one-time password."
         if request.path.startswith("/api/"):
-            return JsonResponse(
-                {
-                    "type": "about:blank",
-                    "title": "Password change required",
-                    "status": 403,
-                    "detail": detail,
-                },
-                status=403,
-                content_type="application/problem+json",
-            )
+            return problem(request, 403, detail)
         messages.info(request, detail)
         return redirect(reverse("console:password-change"))

@@ -42,12 +42,13 @@ INVALID_KEY = orjson.dumps(
 Moment = TypeVar("Moment", float, datetime)
 
 
-def presented_key(authorization: str, api_key: str) -> str:
+def presented_key(authorization: str, api_key: str, x_api_key: str = "") -> str:
     """The key in ``Authorization: Bearer <key>``, else in ``api-key: <key>`` (Azure-style
-    clients); empty when there is none."""
+    clients), else in ``x-api-key: <key>`` (Anthropic-style clients); empty when there is
+    none."""
     scheme, _, token = authorization.partition(" ")
     presented = token.strip() if scheme.lower() == "bearer" else ""
-    return (presented or api_key.strip())[:MAX_PRESENTED_KEY]
+    return (presented or api_key.strip() or x_api_key.strip())[:MAX_PRESENTED_KEY]
 
 
 def unexpired(expires_at: Moment | None, now: Moment) -> bool:

@@ -34,6 +34,8 @@ class UsageRecord:
     latency_ms: int
     ttft_ms: int | None
     price_id: int | None  # the price version the gateway saw in force; None: look it up
+    # The prompt's tokens are an estimate: neither the engine nor its tokenizer counted them.
+    prompt_estimated: bool = False
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson serialises dataclasses natively (no asdict copy)

@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from config.api import UserScopedMixin
+from config.api import AdminViewSetMixin, UserScopedMixin
 from config.permissions import IsPlatformAdmin, PlatformAdminWrites
 from deployments import joining, services, staging
 from deployments.choices import DesiredState
@@ -31,7 +31,9 @@ from deployments.serializers import (
     GrantSerializer,
     JoinTokenRequestSerializer,
     JoinTokenSerializer,
+    LogsQuerySerializer,
     LogsSerializer,
+    MemoryFitSerializer,
     NodeSerializer,
     OperationSerializer,
     StagedModelSerializer,
@@ -39,12 +41,16 @@ from deployments.serializers import (
 )
 
 
-class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
+class CatalogModelViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
     """The model catalogue. Tenant users see the models they may call; admins manage it."""
 
     serializer_class = CatalogModelSerializer
     permission_classes = [PlatformAdminWrites]
     filterset_fields = ["task", "visibility", "served_name"]
+    lookup_field = "served_name"
+    # Served names may hold one slash (``Qwen/Qwen3-8B``); actions are matched first.
+    lookup_value_regex = r"[^/]+/[^/]+|[^/]+"
+    legacy_pk_lookup = True
 
     queryset = CatalogModel.objects.none()
 
@@ -64,7 +70,7 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
 
     @extend_schema(request=GrantSerializer, responses={201: CatalogModelSerializer})
     @action(detail=True, methods=["post"])
-    def grant(self, request: Request, pk: str) -> Response:
+    def grant(self, request: Request, served_name: str) -> Response:
         """Let a tenant use this (private) model."""
         model = self.get_object()
         body = GrantSerializer(data=request.data)
@@ -74,7 +80,7 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
 
     @extend_schema(request=GrantSerializer, responses=CatalogModelSerializer)
     @action(detail=True, methods=["post"])
-    def ungrant(self, request: Request, pk: str) -> Response:
+    def ungrant(self, request: Request, served_name: str) -> Response:
         """Take this model away from a tenant it was granted to."""
         model = self.get_object()
         body = GrantSerializer(data=request.data)
@@ -85,7 +91,7 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
 
     @extend_schema(request=StageSerializer, responses={202: OperationSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsPlatformAdmin])
-    def stage(self, request: Request, pk: str) -> Response:
+    def stage(self, request: Request, served_name: str) -> Response:
         """Download this model's weights into a node's model cache before deploying it."""
         body = StageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -101,17 +107,19 @@ class CatalogModelViewSet(UserScopedMixin, viewsets.ModelViewSet):
     @action(detail=False, methods=["get"], permission_classes=[IsPlatformAdmin])
     def staged(self, request: Request) -> Response:
         """Models whose weights are in a node's cache, with their size on disk."""
-        rows = StagedModel.objects.select_related("model", "node")
-        return Response(StagedModelSerializer(rows, many=True).data)
+        rows = StagedModel.objects.select_related("model", "node").order_by("model", "node")
+        return self.paginated(rows, StagedModelSerializer)
 
 
-class NodeViewSet(viewsets.ModelViewSet):
+class NodeViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
     """Docker hosts that run engines. Platform admins only."""
 
     serializer_class = NodeSerializer
     permission_classes = [IsPlatformAdmin]
     queryset = Node.objects.all()
     filterset_fields = ["status", "arch"]
+    lookup_field = "name"
+    legacy_pk_lookup = True
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         serializer.instance = services.register_node(self.request.user, **serializer.validated_data)
@@ -140,7 +148,7 @@ class NodeViewSet(viewsets.ModelViewSet):
         return Response(JoinTokenSerializer(data).data, status=status.HTTP_201_CREATED)
 
 
-class DeploymentViewSet(viewsets.ModelViewSet):
+class DeploymentViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
     """What should run where. Platform admins only."""
 
     serializer_class = DeploymentSerializer
@@ -180,23 +188,24 @@ class DeploymentViewSet(viewsets.ModelViewSet):
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(OperationSerializer(op).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(responses=LogsSerializer)
+    @extend_schema(parameters=[LogsQuerySerializer], responses=LogsSerializer)
     @action(detail=True, methods=["get"])
     def logs(self, request: Request, name: str) -> Response:
         """The last lines of a replica's engine log: ``?replica=0&lines=200``."""
-        index = int(request.query_params.get("replica", 0) or 0)
-        lines = int(request.query_params.get("lines", 200) or 200)
-        text = services.replica_logs(self.get_object(), index, lines)
+        deployment = self.get_object()
+        query = LogsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        index, lines = query.validated_data["replica"], query.validated_data["lines"]
+        text = services.replica_logs(deployment, index, lines)
         return Response({"replica": index, "lines": lines, "log": text})
 
     @extend_schema(responses=OperationSerializer(many=True))
     @action(detail=True, methods=["get"])
     def operations(self, request: Request, name: str) -> Response:
         """This deployment's operations, newest first."""
-        ops = self.get_object().operations.all()[:50]
-        return Response(OperationSerializer(ops, many=True).data)
+        return self.paginated(self.get_object().operations.order_by("-id"), OperationSerializer)
 
-    @extend_schema(request=None, responses={200: None})
+    @extend_schema(request=None, responses=MemoryFitSerializer)
     @action(detail=True, methods=["get"], url_path="memory-fit")
     def memory_fit(self, request: Request, name: str) -> Response:
         """The memory-fit arithmetic for this deployment on its node."""
@@ -224,7 +233,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         return Response(self.get_serializer(deployment).data)
 
 
-class OperationViewSet(viewsets.ReadOnlyModelViewSet):
+class OperationViewSet(AdminViewSetMixin, viewsets.ReadOnlyModelViewSet):
     """Long-running actions and their progress. Platform admins only."""
 
     serializer_class = OperationSerializer
@@ -233,7 +242,7 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["kind", "status", "deployment__name"]
 
 
-class EngineProfileViewSet(viewsets.ModelViewSet):
+class EngineProfileViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
     """Engine profiles (known-good image, flags and environment). Platform admins only."""
 
     serializer_class = EngineProfileSerializer
@@ -255,7 +264,7 @@ class EngineProfileViewSet(viewsets.ModelViewSet):
         services.delete_profile(self.request.user, instance)
 
 
-class AllowedImageViewSet(viewsets.ModelViewSet):
+class AllowedImageViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
     """Engine image patterns allowed in addition to TOLLGATE_ENGINE_IMAGES. Platform admins."""
 
     serializer_class = AllowedImageSerializer

@@ -6,6 +6,7 @@ from django.db import models
 class Task(models.TextChoices):
     GENERATE = "generate", "Chat / completion"
     EMBED = "embed", "Embedding"
+    SCORE = "score", "Rerank / score (cross-encoder)"
 
 
 class Visibility(models.TextChoices):

@@ -260,7 +260,8 @@ def engine_command(deployment: Deployment) -> list[str]:
     ]
     if model.revision:
         argv += ["--revision", model.revision]
-    if model.task == Task.EMBED and "runner" not in deployment.effective_args:
+    # Embedding and cross-encoder (rerank/score) models run on vLLM's pooling runner.
+    if model.task in (Task.EMBED, Task.SCORE) and "runner" not in deployment.effective_args:
         argv += ["--runner", "pooling"]
     return argv + to_argv(deployment.effective_args)
 
@@ -295,6 +296,8 @@ def warm_up(base_url: str, deployment: Deployment) -> None:
     model = deployment.model
     if model.task == Task.EMBED:
         path, body = "/v1/embeddings", {"model": model.served_name, "input": "warm-up"}
+    elif model.task == Task.SCORE:
+        path, body = "/v1/score", {"model": model.served_name, "text_1": "warm", "text_2": "up"}
     else:
         path, body = (
             "/v1/chat/completions",

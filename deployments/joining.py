@@ -23,6 +23,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from core.errors import Conflict
 from deployments.choices import NodeStatus
 from deployments.models import JoinToken, Node
 from tenants.audit import Actor, record
@@ -61,7 +62,7 @@ def create_join_token(actor: Actor, node_name: str, control_plane: str = "") -> 
     if not _NAME_RE.match(node_name):
         raise ValidationError({"node_name": "Lower-case letters, digits and -, at most 63."})
     if Node.objects.filter(name=node_name, join_tokens__used_at__isnull=False).exists():
-        raise ValidationError({"node_name": f"A node named {node_name} has joined already."})
+        raise Conflict({"node_name": f"A node named {node_name} has joined already."})
     prefix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
     secret = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
     token = f"{KIND}-{prefix}-{secret}"

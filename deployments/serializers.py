@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from config.api import RejectUnknownFieldsMixin
+from config.api import ModelSerializer, Serializer
 from deployments.models import (
     AllowedImage,
     CatalogModel,
@@ -18,7 +18,7 @@ from deployments.models import (
 from tenants.models import Tenant
 
 
-class CatalogModelSerializer(serializers.ModelSerializer):
+class CatalogModelSerializer(ModelSerializer):
     granted_tenants = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
 
     class Meta:
@@ -55,11 +55,11 @@ class CatalogModelSerializer(serializers.ModelSerializer):
         return data
 
 
-class GrantSerializer(serializers.Serializer):
+class GrantSerializer(Serializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
 
 
-class NodeSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+class NodeSerializer(ModelSerializer):
     class Meta:
         model = Node
         fields = [
@@ -94,9 +94,9 @@ class NodeSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         extra_kwargs = {"queue": {"required": False}}
 
 
-class ReplicaSerializer(serializers.ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    worker_node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+class ReplicaSerializer(ModelSerializer):
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    worker_node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = Replica
@@ -122,7 +122,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DeploymentSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+class DeploymentSerializer(ModelSerializer):
     model = serializers.SlugRelatedField(
         slug_field="served_name", queryset=CatalogModel.objects.all()
     )
@@ -189,10 +189,10 @@ class DeploymentSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
         return bool(deployment.upstream_key)
 
 
-class OperationSerializer(serializers.ModelSerializer):
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
+class OperationSerializer(ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    model = serializers.SlugRelatedField(slug_field="served_name", read_only=True, allow_null=True)
 
     class Meta:
         model = Operation
@@ -215,7 +215,7 @@ class OperationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EngineProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+class EngineProfileSerializer(ModelSerializer):
     class Meta:
         model = EngineProfile
         fields = [
@@ -231,14 +231,14 @@ class EngineProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSeriali
         read_only_fields = ["builtin", "created_at"]
 
 
-class AllowedImageSerializer(serializers.ModelSerializer):
+class AllowedImageSerializer(ModelSerializer):
     class Meta:
         model = AllowedImage
         fields = ["id", "pattern", "note", "created_at"]
         read_only_fields = ["created_at"]
 
 
-class StagedModelSerializer(serializers.ModelSerializer):
+class StagedModelSerializer(ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
@@ -248,18 +248,34 @@ class StagedModelSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class StageSerializer(serializers.Serializer):
+class StageSerializer(Serializer):
     node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all())
     image = serializers.CharField(help_text="Engine image whose Hugging Face CLI downloads.")
 
 
-class LogsSerializer(serializers.Serializer):
+class LogsQuerySerializer(serializers.Serializer):
+    """The query of ``…/logs/`` (other query parameters are not this serializer's)."""
+
+    replica = serializers.IntegerField(
+        min_value=0, default=0, help_text="Which replica (0 is the first)."
+    )
+    lines = serializers.IntegerField(
+        min_value=1, max_value=5000, default=200, help_text="How many of the last lines."
+    )
+
+
+class MemoryFitSerializer(Serializer):
+    fits = serializers.BooleanField()
+    message = serializers.CharField(help_text="The arithmetic, in words.")
+
+
+class LogsSerializer(Serializer):
     replica = serializers.IntegerField()
     lines = serializers.IntegerField()
     log = serializers.CharField()
 
 
-class JoinTokenRequestSerializer(serializers.Serializer):
+class JoinTokenRequestSerializer(Serializer):
     node_name = serializers.CharField(max_length=63, help_text="The new node's name.")
     control_plane = serializers.CharField(
         max_length=255,
@@ -269,7 +285,7 @@ class JoinTokenRequestSerializer(serializers.Serializer):
     )
 
 
-class JoinTokenSerializer(serializers.Serializer):
+class JoinTokenSerializer(Serializer):
     node_name = serializers.CharField()
     token = serializers.CharField(help_text="Shown only in this response.")
     expires_at = serializers.DateTimeField()

@@ -10,6 +10,7 @@ from django.db.models import Q, QuerySet
 
 from config.permissions import member_tenant_ids
 from core.changes import publish_change
+from core.errors import Conflict
 from deployments import placement, planner, runtime
 from deployments.choices import (
     DeploymentState,
@@ -129,9 +130,7 @@ def update_model(actor: Actor, model: CatalogModel, **changes: Any) -> CatalogMo
     """Change a catalogue entry (the served name stays stable while deployments use it)."""
     if "served_name" in changes and changes["served_name"] != model.served_name:
         if model.deployments.exists():
-            raise ValidationError(
-                {"served_name": "Stop and remove its deployments before renaming."}
-            )
+            raise Conflict({"served_name": "Stop and remove its deployments before renaming."})
     before = snapshot(model, MODEL_FIELDS)
     for name, value in changes.items():
         setattr(model, name, value)
@@ -145,9 +144,7 @@ def update_model(actor: Actor, model: CatalogModel, **changes: Any) -> CatalogMo
 def delete_model(actor: Actor, model: CatalogModel) -> None:
     """Remove a catalogue entry that nothing deployed or billed refers to."""
     if model.deployments.exists() or model.usage_events.exists():
-        raise ValidationError(
-            {"detail": "The model has deployments or usage; make it private instead."}
-        )
+        raise Conflict({"detail": "The model has deployments or usage; make it private instead."})
     record(actor, AuditAction.DELETE, model)
     publish_change("model", model.pk)
     model.delete()
@@ -159,7 +156,7 @@ def grant_model(actor: Actor, model: CatalogModel, tenant: Tenant) -> ModelGrant
         with transaction.atomic():
             grant = ModelGrant.objects.create(model=model, tenant=tenant)
     except IntegrityError:
-        raise ValidationError({"tenant": f"{tenant} already has {model}."}) from None
+        raise Conflict({"tenant": f"{tenant} already has {model}."}) from None
     record(actor, AuditAction.GRANT, model, tenant=tenant, changes={"tenant": tenant.slug})
     publish_change("tenant", tenant.pk)
     return grant
@@ -208,7 +205,7 @@ def update_node(actor: Actor, node: Node, **changes: Any) -> Node:
 def delete_node(actor: Actor, node: Node) -> None:
     """Remove a node nothing is deployed on."""
     if node.deployments.exists():
-        raise ValidationError(
+        raise Conflict(
             {"detail": "Deployments are pinned to this node; move or remove them first."}
         )
     record(actor, AuditAction.DELETE, node)
@@ -501,7 +498,7 @@ def delete_deployment(actor: Actor, deployment: Deployment) -> None:
         DeploymentState.PENDING,
         DeploymentState.FAILED,
     }:
-        raise ValidationError({"detail": "Stop the deployment before removing it."})
+        raise Conflict({"detail": "Stop the deployment before removing it."})
     record(actor, AuditAction.DELETE, deployment)
     publish_change("deployment", deployment.pk)
     deployment.delete()
@@ -511,9 +508,9 @@ def restart_deployment(actor: Actor, deployment: Deployment) -> Operation:
     """Replace every replica (drain, stop, start again), one after the other."""
 
     if deployment.external:
-        raise ValidationError({"detail": "Tollgate does not run external engines."})
+        raise Conflict({"detail": "Tollgate does not run external engines."})
     if deployment.desired_state != DesiredState.RUNNING:
-        raise ValidationError({"detail": "Start the deployment instead."})
+        raise Conflict({"detail": "Start the deployment instead."})
     with transaction.atomic():
         record(actor, AuditAction.ACTION, deployment, changes={"restart": True})
         return _queue(OperationKind.RESTART, deployment, actor)
@@ -572,7 +569,7 @@ def _validate_profile(profile: EngineProfile) -> None:
 def save_profile(actor: Actor, profile: EngineProfile, **changes: Any) -> EngineProfile:
     """Create or change an engine profile (built-in ones are read-only)."""
     if profile.builtin:
-        raise ValidationError({"detail": "Built-in profiles are read-only; copy one instead."})
+        raise Conflict({"detail": "Built-in profiles are read-only; copy one instead."})
     before = snapshot(profile, PROFILE_FIELDS) if profile.pk else {}
     for name, value in changes.items():
         setattr(profile, name, value)
@@ -585,7 +582,7 @@ def save_profile(actor: Actor, profile: EngineProfile, **changes: Any) -> Engine
 
 def delete_profile(actor: Actor, profile: EngineProfile) -> None:
     if profile.builtin:
-        raise ValidationError({"detail": "Built-in profiles cannot be removed."})
+        raise Conflict({"detail": "Built-in profiles cannot be removed."})
     record(actor, AuditAction.DELETE, profile)
     profile.delete()
 

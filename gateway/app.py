@@ -21,6 +21,7 @@ from core.credentials import INVALID_KEY, presented_key, unexpired
 from gateway import metrics, responses
 from gateway.errors import error_body, model_not_found
 from gateway.exchange import Exchange
+from gateway.messages import AnthropicSend
 from gateway.relay import respond
 from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo
@@ -30,8 +31,26 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/rerank": "rerank",
+    "/v1/score": "score",
     "/v1/responses": "responses",
 }
+# The model task (deployments.choices.Task) each endpoint needs, and how its error names it.
+ENDPOINT_TASKS = {
+    "chat": "generate",
+    "completions": "generate",
+    "messages": "generate",
+    "count_tokens": "generate",
+    "embeddings": "embed",
+    "rerank": "score",
+    "score": "score",
+    "responses": "generate",
+}
+TASK_KINDS = {"generate": "a chat/completion", "embed": "an embedding", "score": "a rerank/score"}
+# Endpoints that answer in Anthropic's dialect (errors included).
+ANTHROPIC = frozenset(("messages", "count_tokens"))
 # /v1 paths the Django application serves (files, batches, usage); every other /v1 path is
 # the gateway's, which answers unknown ones with OpenAI's JSON 404.
 DJANGO_V1 = ("/v1/usage", "/v1/files", "/v1/batches")
@@ -102,6 +121,9 @@ class Gateway:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path, method = scope["path"], scope["method"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint in ANTHROPIC:
+            send = AnthropicSend(send)
         if not self.host_allowed(scope):
             return await respond(send, 400, error_body("Invalid Host header."))
         if path == "/metrics":
@@ -112,7 +134,6 @@ class Gateway:
                     send, 405, error_body(f"Method {method} is not allowed on {path}.")
                 )
             return await self.list_models(scope, send, path)
-        endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             if path.startswith(responses.PREFIX):
                 return await self.kept_response(scope, send, path, method)
@@ -132,13 +153,15 @@ class Gateway:
         """The key and tenant for the request's credentials (core.credentials' rule: the
         snapshot holds only keys that were usable when it loaded); the same work for every
         failure."""
-        authorization = api_key = ""
+        authorization = api_key = x_api_key = ""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
             elif name == b"api-key":
                 api_key = value.decode("latin-1")
-        presented = presented_key(authorization, api_key)
+            elif name == b"x-api-key":
+                x_api_key = value.decode("latin-1")
+        presented = presented_key(authorization, api_key, x_api_key)
         snap = self.rt.snapshot
         prefix = parse_key(presented)
         key = snap.keys.get(prefix) if prefix else None
@@ -282,12 +305,11 @@ class Gateway:
         return payload, None
 
     def check_request(self, payload: dict, model: ModelInfo, endpoint: str) -> tuple | None:
-        wants_embed = endpoint == "embeddings"
-        if wants_embed != (model.task == "embed"):
-            kind = "an embedding" if model.task == "embed" else "a chat/completion"
+        if ENDPOINT_TASKS[endpoint] != model.task:
+            kind = TASK_KINDS.get(model.task, f"a {model.task}")
+            path = next(p for p, e in ENDPOINTS.items() if e == endpoint)
             return 400, error_body(
-                f"`{model.served_name}` is {kind} model and is not supported on "
-                f"/v1/{endpoint.replace('chat', 'chat/completions')}.",
+                f"`{model.served_name}` is {kind} model and is not supported on {path}.",
                 param="model",
                 code="model_not_supported",
             )

@@ -21,7 +21,7 @@ import redis.exceptions
 from core.keyspace import open_keys
 from core.pricing import cost_nano
 from core.usage import UsageRecord
-from gateway import metrics, responses
+from gateway import billing, messages, metrics, responses
 from gateway.admission import CLASS_INDEX, lowered
 from gateway.errors import error_body
 from gateway.limiter import Decision, Reservation
@@ -32,12 +32,29 @@ from gateway.relay import (
     UpstreamRefused,
     forward_stream,
     forward_whole,
+    read_usage,
     respond,
 )
 from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo, Upstream
 
 log = logging.getLogger("tollgate.gateway")
+
+# The engine path of each endpoint (gateway.app.ENDPOINTS maps client paths to endpoints).
+UPSTREAM_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "messages": "/v1/messages",
+    "count_tokens": "/v1/messages/count_tokens",
+    "rerank": "/v1/rerank",
+    "score": "/v1/score",
+    "responses": "/v1/responses",
+}
+# Endpoints whose streams take OpenAI's stream_options (the gateway asks for running usage).
+STREAM_OPTIONS = frozenset(("chat", "completions"))
+# Endpoints that generate nothing: no output tokens are reserved.
+PROMPT_ONLY = frozenset(("embeddings", "count_tokens", "rerank", "score"))
 
 # Body fields some SDKs and proxies use to redirect or re-authenticate traffic: never honoured.
 REDIRECT_FIELDS = (
@@ -122,7 +139,7 @@ def refusal(decision: Decision) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
 def estimate(body: bytes, payload: dict, model: ModelInfo, endpoint: str) -> tuple[int, int]:
     """(prompt, output) token reservation. ~4 bytes a token overestimates real prompts."""
     prompt = len(body) // 4 + 8
-    if endpoint == "embeddings":
+    if endpoint in PROMPT_ONLY:
         return prompt, 0
     asked = (
         payload.get("max_completion_tokens")
@@ -254,9 +271,8 @@ class Exchange:
         if preempts:
             payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
         changed = preempts or client_priority is not None
-        # Responses streams carry their usage in response.completed: no stream_options.
-        stream_usage = payload.get("stream") is True and self.plan is None
-        self.body = upstream_body(payload, self.body, stream_usage, changed)
+        stream_options = payload.get("stream") is True and self.endpoint in STREAM_OPTIONS
+        self.body = upstream_body(payload, self.body, stream_options, changed)
         admission = rt.admission
         kv = self.kv = admission.predicted_tokens(
             model.id, prompt_est, output_est, model.context_length
@@ -406,7 +422,8 @@ class Exchange:
             self.headers,
             self.disconnect,
         )
-        stream = payload.get("stream") is True
+        endpoint = self.endpoint
+        stream = payload.get("stream") is True and endpoint not in PROMPT_ONLY
         outcome = Outcome()
         st = None
         if stream:
@@ -421,8 +438,10 @@ class Exchange:
                 # The first checkpoint after a second: not in the way of the first token.
                 last_checkpoint=time.monotonic(),
             )
-        endpoint = self.endpoint
-        path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
+            if endpoint == "messages":
+                st.transform, st.error_frames = messages.transform_event, messages.stream_error
+        read = messages.read_usage if endpoint == "messages" else read_usage
+        path = UPSTREAM_PATHS[endpoint]
         up_headers = {"content-type": "application/json", "x-request-id": self.request_id}
         task = asyncio.current_task()
         disconnect.cancel_on = task
@@ -440,6 +459,7 @@ class Exchange:
                 upstream.outstanding += 1
                 metrics.in_flight[model_name] += 1
                 try:
+                    outcome.forwarded = True
                     url = upstream.base_url + path
                     sent_headers = up_headers
                     if upstream.auth_header:
@@ -470,10 +490,11 @@ class Exchange:
                         )
                     else:
                         await forward_whole(
-                            rt.session, url, self.body, sent_headers, send, headers, outcome
+                            rt.session, url, self.body, sent_headers, send, headers, outcome, read
                         )
                     break
                 except UpstreamRefused:
+                    outcome.forwarded = False
                     metrics.UPSTREAM_ERRORS.labels(model_name, "refused").inc()
                     continue  # nothing was sent yet: try the next replica
                 finally:
@@ -509,14 +530,9 @@ class Exchange:
                     error_body("The engine failed while answering. Please retry.", "server_error"),
                     headers,
                 )
-            else:
-                failed = error_body("The engine failed while answering.", "server_error")
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"data: " + failed + b"\n\ndata: [DONE]\n\n",
-                    }
-                )
+            elif st is not None:
+                failed = st.failure("The engine failed while answering.")
+                await send({"type": "http.response.body", "body": failed})
         finally:
             disconnect.cancel_on = None
         return outcome, chosen
@@ -536,8 +552,11 @@ class Exchange:
         self, reservation: Reservation, outcome: Outcome, upstream: Upstream | None
     ) -> None:
         """Bill what was delivered, release the reservation and the slot, record the usage."""
-        # Delivered tokens are billed however the request ended; nothing else is.
-        billable = outcome.status == "ok" or outcome.completion_tokens > 0
+        billable = billing.billable(self.endpoint, outcome)
+        if billable and not outcome.prompt_known and self.endpoint in billing.PROMPT_COUNTS:
+            await billing.count_prompt(
+                self.rt.session, self.endpoint, self.payload, outcome, upstream, self.upstreams
+            )
         if not billable:
             outcome.prompt_tokens = outcome.cached_tokens = outcome.completion_tokens = (
                 outcome.reasoning_tokens
@@ -568,6 +587,7 @@ class Exchange:
             latency_ms=int(latency * 1000),
             ttft_ms=outcome.ttft_ms,
             price_id=price.id if price else None,
+            prompt_estimated=outcome.prompt_estimated,
         )
         await self.rt.settle(reservation, tokens, money, record.encode(), model.id)
         metrics.request_done(

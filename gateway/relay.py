@@ -10,6 +10,7 @@ dump only when a frame has to change).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +51,33 @@ class Outcome:
     reasoning_tokens: int = 0
     ttft_ms: int | None = None
     started: bool = False  # response bytes went to the client
+    forwarded: bool = False  # the request was sent to an engine
+    prompt_known: bool = False  # the engine reported the prompt's tokens
+    prompt_estimated: bool = False  # neither the engine nor its tokenizer counted the prompt
+
+
+def carries_tokens(data: bytes) -> bool:
+    """Whether a chat or completion chunk with choices holds generated tokens: a role-only
+    chunk, an empty delta or the finishing chunk does not (unless it also carries reasoning
+    or a tool call). Inside JSON strings quotes are escaped, so the patterns cannot match
+    generated text."""
+    if (
+        b'"content":""' not in data
+        and b'"text":""' not in data
+        and b'"delta":{}' not in data
+        and b'"content":null' not in data
+    ):
+        return True
+    return (
+        b'"reasoning":"' in data or b'"reasoning_content":"' in data or b'"tool_calls":[{' in data
+    )
 
 
 def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
-    outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    # Rerank answers count only total_tokens (all of them prompt: nothing is generated).
+    prompt = usage.get("prompt_tokens", usage.get("total_tokens"))
+    outcome.prompt_tokens = int(prompt or 0)
+    outcome.prompt_known = outcome.prompt_tokens > 0
     outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
     details = usage.get("prompt_tokens_details")
     if isinstance(details, dict):
@@ -80,8 +104,10 @@ async def forward_whole(
     send: Any,
     extra_headers: list[tuple[bytes, bytes]],
     outcome: Outcome,
+    read: Callable[[Outcome, dict[str, Any]], None] = read_usage,
 ) -> None:
-    """Non-streaming: wait for the engine's answer and pass it on unchanged."""
+    """Non-streaming: wait for the engine's answer and pass it on unchanged (``read``: how
+    its ``usage`` is read)."""
     resp = await _post(session, url, body, headers)
     try:
         raw = await resp.read()
@@ -94,7 +120,7 @@ async def forward_whole(
         except (orjson.JSONDecodeError, AttributeError):
             usage = None
         if isinstance(usage, dict):
-            read_usage(outcome, usage)
+            read(outcome, usage)
         outcome.status = "ok"
     else:
         raw = normalise_upstream_error(resp.status, raw)
@@ -122,6 +148,17 @@ class StreamState:
     content_frames: int = 0
     checkpoint: Any = None  # async callable(outcome): records delivered tokens for crash recovery
     last_checkpoint: float = 0.0
+    transform: Any = None  # callable(frame, st) for another dialect's events (default: OpenAI's)
+    error_frames: Any = None  # callable(message) -> the frames that end a stream with an error
+
+    def elapsed_ms(self) -> int:
+        return int((time.perf_counter() - self.started_at) * 1000)
+
+    def failure(self, message: str) -> bytes:
+        """The frames that end this stream with Tollgate's error ``message``."""
+        if self.error_frames is not None:
+            return self.error_frames(message)
+        return b"data: " + error_body(message, "server_error") + b"\n\ndata: [DONE]\n\n"
 
 
 USAGE_MARK = b',"usage":'
@@ -139,7 +176,7 @@ def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
     if data == b"[DONE]":
         return b"data: [DONE]\n\n"
     if st.outcome.ttft_ms is None:
-        st.outcome.ttft_ms = int((time.perf_counter() - st.started_at) * 1000)
+        st.outcome.ttft_ms = st.elapsed_ms()
     at = data.rfind(USAGE_MARK)
     if at > 0 and data.endswith(b"}") and not data.startswith(b'{"error"'):
         try:
@@ -155,7 +192,7 @@ def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
                 return frame + b"\n\n"
             return b"data: " + data[:at] + b"}\n\n"
     elif at < 0 and not data.startswith(b'{"error"'):
-        if b'"choices":[{' in data:
+        if b'"choices":[{' in data and carries_tokens(data):
             st.content_frames += 1
         return frame + b"\n\n"
     return _transform_parsed(frame, data, st)
@@ -186,7 +223,7 @@ def _transform_parsed(frame: bytes, data: bytes, st: StreamState) -> bytes | Non
         elif not st.wants_continuous:
             del obj["usage"]
             return b"data: " + orjson.dumps(obj) + b"\n\n"
-    elif choices:
+    elif choices and carries_tokens(data):
         st.content_frames += 1
     return frame + b"\n\n"
 
@@ -194,6 +231,7 @@ def _transform_parsed(frame: bytes, data: bytes, st: StreamState) -> bytes | Non
 def read_usage_pending(st: StreamState, usage: dict[str, Any]) -> None:
     out = st.outcome
     out.prompt_tokens = int(usage.get("prompt_tokens") or out.prompt_tokens)
+    out.prompt_known = out.prompt_tokens > 0
     st.pending_completion = int(usage.get("completion_tokens") or 0)
     details = usage.get("prompt_tokens_details")
     if isinstance(details, dict):
@@ -242,6 +280,7 @@ async def forward_stream(
 
 async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
     outcome = st.outcome
+    transform = st.transform or transform_frame
     buffer = b""
     async for chunk in resp.content.iter_any():
         buffer += chunk
@@ -249,17 +288,12 @@ async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
         while (end := buffer.find(b"\n\n")) >= 0:
             frame, buffer = buffer[:end], buffer[end + 2 :]
             if frame:
-                shown = transform_frame(frame, st)
+                shown = transform(frame, st)
                 if shown is not None:
                     out.append(shown)
         if len(buffer) > max_frame:
             outcome.status = "error"
-            out.append(
-                b"data: "
-                + error_body("The engine sent an oversized event.", "server_error")
-                + b"\n\n"
-            )
-            out.append(b"data: [DONE]\n\n")
+            out.append(st.failure("The engine sent an oversized event."))
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
             break
         if out:

@@ -8,7 +8,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import UserScopedMixin
+from config.api import AdminViewSetMixin, UserScopedMixin
 from config.permissions import PlatformAdminWrites, admin_tenant_ids, member_tenant_ids
 from deployments.services import models_visible_to
 from metering import services
@@ -16,7 +16,9 @@ from metering.models import Price, UsageEvent
 from metering.serializers import PriceSerializer, UsageEventSerializer
 
 
-class PriceViewSet(UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+class PriceViewSet(
+    AdminViewSetMixin, UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
+):
     """Price versions per model. Creating a price starts a new version; none is ever edited."""
 
     serializer_class = PriceSerializer
@@ -44,7 +46,7 @@ class PriceViewSet(UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyMo
         return Response(self.get_serializer(price).data, status=status.HTTP_201_CREATED)
 
 
-class UsageEventViewSet(UserScopedMixin, viewsets.ReadOnlyModelViewSet):
+class UsageEventViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ReadOnlyModelViewSet):
     """One row per request. Tenant admins see their tenant's; members their own keys'."""
 
     serializer_class = UsageEventSerializer

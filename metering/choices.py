@@ -13,4 +13,8 @@ class Endpoint(models.TextChoices):
     CHAT = "chat", "/v1/chat/completions"
     COMPLETIONS = "completions", "/v1/completions"
     EMBEDDINGS = "embeddings", "/v1/embeddings"
+    MESSAGES = "messages", "/v1/messages"
+    COUNT_TOKENS = "count_tokens", "/v1/messages/count_tokens"
+    RERANK = "rerank", "/v1/rerank"
+    SCORE = "score", "/v1/score"
     RESPONSES = "responses", "/v1/responses"

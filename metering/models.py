@@ -86,6 +86,8 @@ class UsageEvent(models.Model):
     cached_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     reasoning_tokens = models.PositiveIntegerField(default=0)
+    # No engine counted the prompt (it went away): prompt_tokens is the gateway's estimate.
+    prompt_estimated = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=UsageStatus, default=UsageStatus.OK)
     http_status = models.PositiveSmallIntegerField(default=200)
     latency_ms = models.PositiveIntegerField(default=0)
@@ -153,6 +155,8 @@ class UsageRollup(models.Model):
     cached_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     reasoning_tokens = models.PositiveBigIntegerField(default=0)
+    # The part of prompt_tokens that is an estimate (UsageEvent.prompt_estimated).
+    estimated_prompt_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(**MONEY, default=Decimal(0))
 
     class Meta:
@@ -198,6 +202,8 @@ class UsageAdjustment(models.Model):
     cached_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     reasoning_tokens = models.PositiveBigIntegerField(default=0)
+    # The part of prompt_tokens that is an estimate (UsageEvent.prompt_estimated).
+    estimated_prompt_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(**MONEY, default=Decimal(0))
 
     class Meta:

@@ -24,9 +24,11 @@ from tenants.audit import Actor
 FREEZE_LOCK = 0x74676D65
 
 _COUNTS = """count(*), count(*) FILTER (WHERE status = 'error'), sum(prompt_tokens),
-    sum(cached_tokens), sum(completion_tokens), sum(reasoning_tokens), sum(cost)"""
+    sum(cached_tokens), sum(completion_tokens), sum(reasoning_tokens), sum(cost),
+    coalesce(sum(prompt_tokens) FILTER (WHERE prompt_estimated), 0)"""
 _COUNT_COLUMNS = (
-    "requests, errors, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, cost"
+    "requests, errors, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, cost, "
+    "estimated_prompt_tokens"
 )
 _ADD_COUNTS = ", ".join(
     f"{c} = t.{c} + EXCLUDED.{c}" for c in [c.strip() for c in _COUNT_COLUMNS.split(",")]

@@ -2,11 +2,12 @@
 
 from rest_framework import serializers
 
+from config.api import ModelSerializer
 from deployments.models import CatalogModel
 from metering.models import Price, UsageEvent
 
 
-class PriceSerializer(serializers.ModelSerializer):
+class PriceSerializer(ModelSerializer):
     model = serializers.SlugRelatedField(
         slug_field="served_name", queryset=CatalogModel.objects.all()
     )
@@ -37,11 +38,11 @@ class PriceSerializer(serializers.ModelSerializer):
         validators = []  # uniqueness is checked by the service with a readable message
 
 
-class UsageEventSerializer(serializers.ModelSerializer):
+class UsageEventSerializer(ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True)
+    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True, allow_null=True)
     model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = UsageEvent
@@ -58,6 +59,7 @@ class UsageEventSerializer(serializers.ModelSerializer):
             "cached_tokens",
             "completion_tokens",
             "reasoning_tokens",
+            "prompt_estimated",
             "status",
             "http_status",
             "latency_ms",

@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from core.changes import publish_change
+from core.errors import Conflict
 from deployments.models import CatalogModel
 from metering import export
 from metering.models import Price, UsageRollup
@@ -53,7 +54,7 @@ def set_price(
         with transaction.atomic():
             price.save()
     except IntegrityError:
-        raise ValidationError(
+        raise Conflict(
             {"effective_from": "A price for this model starts at that moment already."}
         ) from None
     record(

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from config.api import UserScopedMixin
+from config.api import AdminViewSetMixin, UserScopedMixin
 from config.permissions import (
     IsPlatformAdmin,
     PlatformAdminWrites,
@@ -46,7 +46,7 @@ def _forbid_unless_tenant_admin(request: Request, tenant: Tenant) -> None:
         raise PermissionDenied("Only tenant admins can do this.")
 
 
-class TenantViewSet(UserScopedMixin, viewsets.ModelViewSet):
+class TenantViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
     """Tenants. Platform admins manage all; tenant users see only their own."""
 
     serializer_class = TenantSerializer
@@ -96,7 +96,11 @@ class TenantViewSet(UserScopedMixin, viewsets.ModelViewSet):
 
 
 class ApiKeyViewSet(
-    UserScopedMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet
+    AdminViewSetMixin,
+    UserScopedMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    viewsets.ReadOnlyModelViewSet,
 ):
     """Inference API keys. Tenant admins manage their tenant's; members see the keys they made."""
 
@@ -143,7 +147,7 @@ class ApiKeyViewSet(
         return Response(self.get_serializer(key).data)
 
 
-class MembershipViewSet(UserScopedMixin, viewsets.ModelViewSet):
+class MembershipViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
     """Who belongs to a tenant and in which role. Tenant admins manage their tenant's."""
 
     serializer_class = MembershipSerializer
@@ -159,11 +163,12 @@ class MembershipViewSet(UserScopedMixin, viewsets.ModelViewSet):
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # Members learn nothing from validation (e.g. "already a member"): refuse them first.
+        slug = request.data.get("tenant")
         tenant = (
             Tenant.objects.filter(
-                slug=request.data.get("tenant"), pk__in=self.scope(request.user).values("tenant_id")
+                slug=slug, pk__in=self.scope(request.user).values("tenant_id")
             ).first()
-            if isinstance(request.data.get("tenant"), str)
+            if isinstance(slug, str)
             else None
         )
         if tenant is not None:
@@ -192,11 +197,14 @@ class MembershipViewSet(UserScopedMixin, viewsets.ModelViewSet):
         services.remove_member(self.request.user, instance)
 
 
-class UserViewSet(viewsets.ModelViewSet):
-    """Console users. Platform admins only."""
+class UserViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
+    """Console users, by username. Platform admins only."""
 
     serializer_class = UserSerializer
     permission_classes = [IsPlatformAdmin]
+    lookup_field = "username"
+    lookup_value_regex = r"[^/]+"
+    legacy_pk_lookup = True
     queryset = User.objects.order_by("username").prefetch_related("memberships__tenant")
     filterset_fields = ["is_staff", "is_active"]
     http_method_names = ["get", "post", "patch", "head", "options"]
@@ -210,7 +218,9 @@ class UserViewSet(viewsets.ModelViewSet):
         )
 
 
-class AdminTokenViewSet(UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+class AdminTokenViewSet(
+    AdminViewSetMixin, UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
+):
     """Your own admin API tokens (`Authorization: Bearer tga-…`)."""
 
     serializer_class = AdminTokenSerializer
@@ -238,7 +248,7 @@ class AdminTokenViewSet(UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadO
         return Response(self.get_serializer(token).data)
 
 
-class AuditLogViewSet(UserScopedMixin, viewsets.ReadOnlyModelViewSet):
+class AuditLogViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ReadOnlyModelViewSet):
     """Who changed what. Platform admins see all; tenant admins their tenant's entries."""
 
     serializer_class = AuditLogSerializer

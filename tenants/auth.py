@@ -17,8 +17,9 @@ INVALID = "Invalid or expired admin API token."
 
 def authenticate_api_key(request: HttpRequest) -> ApiKey | None:
     """The usable tenant key the request presents (with its tenant), checked in constant time."""
+    headers = request.headers
     presented = presented_key(
-        request.headers.get("Authorization", ""), request.headers.get("api-key", "")
+        headers.get("Authorization", ""), headers.get("api-key", ""), headers.get("x-api-key", "")
     )
     prefix = parse_key(presented)
     key = (

@@ -5,13 +5,14 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
+from config.api import ModelSerializer, Serializer
 from deployments.models import CatalogModel
 from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, AuditLog, Membership, Tenant
 
 User = get_user_model()
 
 
-class TenantSerializer(serializers.ModelSerializer):
+class TenantSerializer(ModelSerializer):
     allowed_models = serializers.SlugRelatedField(
         slug_field="served_name",
         many=True,
@@ -78,11 +79,13 @@ class VisibleModelsField(serializers.SlugRelatedField):
         return models_visible_to(self.context["request"].user)
 
 
-class ApiKeySerializer(serializers.ModelSerializer):
+class ApiKeySerializer(ModelSerializer):
     tenant = TenantSlugField()
     key_hint = serializers.CharField(source="masked", read_only=True)
     status = serializers.CharField(read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     allowed_models = VisibleModelsField(
         many=True, required=False, help_text="Empty: every model the tenant may use."
     )
@@ -129,7 +132,7 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
         fields = [*ApiKeySerializer.Meta.fields, "key"]
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(ModelSerializer):
     tenant = TenantSlugField()
     user = serializers.SlugRelatedField(
         slug_field="username", queryset=User.objects.filter(is_active=True)
@@ -141,7 +144,7 @@ class MembershipSerializer(serializers.ModelSerializer):
         read_only_fields = ["created_at"]
 
 
-class UserSerializer(serializers.ModelSerializer):
+class UserSerializer(ModelSerializer):
     password = serializers.CharField(
         write_only=True, required=False, style={"input_type": "password"}
     )
@@ -171,7 +174,7 @@ class UserSerializer(serializers.ModelSerializer):
         ]
 
 
-class AdminTokenSerializer(serializers.ModelSerializer):
+class AdminTokenSerializer(ModelSerializer):
     token_hint = serializers.SerializerMethodField()
 
     class Meta:
@@ -201,8 +204,8 @@ class AdminTokenCreatedSerializer(AdminTokenSerializer):
         fields = [*AdminTokenSerializer.Meta.fields, "token"]
 
 
-class AuditLogSerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+class AuditLogSerializer(ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = AuditLog
@@ -220,7 +223,7 @@ class AuditLogSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class BoostSerializer(serializers.Serializer):
+class BoostSerializer(Serializer):
     minutes = serializers.IntegerField(
         min_value=0, max_value=24 * 60, help_text="0 ends the boost."
     )

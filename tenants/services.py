@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from core.changes import publish_change
+from core.errors import Conflict
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, Role, TenantStatus
 from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key
@@ -35,11 +36,13 @@ KEY_FIELDS = ["name", "expires_at", *LIMIT_FIELDS]
 
 # --- Tenants ----------------------------------------------------------------------------
 
+PLATFORM_SLUG = "platform"
+
 
 def _unique_slug(name: str) -> str:
     base = slugify(name)[:56] or "tenant"
     slug, n = base, 1
-    while Tenant.objects.filter(slug=slug).exists():
+    while slug == PLATFORM_SLUG or Tenant.objects.filter(slug=slug).exists():
         n += 1
         slug = f"{base}-{n}"
     return slug
@@ -51,6 +54,8 @@ def create_tenant(
 ) -> Tenant:
     """A new tenant with the default limits unless given; slug derived from the name."""
     fields.setdefault("slug", _unique_slug(name))
+    if fields["slug"] == PLATFORM_SLUG:
+        raise ValidationError({"slug": f"{PLATFORM_SLUG!r} is Tollgate's own tenant's slug."})
     tenant = Tenant(name=name, **fields)
     tenant.full_clean()
     tenant.save()
@@ -59,6 +64,23 @@ def create_tenant(
     record(
         actor, AuditAction.CREATE, tenant, tenant=tenant, changes=snapshot(tenant, TENANT_FIELDS)
     )
+    return tenant
+
+
+def platform_tenant() -> Tenant:
+    """Tollgate's own tenant, made on first use: platform admins' playground chats bill to it,
+    and showback leaves it out unless asked for by name (``?tenant=platform``)."""
+    tenant = Tenant.objects.filter(slug=PLATFORM_SLUG).first()
+    if tenant is None:
+        with transaction.atomic():
+            tenant, _ = Tenant.objects.get_or_create(
+                slug=PLATFORM_SLUG,
+                defaults={"name": "Platform (staff tests)", "internal": True, "quota_tokens": None},
+            )
+    if not tenant.internal:
+        raise ValidationError(
+            {"tenant": f"A customer tenant uses the slug {PLATFORM_SLUG!r}; rename it first."}
+        )
     return tenant
 
 
@@ -135,7 +157,7 @@ def add_member(
         with transaction.atomic():
             membership = Membership.objects.create(tenant=tenant, user=user, role=role)
     except IntegrityError:
-        raise ValidationError({"user": f"{user} is already a member of {tenant}."}) from None
+        raise Conflict({"user": f"{user} is already a member of {tenant}."}) from None
     record(actor, AuditAction.CREATE, membership, tenant=tenant, changes={"role": role})
     return membership
 
@@ -172,7 +194,7 @@ def _ensure_another_admin(membership: Membership) -> None:
         pk=membership.pk
     )
     if not others.exists():
-        raise ValidationError({"role": "A tenant must keep at least one tenant admin."})
+        raise Conflict({"role": "A tenant must keep at least one tenant admin."})
 
 
 # --- API keys ---------------------------------------------------------------------------
@@ -385,6 +407,16 @@ def reset_password(actor: Actor, user: AbstractBaseUser) -> str:
     return password
 
 
+def password_login_allowed(username: str) -> bool:
+    """Whether a local password may sign this user in: always, unless single sign-on is
+    the only way in (``TOLLGATE_SSO_ONLY``), which leaves only the break-glass admin's."""
+    from django.conf import settings
+
+    if not (settings.TOLLGATE_SSO_ENABLED and settings.TOLLGATE_SSO_ONLY):
+        return True
+    return bool(username) and username == settings.TOLLGATE_BREAK_GLASS_USERNAME
+
+
 def must_change_password(user: AbstractBaseUser) -> bool:
     return Account.objects.filter(user=user, must_change_password=True).exists()
 
@@ -417,6 +449,11 @@ def update_user(
     """Change a console user's details, role flags or password."""
     from django.contrib.auth.password_validation import validate_password
 
+    if actor is not None and actor.pk == user.pk:
+        # Nobody locks themselves out: another platform admin has to do it.
+        for flag in ("is_staff", "is_active"):
+            if changes.get(flag) is False and getattr(user, flag):
+                raise Conflict({flag: "You cannot take this away from yourself."})
     before = snapshot(user, ["username", "email", "is_staff", "is_active"])
     for name, value in changes.items():
         setattr(user, name, value)
@@ -441,7 +478,7 @@ def update_user(
 def delete_tenant(actor: Actor, tenant: Tenant) -> None:
     """Remove a tenant that was never billed; one with usage is suspended instead."""
     if tenant.usage_events.exists():
-        raise ValidationError({"detail": "The tenant has usage on record; suspend it instead."})
+        raise Conflict({"detail": "The tenant has usage on record; suspend it instead."})
     record(actor, AuditAction.DELETE, tenant)
     publish_change("tenant", tenant.pk)
     tenant.delete()

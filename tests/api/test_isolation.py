@@ -6,6 +6,7 @@ router itself, so a new endpoint without a row here fails). Every refused call m
 leave every Tollgate table exactly as it was.
 """
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -402,8 +403,11 @@ def test_tenant_b_admin_cannot_reach_tenant_a(
     call: Call, world: World, client_for: Callable[..., APIClient]
 ) -> None:
     response = _send_and_check_db(call, client_for(world.carol), world)
-    # Whatever the answer, nothing of tenant A is in it.
+    # Whatever the answer, nothing of tenant A is in it (a problem's ``instance`` is only
+    # the path Carol asked for herself, so it is left out of the search).
     body = response.content.decode()
+    if response["Content-Type"] == "application/problem+json":
+        body = json.dumps({k: v for k, v in response.json().items() if k != "instance"})
     for secret in [
         '"acme"',
         "Acme Research",
@@ -441,7 +445,8 @@ def test_key_and_membership_creation_for_another_tenant_reads_like_an_unknown_te
         acme = carol.post(path, {**body, "tenant": "acme"}, format="json")
         nope = carol.post(path, {**body, "tenant": "nope"}, format="json")
         assert acme.status_code == nope.status_code == 400
-        assert acme.json()["tenant"] == [m.replace("nope", "acme") for m in nope.json()["tenant"]]
+        assert acme.json() == json.loads(json.dumps(nope.json()).replace("nope", "acme"))
+        assert any(e["field"] == "tenant" for e in acme.json()["errors"])
 
 
 def test_a_private_model_of_tenant_a_reads_like_an_unknown_model_in_carols_key_requests(
@@ -454,7 +459,9 @@ def test_a_private_model_of_tenant_a_reads_like_an_unknown_model_in_carols_key_r
         body = {"tenant": "bravo", "name": "probe", "allowed_models": [name]}
         response = carol.post("/api/v1/keys/", body, format="json")
         assert response.status_code == 400
-        answers[name] = str(response.json()["allowed_models"]).replace(name, "<name>")
+        errors = [e for e in response.json()["errors"] if e["field"] == "allowed_models"]
+        assert errors, response.json()
+        answers[name] = response.content.decode().replace(name, "<name>")
     assert answers["acme-secret-70b"] == answers["no-such-model"]
 
 

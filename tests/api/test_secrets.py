@@ -2,6 +2,7 @@
 the admin API lets in."""
 
 import io
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -199,7 +200,11 @@ def test_anonymous_requests_get_401_on_every_route(
     response = APIClient().generic(method, path, data="{}", content_type="application/json")
     assert response.status_code == 401, response.content[:300]
     assert response["WWW-Authenticate"] == "Bearer"
-    assert "acme" not in response.content.decode()
+    assert response["Content-Type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["status"] == 401 and problem["instance"] == path
+    # Nothing but the path the caller asked for names the tenant.
+    assert "acme" not in json.dumps({k: v for k, v in problem.items() if k != "instance"})
     assert db_state() == before
 
 

@@ -1,4 +1,5 @@
-"""Bad input is a 400 that names the field, and nothing is written.
+"""Bad input is a 400 (a taken name or a forbidden state change a 409) problem naming the
+field, and nothing is written.
 
 Each row: who sends it, the route and method, whose object, the body, and the field the
 answer must name. The database must be exactly as before afterwards (a service that saves
@@ -15,7 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from metering import services as metering_services
-from tests.api.conftest import Call, World, db_state
+from tests.api.conftest import Call, World, db_state, expected
 
 PAST = lambda: (timezone.now() - timedelta(days=1)).isoformat()  # noqa: E731
 HOUR_AGO = lambda: (timezone.now() - timedelta(hours=1)).isoformat()  # noqa: E731
@@ -136,16 +137,16 @@ CASES = [
     # Members: one tenant admin always remains; roles and users must exist; no duplicates.
     (
         "alice",
-        Call("membership-detail", "PATCH", 400, ALICE_MEMBERSHIP, lambda w: {"role": "member"}),
+        Call("membership-detail", "PATCH", 409, ALICE_MEMBERSHIP, lambda w: {"role": "member"}),
         "role",
     ),
-    ("alice", Call("membership-detail", "DELETE", 400, ALICE_MEMBERSHIP), "role"),
+    ("alice", Call("membership-detail", "DELETE", 409, ALICE_MEMBERSHIP), "role"),
     (
         "alice",
         Call(
             "membership-list",
             "POST",
-            400,
+            409,
             body=lambda w: {"tenant": "acme", "user": "bob", "role": "admin"},
         ),
         "user",
@@ -171,7 +172,7 @@ CASES = [
         "user",
     ),
     # Tenants.
-    ("root", Call("tenant-list", "POST", 400, body=tenant_body(slug="acme")), "slug"),
+    ("root", Call("tenant-list", "POST", 409, body=tenant_body(slug="acme")), "slug"),
     ("root", Call("tenant-list", "POST", 400, body=tenant_body(slug="Not a slug!")), "slug"),
     ("root", Call("tenant-list", "POST", 400, body=tenant_body(currency="usd")), "currency"),
     ("root", Call("tenant-list", "POST", 400, body=tenant_body(currency="EURO")), "currency"),
@@ -189,7 +190,7 @@ CASES = [
     ),
     (
         "root",
-        Call("tenant-detail", "PATCH", 400, lambda w: "acme", lambda w: {"slug": "bravo"}),
+        Call("tenant-detail", "PATCH", 409, lambda w: "acme", lambda w: {"slug": "bravo"}),
         "slug",
     ),
     # Users: Django's password validators apply.
@@ -210,7 +211,7 @@ CASES = [
         Call(
             "user-list",
             "POST",
-            400,
+            409,
             body=user_body(username="alice", password="a long enough passphrase 9"),
         ),
         "username",
@@ -247,7 +248,7 @@ CASES = [
     ("root", Call("price-list", "POST", 400, body=price_body(model="no-such-model")), "model"),
     (
         "root",
-        Call("price-list", "POST", 400, body=price_body(effective_from=FIXED_FUTURE)),
+        Call("price-list", "POST", 409, body=price_body(effective_from=FIXED_FUTURE)),
         "effective_from",
     ),  # a version starting at that moment exists already (see fixture)
     # Deployments: engine flags from the allow-list only, allowed images only.
@@ -324,7 +325,7 @@ CASES = [
         "node",
     ),
     ("root", Call("deployment-list", "POST", 400, body=deployment_body(replicas=17)), "replicas"),
-    ("root", Call("deployment-list", "POST", 400, body=deployment_body(name="qwen-main")), "name"),
+    ("root", Call("deployment-list", "POST", 409, body=deployment_body(name="qwen-main")), "name"),
     (
         "root",
         Call(
@@ -349,7 +350,7 @@ CASES = [
     ),
     (
         "root",
-        Call("catalogmodel-list", "POST", 400, body=model_body(served_name="qwen3-8b")),
+        Call("catalogmodel-list", "POST", 409, body=model_body(served_name="qwen3-8b")),
         "served_name",
     ),
     (
@@ -372,7 +373,7 @@ CASES = [
         Call(
             "catalogmodel-grant",
             "POST",
-            400,
+            409,
             lambda w: w.private_model_a.pk,
             lambda w: {"tenant": "acme"},
         ),
@@ -405,7 +406,7 @@ CASES = [
         Call(
             "node-list",
             "POST",
-            400,
+            409,
             body=lambda w: {"name": "spark-1", "docker_url": "tcp://x:2375"},
         ),
         "name",
@@ -423,7 +424,7 @@ CASES = [
 @pytest.mark.parametrize(
     ("who", "call", "field"), CASES, ids=[f"{c[1].id} {c[2]} #{i}" for i, c in enumerate(CASES)]
 )
-def test_bad_input_is_a_400_naming_the_field_and_nothing_is_written(
+def test_bad_input_is_a_problem_naming_the_field_and_nothing_is_written(
     who: str, call: Call, field: str, world: World, client_for: Callable[..., APIClient]
 ) -> None:
     metering_services.set_price(
@@ -437,13 +438,15 @@ def test_bad_input_is_a_400_naming_the_field_and_nothing_is_written(
     client = client_for(getattr(world, who))
     before = db_state()
     response = call.send(client, world)
-    assert response.status_code == 400, response.content[:300]
-    errors = response.json()
-    # The field is a key of the answer, or (for DRF's unique-together check) named in the
-    # message of a non-field error.
-    if field not in errors:
-        assert any(field in m for m in errors.get("non_field_errors", [])), errors
-        field = "non_field_errors"
-    messages = errors[field] if isinstance(errors[field], list) else [errors[field]]
-    assert messages and all(isinstance(m, str) and m.strip() for m in messages), errors
+    assert response.status_code in expected(call.status), response.content[:300]
+    assert response["Content-Type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["status"] == response.status_code
+    # The field is named in the problem's errors, or (for a check across fields) in the
+    # message of an error about the request as a whole.
+    messages = [e["message"] for e in problem["errors"] if e["field"] == field]
+    if not messages:
+        messages = [e["message"] for e in problem["errors"] if e["field"] is None]
+        assert any(field in m for m in messages), problem
+    assert messages and all(isinstance(m, str) and m.strip() for m in messages), problem
     assert db_state() == before

@@ -1,5 +1,6 @@
 """The appliance end to end: `docker compose up -d` with the locally built images, then
-what an admin and a tenant do through the one published port, and `docker compose down`.
+what an admin and a tenant do through its HTTPS front (Caddy with its internal CA, whose
+root the clients pin), and `docker compose down`.
 
 Needs the images from `scripts/build-images compose` and Docker Compose v2
 (`./scripts/test compose` provides both). Each run is its own Compose project on a free
@@ -12,6 +13,7 @@ import io
 import json
 import os
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -34,7 +36,10 @@ LOCAL_IMAGES = {
     "TOLLGATE_PYTHON_IMAGE": "tollgate/python:3.11-bookworm",
     "TOLLGATE_POSTGRES_IMAGE": "tollgate/postgres:bookworm",
     "TOLLGATE_REDIS_IMAGE": "tollgate/redis:bookworm",
+    "TOLLGATE_CADDY_IMAGE": "tollgate/caddy:bookworm",
 }
+# Where the `https` service keeps its internal CA's root certificate (README.md, "HTTPS").
+CA_PATH = "/data/caddy/pki/authorities/local/root.crt"
 SIM_IMAGE = "tollgate/engine-sim:latest"
 
 
@@ -46,16 +51,22 @@ def free_port() -> int:
 
 @dataclass
 class Stack:
-    """One Compose project of the appliance, driven through the `docker compose` CLI."""
+    """One Compose project of the appliance, driven through the `docker compose` CLI.
+
+    ``port`` is its HTTPS port; ``ca`` the file holding the root certificate of the stack's
+    internal CA once ``fetch_ca`` has exported it: every client here trusts that and
+    nothing else (not the system store, not "verify off").
+    """
 
     project: str
     port: int
     env: dict[str, str]
     token: str = ""
+    ca: str = ""
     url: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://127.0.0.1:{self.port}"
 
     def compose(self, *args: str, check: bool = True, timeout: float = 300) -> str:
         cmd = [
@@ -74,17 +85,40 @@ class Stack:
             raise AssertionError(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
 
+    def fetch_ca(self, timeout: float = 60) -> str:
+        """Exports the internal CA's root certificate, as README.md tells an admin to."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pem = self.compose("exec", "-T", "https", "cat", CA_PATH, check=False)
+            if "BEGIN CERTIFICATE" in pem or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert "BEGIN CERTIFICATE" in pem, self.compose("logs", "https", check=False)
+        path = ROOT / ".pytest-compose" / f"{self.project}-ca.crt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(pem)
+        self.ca = str(path)
+        return self.ca
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        """An HTTP client that trusts exactly the stack's CA."""
+        return httpx.Client(base_url=self.url, verify=self.tls(), timeout=30, **kwargs)
+
+    def tls(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.ca)
+
     def api(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"}
-        )
+        return self.client(headers={"Authorization": f"Bearer {self.token}"})
 
     def wait_healthy(self, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
+        if not self.ca:
+            self.fetch_ca()
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200:
-                    return
+                with self.client() as client:
+                    if client.get("/healthz", timeout=5).status_code == 200:
+                        return
             except httpx.HTTPError:
                 pass
             time.sleep(1)
@@ -118,9 +152,12 @@ def compose_env(project: str, port: int) -> dict[str, str]:
     env.update({name: os.environ.get(name, default) for name, default in LOCAL_IMAGES.items()})
     env.update(
         {
-            "TOLLGATE_HTTP_PORT": str(port),
+            "TOLLGATE_HTTPS_PORT": str(port),
+            "TOLLGATE_HTTP_PORT": str(free_port()),
+            "TOLLGATE_TLS_NAMES": "127.0.0.1, localhost",
+            "TOLLGATE_TLS_DEFAULT_NAME": "127.0.0.1",
             "TOLLGATE_BIND_ADDRESS": "127.0.0.1",
-            "TOLLGATE_PUBLIC_URL": f"http://127.0.0.1:{port}",
+            "TOLLGATE_PUBLIC_URL": f"https://127.0.0.1:{port}",
             "TOLLGATE_ADMIN_PASSWORD": ADMIN_PASSWORD,
             "TOLLGATE_STACK_ID": project,
             "TOLLGATE_ENGINE_NETWORK": f"{project}-engines",
@@ -243,6 +280,31 @@ class Traffic:
                 time.sleep(0.2)
 
 
+def stream_unbuffered(client: OpenAI, model: str) -> str:
+    """Server-sent events come through the TLS front as the engine makes them, not in one
+    piece at the end: the simulator decodes 50 tokens/s by default, so 40 tokens take
+    ~0.8 s and half of them must have arrived in the first half of that."""
+    start = time.monotonic()
+    raw = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=40,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    arrivals = [
+        time.monotonic() - start
+        for chunk in raw.parse()
+        if chunk.choices and chunk.choices[0].delta.content
+    ]
+    assert len(arrivals) >= 30, arrivals
+    total = arrivals[-1]
+    assert total > 0.5, arrivals  # the engine took its time...
+    assert arrivals[0] < total / 3, arrivals  # ...and the first token did not wait for it
+    assert sum(1 for a in arrivals if a < total / 2) >= 10, arrivals
+    return raw.headers["x-request-id"]
+
+
 def test_docker_proxy_allows_only_what_the_worker_needs(stack: Stack) -> None:
     """The docker-proxy service is the Docker API policy: it answers the worker's calls and
     refuses exec and privileged containers however they are spelt; web cannot reach it."""
@@ -309,6 +371,196 @@ print(json.dumps({
         "except OSError: print('unreachable')",
     )
     assert unreachable.strip() == "unreachable"
+
+
+def test_https_front_redirects_pins_and_hardens(stack: Stack) -> None:
+    """Only the TLS front is published: plain HTTP redirects to HTTPS, the certificate is
+    the stack's own CA's (a client trusting only the system store refuses it), every
+    answer carries HSTS, the session cookie is Secure, and `check --deploy` is clean."""
+    http_port = stack.env["TOLLGATE_HTTP_PORT"]
+    plain = httpx.get(f"http://127.0.0.1:{http_port}/v1/models?x=1", timeout=10)
+    assert plain.status_code == 308
+    assert plain.headers["location"] == f"https://127.0.0.1:{stack.port}/v1/models?x=1"
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{stack.url}/healthz", timeout=10)
+    # The certificate names both the address and the name the admin listed.
+    with httpx.Client(base_url=f"https://localhost:{stack.port}", verify=stack.tls()) as named:
+        assert named.get("/healthz").status_code == 200
+
+    with stack.client() as client:
+        hsts = "max-age=31536000; includeSubDomains"
+        gateway = client.get("/v1/models")
+        assert gateway.status_code == 401 and gateway.headers.get_list(
+            "strict-transport-security"
+        ) == [hsts]
+        login = client.get("/login/")
+        assert login.status_code == 200
+        assert login.headers.get_list("strict-transport-security") == [hsts]
+        csrf = next(c for c in login.headers.get_list("set-cookie") if c.startswith("csrftoken="))
+        assert "Secure" in csrf
+        # A form post from the public origin passes CSRF (a failed login, not a 403).
+        failed = client.post(
+            "/login/",
+            data={
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+                "username": "admin",
+                "password": "not-the-password",
+            },
+            headers={"Referer": f"{stack.url}/login/", "Origin": stack.url},
+        )
+        assert failed.status_code == 200, failed.text  # CSRF refusals are 403
+        assert "Please enter a correct" in failed.text
+
+    deploy = stack.compose(
+        "exec", "-T", "web", "tollgate", "manage", "check", "--deploy", "--fail-level", "WARNING"
+    )
+    assert "no issues" in deploy
+
+
+def chromium_home_trusting(ca: str, home: Path) -> Path:
+    """A HOME whose NSS database trusts the stack's CA, as an admin's browser would once
+    they imported it (README.md, "HTTPS"): Chromium on Linux reads $HOME/.pki/nssdb."""
+    nssdb = home / ".pki" / "nssdb"
+    nssdb.mkdir(parents=True)
+    subprocess.run(["certutil", "-N", "-d", f"sql:{nssdb}", "--empty-password"], check=True)
+    subprocess.run(
+        ["certutil", "-A", "-d", f"sql:{nssdb}", "-n", "tollgate-ca", "-t", "C,,", "-i", ca],
+        check=True,
+    )
+    return home
+
+
+@pytest.mark.browser
+def test_console_login_over_https_in_chromium(stack: Stack, tmp_path: Path) -> None:
+    """The admin logs in to the console in Chromium over HTTPS, certificate errors not
+    ignored: the browser trusts the exported CA. Typing the plain-HTTP address lands on
+    HTTPS, and the session cookie is Secure and HttpOnly."""
+    from playwright.sync_api import sync_playwright
+
+    home = chromium_home_trusting(stack.ca, tmp_path)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"],
+            env={**os.environ, "HOME": str(home)},
+        )
+        try:
+            context = browser.new_context()  # ignore_https_errors stays False
+            page = context.new_page()
+            page.goto(f"http://127.0.0.1:{stack.env['TOLLGATE_HTTP_PORT']}/login/")
+            assert page.url == f"{stack.url}/login/"
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", ADMIN_PASSWORD)
+            page.click("button:has-text('Log in')")
+            page.wait_for_url(f"{stack.url}/dashboard/")
+            assert page.evaluate("window.isSecureContext") is True
+            session = next(c for c in context.cookies() if c["name"] == "sessionid")
+            assert session["secure"] and session["httpOnly"]
+        finally:
+            browser.close()
+
+
+def test_gateway_process_cannot_write_tenants_keys_or_prices(stack: Stack) -> None:
+    """The gateway service (/v1) connects as PostgreSQL's gateway role: its writes to
+    tenants, API keys (but their last use), prices and users fail, and it holds neither the
+    owner's database password nor a path to it. In Redis it is the `gateway` ACL user: its
+    own keys, no deploy or node queue, no dangerous command; strangers may only PING."""
+    code = """
+import json, os
+from django.db import connection, transaction
+from django.db.utils import ProgrammingError
+from django.utils import timezone
+from django.contrib.auth import get_user_model
+from tenants.models import ApiKey, Tenant
+from metering.models import Price
+def redis_attempts():
+    import redis
+    from core.keyspace import rkey
+    from core.redis import get_redis
+    r = get_redis()
+    def run(*command):
+        try:
+            r.execute_command(*command)
+            return "ok"
+        except redis.exceptions.NoPermissionError:
+            return "refused"
+    anonymous = redis.Redis(host="redis", port=6379)
+    try:
+        anonymous.get(rkey("anything"))
+        stranger = "ok"
+    except redis.exceptions.NoPermissionError:
+        stranger = "refused"
+    return {
+        "whoami": r.execute_command("ACL", "WHOAMI").decode(),
+        "own_key": run("SET", rkey("acl-probe"), "1"),
+        "deploy_queue": run("LPUSH", "control", "{}"),
+        "node_queue": run("LPUSH", "node.local", "{}"),
+        "other_key": run("GET", "celery-task-meta-x"),
+        "flushall": run("FLUSHALL"),
+        "config": run("CONFIG", "GET", "*"),
+        "keys": run("KEYS", "*"),
+        "anonymous_get": stranger,
+        "anonymous_ping": anonymous.ping(),
+    }
+def attempt(write):
+    try:
+        with transaction.atomic():
+            write()
+        return "written"
+    except ProgrammingError as exc:
+        return "refused" if "permission denied" in str(exc) else repr(exc)
+print(json.dumps({
+    "user": connection.settings_dict["USER"],
+    "tenant": attempt(lambda: Tenant.objects.create(name="Evil", slug="evil")),
+    "rename": attempt(lambda: Tenant.objects.update(name="owned")),
+    "revoke": attempt(lambda: ApiKey.objects.update(revoked_at=timezone.now())),
+    "price": attempt(lambda: Price.objects.update(output_per_mtok=0)),
+    "admin": attempt(lambda: get_user_model().objects.update(is_superuser=True)),
+    "key_use": attempt(lambda: ApiKey.objects.update(last_used_at=timezone.now())),
+    "secrets": sorted(os.listdir("/var/lib/tollgate/secrets")),
+    "owner_password_in_env": any("postgres_password" in v for v in os.environ.values()),
+    "redis": redis_attempts(),
+}))
+"""
+    out = stack.compose("exec", "-T", "gateway", "tollgate", "manage", "shell", "-c", code)
+    answers = json.loads(out.strip().splitlines()[-1])
+    assert answers == {
+        "user": "tollgate_gateway",
+        "tenant": "refused",
+        "rename": "refused",
+        "revoke": "refused",
+        "price": "refused",
+        "admin": "refused",
+        "key_use": "written",
+        "secrets": ["gateway_db_password", "key_pepper", "redis_gateway_password", "secret_key"],
+        "owner_password_in_env": False,
+        # Redis: the gateway's ACL user reaches Tollgate's own keys and nothing else.
+        "redis": {
+            "whoami": "gateway",
+            "own_key": "ok",
+            "deploy_queue": "refused",
+            "node_queue": "refused",
+            "other_key": "refused",
+            "flushall": "refused",
+            "config": "refused",
+            "keys": "refused",
+            "anonymous_get": "refused",
+            "anonymous_ping": True,
+        },
+    }
+    # The control plane's processes are the `tollgate` user, not the unrestricted default.
+    whoami = stack.compose(
+        "exec",
+        "-T",
+        "web",
+        "tollgate",
+        "manage",
+        "shell",
+        "-c",
+        "from core.redis import get_redis; print(get_redis().execute_command('ACL', 'WHOAMI'))",
+    )
+    assert whoami.strip().splitlines()[-1] == "b'tollgate'"
 
 
 def test_compose_appliance_end_to_end(stack: Stack) -> None:
@@ -379,10 +631,17 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     )[0]
     assert network["Internal"] is True
 
-    # A tenant calls it with the official SDK through the published port.
-    client = OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=30)
+    # A tenant calls it with the official SDK over HTTPS, pinning the appliance's CA.
+    client = OpenAI(
+        base_url=f"{stack.url}/v1",
+        api_key=key,
+        max_retries=0,
+        timeout=30,
+        http_client=httpx.Client(verify=stack.tls()),
+    )
     traffic = Traffic(client, "sim-chat")
     first = [traffic.one(stream=False), traffic.one(stream=True)]
+    first.append(stream_unbuffered(client, "sim-chat"))
     assert [m.id for m in client.models.list().data] == ["sim-chat"]
 
     # A Batch API job runs on the batches worker; its requests go through the gateway as P2.
@@ -419,12 +678,12 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert sorted(r["custom_id"] for r in results) == ["b0", "b1", "b2"]
     assert all(r["response"]["status_code"] == 200 for r in results)
 
-    # Restart web, the worker and the usage consumer under traffic: every request a client
-    # saw succeed is billed.
+    # Restart the gateway, web, the worker and the usage consumer under traffic: every
+    # request a client saw succeed is billed.
     thread = threading.Thread(target=traffic.run, daemon=True)
     thread.start()
     time.sleep(3)
-    for service in ("web", "worker", "usage"):
+    for service in ("gateway", "web", "worker", "usage"):
         stack.compose("restart", service)
         stack.wait_healthy()
         time.sleep(2)
@@ -457,6 +716,13 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert requests == usage_count >= len(billed)
     assert sum(int(r["completion_tokens"]) for r in rows) > 0
     assert {r["tenant"] for r in rows} == {"acme"}
+
+    # The image's `tollgate` command line speaks the same admin API: the same CSV.
+    cli = ("exec", "-T", "-e", f"TOLLGATE_TOKEN={stack.token}", "web", "tollgate")
+    text = stack.compose(*cli, "usage", "export", "--tenant", "acme")
+    cli_rows = [r for r in csv.DictReader(io.StringIO(text)) if r["model"] == "sim-chat"]
+    assert sum(int(r["requests"]) for r in cli_rows) == requests
+    assert "acme" in stack.compose(*cli, "tenants", "list")
 
     # `docker compose stop` leaves no engine behind: the janitor removes them, through the
     # Docker API policy, whose log (readable until `down` removes the containers) shows

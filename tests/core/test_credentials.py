@@ -21,20 +21,25 @@ T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
-    ("authorization", "api_key", "presented"),
+    ("authorization", "api_key", "x_api_key", "presented"),
     [
-        ("Bearer tg-abc", "", "tg-abc"),
-        ("bearer   tg-abc  ", "", "tg-abc"),
-        ("BEARER tg-abc", "tg-other", "tg-abc"),  # the Authorization header wins
-        ("Basic dXNlcjpwYXNz", "tg-azure", "tg-azure"),  # Azure-style clients
-        ("Bearer ", " tg-azure ", "tg-azure"),
-        ("Bearertg-abc", "", ""),
-        ("", "", ""),
-        ("Bearer " + "x" * 1000, "", "x" * MAX_PRESENTED_KEY),
+        ("Bearer tg-abc", "", "", "tg-abc"),
+        ("bearer   tg-abc  ", "", "", "tg-abc"),
+        ("BEARER tg-abc", "tg-other", "tg-x", "tg-abc"),  # the Authorization header wins
+        ("Basic dXNlcjpwYXNz", "tg-azure", "", "tg-azure"),  # Azure-style clients
+        ("Bearer ", " tg-azure ", "", "tg-azure"),
+        ("", "", " tg-anthropic ", "tg-anthropic"),  # Anthropic-style clients
+        ("", "tg-azure", "tg-anthropic", "tg-azure"),
+        ("Bearertg-abc", "", "", ""),
+        ("", "", "", ""),
+        ("Bearer " + "x" * 1000, "", "", "x" * MAX_PRESENTED_KEY),
+        ("", "", "x" * 1000, "x" * MAX_PRESENTED_KEY),
     ],
 )
-def test_the_presented_key(authorization: str, api_key: str, presented: str) -> None:
-    assert presented_key(authorization, api_key) == presented
+def test_the_presented_key(
+    authorization: str, api_key: str, x_api_key: str, presented: str
+) -> None:
+    assert presented_key(authorization, api_key, x_api_key) == presented
 
 
 def test_unexpired_for_unix_seconds_and_datetimes() -> None:
@@ -122,3 +127,18 @@ def test_the_gateway_the_django_door_and_the_orm_agree_as_time_passes(keys: dict
                     _django_accepts(plaintext),
                 )
                 assert verdicts == ((name in usable),) * 3, (moment, name, verdicts)
+
+
+@pytest.mark.django_db
+def test_both_doors_take_the_key_from_x_api_key(keys: dict[str, str]) -> None:
+    """Anthropic-style clients send ``x-api-key``: the gateway and Django's door accept a
+    usable key there and refuse a revoked one, as with ``Authorization: Bearer``."""
+    gateway = Gateway(Runtime())
+    with time_machine.travel(T0 + timedelta(seconds=1), tick=False):
+        gateway.rt.snapshot = load_snapshot()
+        for name, usable in (("live", True), ("revoked", False)):
+            presented = keys[name]
+            scope = {"headers": [(b"x-api-key", presented.encode())]}
+            request = RequestFactory().get("/v1/usage", HTTP_X_API_KEY=presented)
+            assert (gateway.authenticate(scope) is not None) is usable
+            assert (authenticate_api_key(request) is not None) is usable

@@ -350,7 +350,7 @@ def test_a_deployment_that_does_not_fit_is_a_400_with_the_arithmetic(
         format="json",
     )
     assert answer.status_code == 400
-    message = answer.json()["memory"][0]
+    (message,) = [e["message"] for e in answer.json()["errors"] if e["field"] == "memory"]
     assert "405 B params × 2 bytes (bf16) = 810.0 GB" in message
     assert "> 68.7 GB" in message  # the node's 64 GiB
     assert containers(stack) == [] and not Deployment.objects.exists()

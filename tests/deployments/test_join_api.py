@@ -31,4 +31,5 @@ def test_bad_node_names_are_refused(client_for: object, root: object) -> None:
     response = client_for(root).post(
         "/api/v1/nodes/join-token/", {"node_name": "Bad Name!"}, format="json"
     )
-    assert response.status_code == 400 and "node_name" in response.json()
+    assert response.status_code == 400
+    assert [e["field"] for e in response.json()["errors"]] == ["node_name"]

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import docker
-import httpx
 import pytest
 
 from deployments.models import Deployment
@@ -264,9 +263,9 @@ def test_docker_api_refuses_the_worker_what_it_does_not_need_and_web_has_no_sock
         assert out.split() == ["nosock", "unreachable"], (svc, out)
 
 
-def test_from_the_tenant_network_only_the_web_port_is_reachable(appliance: Stack) -> None:
+def test_from_the_tenant_network_only_the_tls_front_is_reachable(appliance: Stack) -> None:
     """A tenant reaches the appliance through published ports only. Every container of the
-    stack (engines included) publishes nothing but web's port; a machine on another Docker
+    stack (engines included) publishes nothing but the TLS front; a machine on another Docker
     network (a probe container on a network this test creates) cannot open a connection to
     PostgreSQL, Redis, an engine or the Docker proxy; /metrics needs its token."""
     api = appliance.api()
@@ -301,7 +300,10 @@ def test_from_the_tenant_network_only_the_web_port_is_reachable(appliance: Stack
         service(c): sorted(p for p, b in (c["HostConfig"]["PortBindings"] or {}).items() if b)
         for c in every
     }
-    assert {s: p for s, p in published.items() if p} == {"web": ["8000/tcp"]}, published
+    # Only the TLS front is published (HTTPS, and HTTP that redirects to it).
+    assert {s: p for s, p in published.items() if p} == {"https": ["8080/tcp", "8443/tcp"]}, (
+        published
+    )
     targets = []
     for c in every:
         ports = {"db": 5432, "redis": 6379, "docker-proxy": 2375, "engine": 8000}.get(service(c))
@@ -345,11 +347,9 @@ def test_from_the_tenant_network_only_the_web_port_is_reachable(appliance: Stack
         assert set(reach.values()) == {"closed"}, reach
     finally:
         subprocess.run(["docker", "network", "rm", net], capture_output=True)
-    assert httpx.get(f"{appliance.url}/metrics").status_code == 404
-    assert (
-        httpx.get(f"{appliance.url}/metrics", headers={"Authorization": "Bearer guess"}).status_code
-        == 404
-    )
+    with appliance.client() as client:
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/metrics", headers={"Authorization": "Bearer guess"}).status_code == 404
 
 
 @pytest.mark.django_db(transaction=True)

@@ -123,3 +123,23 @@ def test_non_postgres_database_is_refused() -> None:
     result = run_manage({"DATABASE_URL": "sqlite:///tmp/x.db"}, "check")
     assert result.returncode != 0
     assert "must point at PostgreSQL" in result.stderr
+
+
+def test_public_url_origin_is_the_default_trusted_csrf_origin() -> None:
+    """Behind the TLS front on another port, forms posted from the public URL pass CSRF;
+    an explicit list replaces the default."""
+    code = "from django.conf import settings; print(settings.CSRF_TRUSTED_ORIGINS)"
+    derived = run_manage(
+        {**PRODUCTION, "TOLLGATE_PUBLIC_URL": "https://tollgate.example.com:8443/console"},
+        "shell",
+        "-c",
+        code,
+    )
+    assert derived.stdout.strip().splitlines()[-1] == "['https://tollgate.example.com:8443']"
+    explicit = run_manage(
+        {**PRODUCTION, "DJANGO_CSRF_TRUSTED_ORIGINS": "https://a.example, https://b.example"},
+        "shell",
+        "-c",
+        code,
+    )
+    assert explicit.stdout.strip().splitlines()[-1] == "['https://a.example', 'https://b.example']"

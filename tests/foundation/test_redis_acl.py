@@ -1,0 +1,91 @@
+"""The Redis ACL users of the appliance (config/redisacl.py), tried on the real Redis: the
+gateway's rules let it use Tollgate's keys and the batch queue, and nothing else."""
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from config import redisacl
+
+PREFIX = f"acltest-{secrets.token_hex(4)}"
+BATCHES = f"{PREFIX}-batches"
+
+
+@pytest.fixture
+def gateway_user() -> Iterator[tuple[str, str]]:
+    admin = redis.Redis(host="127.0.0.1", port=6379)
+    user, password = f"tollgate-test-gw-{secrets.token_hex(4)}", secrets.token_urlsafe(16)
+    admin.acl_setuser(user, enabled=True, reset=True)
+    admin.execute_command(
+        "ACL", "SETUSER", user, f">{password}", *redisacl.gateway_rules(PREFIX, BATCHES)
+    )
+    try:
+        yield user, password
+    finally:
+        admin.acl_deluser(user)
+        # Only this test's keys: the shared Redis holds other runs' queues ("control" too).
+        admin.delete(f"{PREFIX}:probe", BATCHES, *admin.keys(f"_kombu.binding*{BATCHES}"))
+
+
+def test_gateway_user_can_queue_a_batch_job(gateway_user: tuple[str, str]) -> None:
+    """What /v1/batches does after creating a batch: Celery declares the queue (priority
+    lists, bindings) and pushes the message, all allowed to the gateway user."""
+    from batches.services import RUN_TASK
+    from config.celery import _discover_tasks, app
+
+    _discover_tasks()
+    user, password = gateway_user
+    with app.connection_for_write(f"redis://{user}:{password}@127.0.0.1:6379/0") as conn:
+        app.tasks[RUN_TASK].apply_async(args=[1], queue=BATCHES, connection=conn)
+        with pytest.raises(Exception, match="NOPERM|no permissions"):
+            app.tasks[RUN_TASK].apply_async(args=[1], queue="control", connection=conn)
+    assert redis.Redis().llen(BATCHES) == 1
+
+
+@pytest.fixture
+def gateway_client() -> Iterator[redis.Redis]:
+    admin = redis.Redis(host="127.0.0.1", port=6379)
+    user, password = f"tollgate-test-gw-{secrets.token_hex(4)}", secrets.token_urlsafe(16)
+    admin.acl_setuser(user, enabled=True, reset=True)  # an empty user first, then the rules
+    admin.execute_command(
+        "ACL", "SETUSER", user, f">{password}", *redisacl.gateway_rules(PREFIX, f"{PREFIX}-batches")
+    )
+    client = redis.Redis(host="127.0.0.1", port=6379, username=user, password=password)
+    try:
+        yield client
+    finally:
+        client.close()
+        admin.acl_deluser(user)
+        admin.delete(f"{PREFIX}:probe", f"{PREFIX}-batches")
+
+
+def test_gateway_user_reaches_its_keys_and_nothing_else(gateway_client: redis.Redis) -> None:
+    gateway_client.set(f"{PREFIX}:probe", "1")
+    assert gateway_client.get(f"{PREFIX}:probe") == b"1"
+    gateway_client.lpush(f"{PREFIX}-batches", "job")  # queuing a Batch API job
+    gateway_client.publish(f"{PREFIX}:gateway:invalidate", "x")
+    for command in (
+        ("GET", "tollgate-other:probe"),
+        ("LPUSH", "control", "{}"),
+        ("LPUSH", "node.local", "{}"),
+        ("FLUSHALL",),
+        ("KEYS", "*"),
+        ("CONFIG", "GET", "*"),
+        ("ACL", "LIST"),
+        ("PUBLISH", "elsewhere", "x"),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            gateway_client.execute_command(*command)
+
+
+def test_acl_file_holds_hashes_not_passwords(tmp_path: Path) -> None:
+    (tmp_path / "redis_password").write_text("control-plane-secret\n")
+    (tmp_path / "redis_gateway_password").write_text("gateway-secret\n")
+    redisacl.write_acl_file(tmp_path, tmp_path / "redis" / "users.acl")
+    text = (tmp_path / "redis" / "users.acl").read_text()
+    assert "secret" not in text
+    assert text.startswith("user default on nopass resetkeys resetchannels -@all +ping\n")
+    assert "user gateway on #" in text and "~tollgate:*" in text
