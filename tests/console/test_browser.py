@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from django.conf import settings as django_settings
+from django.db import connections
 from django.db.models import F, Sum
 
 from deployments import fleet
@@ -168,6 +169,9 @@ def browser(live: str, node_worker: Node, monkeypatch: pytest.MonkeyPatch) -> It
         )
         yield chromium
         chromium.close()
+        # Queries made while Playwright runs use a connection of their own (its greenlet's
+        # context): close it here, in that context.
+        connections.close_all()
 
 
 def shot(page: object, name: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connections
 
 from tenants import services as tenant_services
 from tenants.choices import Role
@@ -102,6 +103,9 @@ def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         )
         yield browser
         browser.close()
+        # Queries made while Playwright runs use a connection of their own (its greenlet's
+        # context): close it here, in that context.
+        connections.close_all()
 
 
 def _sign_in(browser: object, url: str, username: str, password: str) -> object:
