@@ -1,28 +1,31 @@
-"""Admission and priority (issue 9): P0's time to first token under a P2 flood, engine
-utilisation while P2 work waits, and fair share between two equal P1 tenants.
+"""Admission and priority (issues 9 and 18): P0's time to first token under a P2 flood,
+on engines that serve first come, first served and on engines that preempt by priority.
 
-One simulator engine with ``--max-num-seqs 4`` and DGX-Spark-like timings (prefill 50 ms
-+ 0.05 ms a prompt token, 30 tokens/s decode for one sequence, bandwidth alpha 0.15),
-behind Tollgate (gunicorn, 2 uvicorn workers) on a throw-away database
-(``tollgate_admbench``) and Redis prefix. The deployment row says ``max-num-seqs 4``, so
-the gateway's static budget is 4. What beat would run is run by bench/admission_ticker.py:
-the engine scraper (``deployments.fleet.scrape_all``, which P2 gating reads) and the
-adaptive ceiling (``gateway.tuning.tune_all``), both every 5 s as in beat (``--no-scrape``,
-``--no-tune`` to switch them off). Runs, each from an idle engine and a fresh controller:
+Per scheduling policy (``--policies fcfs,priority``), one simulator engine with
+``--max-num-seqs 4`` and DGX-Spark-like timings (prefill 50 ms + 0.05 ms a prompt token,
+30 tokens/s decode for one sequence, bandwidth alpha 0.15), behind Tollgate (gunicorn, 2
+uvicorn workers) on a throw-away database (``tollgate_admbench``) and Redis prefix. The
+deployment row says ``max-num-seqs 4`` and the policy, so the gateway's static budget is 4.
+What beat would run is run by bench/admission_ticker.py: the engine scraper
+(``deployments.fleet.scrape_all``, which P2 gating and the KV-cache token budget read) and
+the adaptive ceiling (``gateway.tuning.tune_all``), both every 5 s as in beat
+(``--no-scrape``, ``--no-tune`` to switch them off). Runs, each from an idle engine and a
+fresh controller:
 
-  1 unloaded    P0 tenant alone: 16-token streams at a steady 2/s
-  2 priorities  the same P0 traffic + a P2 tenant with 32 clients back-to-back (64-128 tokens)
-  3 no classes  run 2 with both tenants set to P1 (fair share only)
-  4 fair share  two P1 tenants (weight 1 each), 32 clients back-to-back each, 64-128 tokens
+  unloaded    P0 tenant alone: 16-token streams at a steady ``--p0-rate`` (1/s)
+  p2only      a P2 tenant with 32 clients back-to-back (64-128 tokens): the busy baseline
+  priorities  the same P0 traffic + the P2 flood (P0 starts 5 s into the flood)
+  flat        (``--runs``) run 3 with both tenants set to P1 (fair share only)
+  fair        (``--runs``) two P1 tenants (weight 1 each), 32 clients back-to-back each
 
 Every 50 ms a sampler reads the engine's ``vllm:num_requests_running|waiting`` and the
 gateway's queue (ZCARD of ``<prefix>:adm:<model>:q``; P2 entries are the ones ranked
-≥ 2e13) and ceiling. "Idle while P2 waits" = samples with running < 4 and a P2 request in
-the gateway's queue, over samples with a P2 request queued. Queue wait per class comes from
+≥ 2e13) and ceiling. "Engine busy" = mean running / 4 over the P0 window; the target
+compares it with the P2-only run's over the same window. Queue wait per class comes from
 the gateway's own ``tollgate_queue_wait_seconds`` histogram (multiprocess mode).
 
-    .venv/bin/python bench/admission_bench.py            # print the table
-    .venv/bin/python bench/admission_bench.py --write   # replaces its section in bench/RESULTS.md
+    .venv/bin/python bench/admission_bench.py            # print the tables
+    .venv/bin/python bench/admission_bench.py --write    # and replace its section in RESULTS.md
 """
 
 from __future__ import annotations
@@ -325,6 +328,11 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def ttft_stats(result: dict, group: str) -> dict:
+    if group not in result["groups"]:  # e.g. the P2-only run has no P0 traffic
+        return dict.fromkeys(("n", "ok", "errors", "p50", "p90", "p99", "mean"), None) | {
+            "classes": [],
+            "first_error": "",
+        }
     reqs = result["groups"][group]["requests"]
     ok = [r for r in reqs if r[4] == 200 and r[1] is not None]
     ttft = [r[1] * 1000 for r in ok]
@@ -402,7 +410,7 @@ def report(
 ) -> tuple[str, list[str], list[str]]:
     base = ttft_stats(res["unloaded"], "interactive")
     lines = [
-        "| run | P0 TTFT p50 / p90 / p99, ms | p50 / p90 vs unloaded | P0 ok / err | P0 mean "
+        "| run | P0 TTFT p50 / p90 / p99, ms | p50 / p99 vs unloaded | P0 ok / err | P0 mean "
         "queue wait "
         "| engine busy (running/4) | idle while P2 waits | gaps of 2+ samples: count, idle s, "
         "longest s "
@@ -427,7 +435,7 @@ def report(
             else engine_stats(r, 0, 1e9, p2_only=False)
         )
         ratio = (
-            f"{st['p50'] / base['p50']:.2f}× / {st['p90'] / base['p90']:.2f}×"
+            f"{st['p50'] / base['p50']:.2f}× / {st['p99'] / base['p99']:.2f}×"
             if st["p50"] and base["p50"]
             else "–"
         )
@@ -442,7 +450,7 @@ def report(
         lines.append(
             f"| {label} | {fmt(st['p50'], 0)} / {fmt(st['p90'], 0)} / {fmt(st['p99'], 0)} | "
             f"{ratio} | "
-            f"{st['ok']} / {st['errors']} | {mean_wait(r, ids['interactive'])} | "
+            f"{fmt(st['ok'], 0)} / {fmt(st['errors'], 0)} | {mean_wait(r, ids['interactive'])} | "
             f"{fmt(eng.get('util', 0) * 100, 1)}% | "
             f"{fmt(idle * 100 if idle is not None else None, 1)}% of "
             f"{eng.get('waiting_samples', 0)} | "
@@ -679,7 +687,12 @@ def main() -> None:
     ap.add_argument(
         "--no-tune", action="store_true", help="no adaptive ceiling: the static budget of 4"
     )
-    ap.add_argument("--seconds", type=float, default=50.0, help="P0 traffic per run")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=100.0,
+        help="P0 traffic per run (100 requests at 1/s: p99 is not the one worst)",
+    )
     ap.add_argument("--p0-rate", type=float, default=1.0, help="P0 requests per second")
     ap.add_argument(
         "--policies",
@@ -687,6 +700,9 @@ def main() -> None:
         help="engine scheduling policies to run, each on its own engine",
     )
     ap.add_argument("--runs", default="unloaded,p2only,priorities")
+    ap.add_argument(
+        "--from-raw", type=Path, help="report the raw results of an earlier run, run nothing"
+    )
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs = a.runs.split(",")
@@ -696,9 +712,15 @@ def main() -> None:
     p0_window = (warm, warm + a.seconds)
     fair_window = (10, int(a.seconds + 10))
     blocks, raw = [], {}
+    dump = Path(tempfile.gettempdir()) / "admission-bench-raw.json"
+    earlier = json.loads(a.from_raw.read_text()) if a.from_raw else {}
     for policy in a.policies.split(","):
-        res, rows = run_policy(a, policy, runs)
-        raw[policy] = res
+        if a.from_raw:
+            res, rows = earlier[policy]["res"], earlier[policy]["rows"]
+        else:
+            res, rows = run_policy(a, policy, runs)
+            raw[policy] = {"res": res, "rows": rows}
+            dump.write_text(json.dumps(raw))  # before the report: nothing measured is lost
         text, extra, verdict = report(res, rows, p0_window, fair_window, a.p0_rate)
         blocks.append(
             f"### Engines scheduling `{policy}`\n\n{text}\n\n"
@@ -719,8 +741,6 @@ def main() -> None:
     )
     out = f"{cmd.strip()}\n{machine}\n\n" + "\n".join(blocks)
     print("\n" + out)
-    dump = Path(tempfile.gettempdir()) / "admission-bench-raw.json"
-    dump.write_text(json.dumps(raw))
     print(f"\nraw results and samples: {dump}", file=sys.stderr)
     if a.write:
         write_section(f"Latest run: {machine}.\n\n```\n{cmd.strip()}\n```\n\n" + "\n".join(blocks))

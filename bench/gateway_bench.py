@@ -17,6 +17,12 @@ Server CPU is the utime+stime of the server's whole process tree (from /proc) be
 after each scenario; memory is the peak summed RSS of its workers while the streams are
 held. LiteLLM is installed on demand into .bench-venvs/litellm (not committed).
 
+``Tollgate w2 appliance`` is the appliance as it really runs (bench/gateway_appliance.py):
+web with 2 workers and its access log, the Celery worker, beat and the usage consumer, all
+on the same cores with production settings; its CPU is every one of those processes', also
+split by process, and after each scenario the bench waits for the usage consumer to bring
+the stream's backlog back to 0 (the time it took is a row of the table).
+
 A column named "Tollgate wN tls" puts the appliance's TLS front in front of the gateway:
 Caddy (Debian's `caddy` package on this host: apt-get install caddy) with the appliance's
 own compose/caddy/Caddyfile and its internal CA, the load generator trusting only that CA.
@@ -38,6 +44,7 @@ import json
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -552,6 +559,12 @@ def run_rounds(load: Load, col: Column, spec: dict) -> dict:
     pooled["server_cpu_s"] = sum(r["server_cpu_s"] for r in runs) if col.server else None
     pooled["peak_rss"] = max(r["peak_rss"] for r in runs) if col.server else None
     pooled["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), "")
+    if "drain_s" in runs[0]:
+        drains = [r["drain_s"] for r in runs]
+        pooled["drain_s"] = None if None in drains else max(drains)
+        pooled["cpu_parts"] = {
+            k: sum(r["cpu_parts"][k] for r in runs) for k in runs[0]["cpu_parts"]
+        }
     pooled["rps"], pooled["tok_s"] = (
         pooled["requests"] / pooled["seconds"],
         pooled["tokens"] / pooled["seconds"],
@@ -571,11 +584,17 @@ def run_scenario(load: Load, col: Column, spec: dict) -> dict:
         "tokens": SIMS[spec["model"]][0],
     }
     pids = col.server.pids if col.server else []
+    by_part = getattr(col.server, "cpu_by_part", None)  # the whole appliance
+    parts0 = by_part() if by_part else {}
     cpu0 = cpu_seconds(pids)
     with PeakRss(col.server.workers if col.server else []) as rss:
         result = load.run(spec)
     result["server_cpu_s"] = cpu_seconds(pids) - cpu0 if col.server else None
     result["peak_rss"] = rss.peak if col.server else None
+    if by_part:
+        result["cpu_parts"] = {k: v - parts0[k] for k, v in by_part().items()}
+        # After the load: how long the usage consumer takes to ingest the backlog.
+        result["drain_s"] = col.server.drain_seconds()
     return result
 
 
@@ -756,6 +775,22 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
             ratio.append(f"{fmt(a, 0)} ({a / b:.2f})" if a is not None and b else fmt(a, 0))
         rows.append((f"{api} streaming c=64: tokens/s (vs direct)", ratio))
     rows.append(("server CPU per request (json c=64), ms", per_req))
+    parts_row, drain_row = [], []
+    for k in cols:
+        j = res.get(k, {}).get("json c=64", {})
+        parts = j.get("cpu_parts")
+        parts_row.append(
+            " / ".join(f"{n} {v / j['requests'] * 1000:.3f}" for n, v in parts.items())
+            if parts and j.get("requests")
+            else "–"
+        )
+        drains = [r.get("drain_s", "–") for r in res.get(k, {}).values() if "drain_s" in r]
+        worst = None if None in drains else max(drains, default=None)
+        drain_row.append(("not in 30 s" if None in drains else fmt(worst, 2)) if drains else "–")
+        facts[f"{k}.drain_s"] = worst if drains else None
+        facts[f"{k}.drained"] = (None not in drains) if drains else None
+    rows.append(("  … by process (json c=64), ms", parts_row))
+    rows.append(("usage backlog back to 0 after a scenario, s (worst)", drain_row))
     rows.append(("server CPU per streamed chunk (stream c=64, all CPU / chunks), µs", per_chunk))
     rows.append(("  … net of the per-request cost, µs", net_chunk))
     rows.append(
@@ -829,9 +864,16 @@ def table(cols: list[str], res: dict[str, dict[str, dict]]) -> tuple[str, dict[s
 
 def verdicts(facts: dict[str, float | None], hold: int) -> list[str]:
     out = []
-    for g in ("Tollgate w2", "Tollgate w1"):
+    for g in ("Tollgate w2 appliance", "Tollgate w2", "Tollgate w1"):
         if facts.get(f"{g}.rps_c64") is None:
             continue
+        if facts.get(f"{g}.drained") is not None:
+            v = facts[f"{g}.drain_s"]
+            out.append(
+                f"- {g}: usage stream backlog back to 0 within 10 s of each scenario: "
+                f"{'met' if facts[f'{g}.drained'] and v <= 10 else 'MISSED'} "
+                f"(worst {fmt(v, 2)} s)"
+            )
         v = facts[f"{g}.added_p50_c1"]
         out.append(
             f"- {g}: added p50 at c=1, non-streaming ≤ 1.0 ms: "
@@ -993,9 +1035,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--columns",
-        default="direct,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,LiteLLM w1,LiteLLM w2",
+        default="direct,Tollgate w2 appliance,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,"
+        "LiteLLM w1,LiteLLM w2",
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp; "
-        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy)",
+        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy); "
+        "'Tollgate wN appliance': web, worker, beat and usage consumer together",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
     ap.add_argument(
@@ -1004,6 +1048,9 @@ def main() -> None:
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
+    )
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
     )
     ap.add_argument(
         "--section",
@@ -1025,6 +1072,16 @@ def main() -> None:
                 column = Column(
                     col, {n: f"http://127.0.0.1:{p}" for n, p in st.ports.items()}, None, None
                 )
+            elif col.startswith("Tollgate") and col.endswith("appliance"):
+                from gateway_appliance import start_appliance
+
+                env = {
+                    **st.env,
+                    "TOLLGATE_REDIS_PREFIX": f"{st.env['TOLLGATE_REDIS_PREFIX']}-{len(results)}",
+                }
+                url, srv = start_appliance(workers_of(col), env, st.key, st.tmp)
+                st.servers.append(srv)
+                column = Column(col, dict.fromkeys(SIMS, url), st.key, srv)
             elif col.startswith("Tollgate"):
                 # Each gateway column starts from empty Redis state, like a fresh appliance:
                 # otherwise the previous column's 60-s rate windows, still full of its
@@ -1065,7 +1122,7 @@ def main() -> None:
     load_after = load_avg()
     text, facts = table(cols, results)
     lines = verdicts(facts, a.hold) + tls_verdicts(results)
-    cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
+    cmd = "$ .venv/bin/python bench/gateway_bench.py " + shlex.join(sys.argv[1:])
     machine = (
         f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
         f"{platform.python_version()}, "

@@ -11,8 +11,7 @@ Scenario fields: url, key, model, stream, tokens, concurrency, requests, duratio
 ``chat`` (default, /v1/chat/completions), ``responses`` (/v1/responses) or ``messages`` (the
 Anthropic Messages API, /v1/messages, with the key in ``x-api-key`` as the anthropic SDK sends
 it); ``raw``: also answer every latency and TTFT (ms). ``{"reset": true}`` closes the
-connections, so the
-next scenario opens fresh ones.
+connections, so the next scenario opens fresh ones.
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ def run_policy(policy: str, sessions: int, turns: int) -> dict:
         "TOLLGATE_REDIS_PREFIX": prefix,
         "TOLLGATE_LOG_LEVEL": "WARNING",
         "TOLLGATE_ROUTING": policy,
-        "PROMETHEUS_MULTIPROC_DIR": str(tmp),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"),  # emptied by config/gunicorn.py
     }
     servers: list[Server] = []
     import redis

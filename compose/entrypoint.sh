@@ -4,9 +4,10 @@
 #   keygen    generate the stack's secrets into the state volume when none are given
 #   migrate   migrate, bootstrap (first admin, local node), seed the demo on first start
 #   web       gunicorn + uvicorn workers: console, admin API, /v1 gateway, /healthz
+#   gateway   the same server for /v1, as the database's least-privilege gateway role
 #   worker    Celery worker for the control queue and this node's queue
 #   beat      Celery beat (periodic reconcile, telemetry, usage safety net, rollups)
-#   usage     usage consumer: Redis stream -> PostgreSQL
+#   usage     usage consumer: Redis stream -> PostgreSQL (`usage export …`: the command line)
 #   janitor   idle; on SIGTERM (compose down/stop) remove this stack's engine containers
 #   docker-policy  the Docker API policy on :2375 (the docker-proxy service; needs no secret)
 #   stop-engines  remove this stack's engine containers now
@@ -25,6 +26,9 @@ set -euo pipefail
 
 STATE_DIR=${TOLLGATE_STATE_DIR:-/var/lib/tollgate}
 SECRETS_DIR=$STATE_DIR/secrets
+# Written by keygen for the gateway service and for Redis (their own volumes).
+GATEWAY_STATE_DIR=${TOLLGATE_GATEWAY_STATE_DIR:-/var/lib/tollgate-gateway}
+REDIS_ACL_DIR=${TOLLGATE_REDIS_ACL_DIR:-/var/lib/tollgate-redis}
 
 log() { printf '%s tollgate-entrypoint %s\n' "$(date -u +%FT%TZ)" "$*" >&2; }
 
@@ -57,7 +61,25 @@ wait_for_file() {
   log "$1 is missing: did the 'keygen' service run?"; return 1
 }
 
+# The gateway service's identity (TOLLGATE_IDENTITY=gateway): its own database role
+# (config/dbroles.py: reads everything, writes only batches and keys' last use), from
+# TOLLGATE_GATEWAY_DATABASE_URL (or _FILE) or the bundled database's generated password.
+use_gateway_database() {
+  if [ -n "${TOLLGATE_GATEWAY_DATABASE_URL_FILE:-}" ]; then
+    TOLLGATE_GATEWAY_DATABASE_URL=$(cat "$TOLLGATE_GATEWAY_DATABASE_URL_FILE")
+  fi
+  if [ -n "${TOLLGATE_GATEWAY_DATABASE_URL:-}" ]; then
+    DATABASE_URL=$TOLLGATE_GATEWAY_DATABASE_URL
+  elif [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then
+    wait_for_file "$SECRETS_DIR/gateway_db_password"
+    DATABASE_URL="postgres://${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}:$(cat "$SECRETS_DIR/gateway_db_password")@${POSTGRES_HOST:-db}:${POSTGRES_PORT:-5432}/${POSTGRES_DB:-tollgate}"
+  fi
+  export DATABASE_URL
+  unset TOLLGATE_GATEWAY_DATABASE_URL
+}
+
 load_secrets() {
+  if [ "${TOLLGATE_IDENTITY:-owner}" = gateway ]; then use_gateway_database; fi
   if [ -z "${DJANGO_SECRET_KEY:-}" ] && [ -z "${DJANGO_SECRET_KEY_FILE:-}" ]; then
     wait_for_file "$SECRETS_DIR/secret_key"
     export DJANGO_SECRET_KEY_FILE=$SECRETS_DIR/secret_key
@@ -65,6 +87,18 @@ load_secrets() {
   if [ -z "${TOLLGATE_KEY_PEPPER:-}" ] && [ -z "${TOLLGATE_KEY_PEPPER_FILE:-}" ] \
      && [ -s "$SECRETS_DIR/key_pepper" ]; then
     export TOLLGATE_KEY_PEPPER_FILE=$SECRETS_DIR/key_pepper
+  fi
+  # The earlier default (no credentials), kept in many .env files, means the bundled Redis.
+  if [ "${REDIS_URL:-}" = redis://redis:6379/0 ]; then unset REDIS_URL; fi
+  if [ -z "${REDIS_URL:-}" ] && [ -z "${REDIS_URL_FILE:-}" ]; then
+    # The bundled Redis, as this process's ACL user (config/redisacl.py).
+    local user=tollgate password_file=$SECRETS_DIR/redis_password
+    if [ "${TOLLGATE_IDENTITY:-owner}" = gateway ]; then
+      user=gateway password_file=$SECRETS_DIR/redis_gateway_password
+    fi
+    wait_for_file "$password_file"
+    REDIS_URL="redis://$user:$(cat "$password_file")@${REDIS_HOST:-redis}:${REDIS_PORT:-6379}/0"
+    export REDIS_URL
   fi
   if [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then
     local password_file=${POSTGRES_PASSWORD_FILE:-$SECRETS_DIR/postgres_password}
@@ -85,11 +119,38 @@ role_keygen() {
   if [ -z "${POSTGRES_PASSWORD_FILE:-}" ]; then
     generate_secret "$SECRETS_DIR/postgres_password" 24
   fi
+  generate_secret "$SECRETS_DIR/gateway_db_password" 24
+  # Redis ACL users (config/redisacl.py): the control plane's and the gateway's passwords,
+  # and the ACL file Redis loads (hashes only), rewritten on every start.
+  generate_secret "$SECRETS_DIR/redis_password" 24
+  generate_secret "$SECRETS_DIR/redis_gateway_password" 24
+  python3 /app/config/redisacl.py "$SECRETS_DIR" "$REDIS_ACL_DIR/users.acl"
+  share_with_gateway
+}
+
+# The gateway service mounts only its own volume (gateway-secrets): the secrets it needs,
+# copied there on every start, and not the owner's database password.
+share_with_gateway() {
+  local dir=$GATEWAY_STATE_DIR/secrets name
+  mkdir -p "$dir"
+  for name in secret_key key_pepper gateway_db_password redis_gateway_password; do
+    if [ -e "$SECRETS_DIR/$name" ]; then
+      install -m 600 "$SECRETS_DIR/$name" "$dir/$name"
+    fi
+  done
 }
 
 role_migrate() {
+  local bundled_db=0
+  if [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then bundled_db=1; fi
   load_secrets
   python3 manage.py migrate --noinput
+  # The bundled database: (re)grant the gateway's role after every migration. With a
+  # database of your own, run `manage.py db_roles` yourself (README.md, "Least privilege").
+  if [ $bundled_db = 1 ]; then
+    python3 manage.py db_roles --gateway-role "${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}" \
+      --password-file "$SECRETS_DIR/gateway_db_password"
+  fi
   python3 manage.py bootstrap
   if [ "${TOLLGATE_SEED_DEMO:-false}" = true ] && [ ! -e "$STATE_DIR/demo-seeded" ]; then
     python3 manage.py seed_demo ${TOLLGATE_DEMO_IMAGE:+--image "$TOLLGATE_DEMO_IMAGE"}
@@ -103,7 +164,7 @@ role_web() {
   export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-/tmp/tollgate-metrics}"
   exec gunicorn -c python:config.gunicorn config.asgi:application \
     --workers "${TOLLGATE_WEB_WORKERS:-2}" \
-    --bind "0.0.0.0:${TOLLGATE_WEB_PORT:-8000}" \
+    --bind "${TOLLGATE_WEB_HOST:-0.0.0.0}:${TOLLGATE_WEB_PORT:-8000}" \
     --graceful-timeout "${TOLLGATE_WEB_GRACEFUL_SECONDS:-30}" \
     --timeout 0 --keep-alive 75 \
     --forwarded-allow-ips "${TOLLGATE_FORWARDED_ALLOW_IPS:-127.0.0.1}" \
@@ -150,15 +211,17 @@ case "$role" in
   keygen) role_keygen ;;
   migrate) role_migrate ;;
   web) role_web ;;
+  gateway) TOLLGATE_IDENTITY=gateway role_web ;;
   worker) role_worker ;;
   beat) role_beat ;;
-  usage) role_usage ;;
+  # `usage` alone is the consumer role; `usage export …` is the command line's.
+  usage) if [ $# -gt 0 ]; then exec python3 -m tollgate_cli usage "$@"; else role_usage; fi ;;
   batches) role_batches ;;
   janitor) role_janitor ;;
   stop-engines) role_janitor --now ;;
   docker-policy) exec python3 -m dockerpolicy "$@" ;;
   worker-ping) load_secrets; exec celery -A config inspect ping -d "worker@$HOSTNAME" --timeout 10 >/dev/null ;;
   manage) load_secrets; exec python3 manage.py "$@" ;;
-  login|logout|tenants|keys|models|prices|deployments|usage) exec python3 -m tollgate_cli "$role" "$@" ;;
+  login|logout|tenants|keys|models|prices|deployments) exec python3 -m tollgate_cli "$role" "$@" ;;
   *) exec "$role" "$@" ;;
 esac

@@ -77,7 +77,7 @@ def check_engine_images(app_configs: Any, **kwargs: Any) -> list[Error]:
 @register()
 def check_sso(app_configs: Any, **kwargs: Any) -> list[Error | Warning]:
     """Single sign-on settings that cannot work, or that would let nobody in."""
-    from console.sso import parse_group_map
+    from tenants.sso import parse_group_map
 
     issuer, client = settings.TOLLGATE_OIDC_ISSUER, settings.OIDC_RP_CLIENT_ID
     problems: list[Error | Warning] = []

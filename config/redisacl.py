@@ -23,16 +23,20 @@ from pathlib import Path
 # nothing flagged dangerous.
 CONTROL_PLANE = "+@all -@admin"
 GATEWAY = "+@all -@admin -@dangerous"
+# kombu.transport.redis: the separator between a queue's name and its priority.
+PRIORITY_SEP = "\x06\x16"
 
 
 def gateway_patterns(prefix: str, batch_queue: str) -> list[str]:
     """Keys (``~``) and channels (``&``) the gateway may touch."""
     return [
         f"~{prefix}:*",
-        # Kombu's Redis transport: the queue's list and the exchange bindings it reads to
-        # route the message.
+        # Kombu's Redis transport: the queue's list, its priority lists (the name, then
+        # "\x06\x16" and the priority: Celery checks their lengths when it declares the
+        # queue) and the exchange bindings it records and reads (_kombu.binding*).
         f"~{batch_queue}",
-        "~_kombu.binding.*",
+        f"~{batch_queue}{PRIORITY_SEP}*",
+        "~_kombu.binding*",
         f"&{prefix}:*",
     ]
 

@@ -180,7 +180,7 @@ AXES_VERBOSE = False
 TOLLGATE_TOKEN_LOGIN_RATE = env_str("TOLLGATE_TOKEN_LOGIN_RATE", "20/min")
 TOLLGATE_TOKEN_LOGIN_DAYS = env_int("TOLLGATE_TOKEN_LOGIN_DAYS", 30)
 
-# --- Single sign-on (OpenID Connect, authorization code + PKCE; console/sso.py) ---------------
+# --- Single sign-on (OpenID Connect, authorization code + PKCE; tenants/sso.py) ---------------
 
 # On when an issuer and a client id are set; the provider's endpoints come from its discovery
 # document (<issuer>/.well-known/openid-configuration), read at the first sign-in.
@@ -210,7 +210,7 @@ TOLLGATE_BREAK_GLASS_USERNAME = (
     env_str("TOLLGATE_BREAK_GLASS_USERNAME") or env_str("TOLLGATE_ADMIN_USERNAME") or "admin"
 )
 # Answers only a provider's callback (with code and state) while SSO is on.
-AUTHENTICATION_BACKENDS.append("console.sso.SSOBackend")
+AUTHENTICATION_BACKENDS.append("tenants.sso.SSOBackend")
 
 # HMAC pepper for API-key hashes. Kept apart from SECRET_KEY so that rotating one does not
 # silently invalidate the other; derived from SECRET_KEY only when not set.

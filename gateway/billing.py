@@ -11,6 +11,8 @@ The prompt's tokens come from, in this order:
 1. the engine's usage (running usage on the first chunk, the final usage, the whole answer);
 2. the engine's own tokenizer, asked after the response ended (off the client's path):
    ``/tokenize`` with the chat ``messages`` (or the completion ``prompt``) exactly as sent,
+   with the chat messages the engine makes of a Responses request (its whole conversation:
+   gateway/responses.py expands ``previous_response_id`` before forwarding), and
    ``/v1/messages/count_tokens`` for Anthropic Messages (vLLM's own conversion of the
    request, so the count is the one the engine would have reported);
 3. only where neither exists (the engine went away): an estimate from the request's text,
@@ -27,6 +29,7 @@ from typing import Any
 import orjson
 
 from gateway.relay import Outcome
+from gateway.responses import chat_messages, chat_tools
 from gateway.state import Upstream
 
 log = logging.getLogger("tollgate.gateway")
@@ -70,11 +73,22 @@ def _messages_calls(payload: dict) -> tuple[list[Call], int]:
     return [("/v1/messages/count_tokens", body, "input_tokens")], 0
 
 
+def _responses_calls(payload: dict) -> tuple[list[Call], int]:
+    """The engine's chat messages of the request (its input, a previous_response_id already
+    expanded by the gateway, and instructions) and its tools, as the engine builds them."""
+    body: dict[str, Any] = {"model": payload["model"], "messages": chat_messages(payload)}
+    tools = chat_tools(payload)
+    if tools:
+        body["tools"] = tools
+    return [("/tokenize", body, "count")], 0
+
+
 # Endpoints whose prompt Tollgate counts when the engine did not report it.
 PROMPT_COUNTS: dict[str, Callable[[dict], tuple[list[Call], int]]] = {
     "chat": _chat_calls,
     "completions": _completion_calls,
     "messages": _messages_calls,
+    "responses": _responses_calls,
 }
 PROMPT_FIELDS = ("messages", "prompt", "system", "tools", "input", "instructions")
 

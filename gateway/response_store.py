@@ -29,11 +29,25 @@ from django.db import close_old_connections, transaction
 
 from core.keyspace import responses_log, stored_response_key
 from core.redis import get_redis
+from gateway.redispipe import RedisPipe, Script
 
 log = logging.getLogger("tollgate.gateway")
 
 TOMBSTONE = b"-"
 GROUP = "persist"
+# One call per write, on the gateway's pipelined connection: the record (or a delete's
+# tombstone) with its TTL, and the stream entry for PostgreSQL, atomically.
+WRITE = Script(
+    """
+redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
+if ARGV[1] == 'put' then
+  redis.call('XADD', KEYS[2], '*', 'op', 'put', 'r', ARGV[2])
+else
+  redis.call('XADD', KEYS[2], '*', 'op', 'del', 't', ARGV[4], 'id', ARGV[5])
+end
+return 1
+"""
+)
 
 
 def ttl() -> int:
@@ -44,29 +58,26 @@ def ttl() -> int:
 
 
 class ResponseStore:
-    """What one gateway process reads and writes; ``client`` is its async Redis client."""
+    """What one gateway process reads and writes: ``client`` is its async Redis client,
+    ``pipe`` its pipelined connection for the per-request calls."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, pipe: RedisPipe) -> None:
         self.redis = client
+        self.pipe = pipe
 
     async def put(self, record: dict[str, Any]) -> None:
         """Keep a finished response (readable by every process once this returns)."""
-        raw = orjson.dumps(record)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(stored_response_key(record["tenant_id"], record["id"]), raw, ex=ttl())
-        pipe.xadd(responses_log(), {b"op": b"put", b"r": raw})
+        key = stored_response_key(record["tenant_id"], record["id"])
         async with asyncio.timeout(5.0):
-            await pipe.execute()
+            await self.pipe.evalsha(
+                WRITE, (key, responses_log()), (b"put", orjson.dumps(record), ttl())
+            )
 
     async def delete(self, tenant_id: int, response_id: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(stored_response_key(tenant_id, response_id), TOMBSTONE, ex=ttl())
-        pipe.xadd(
-            responses_log(),
-            {b"op": b"del", b"t": str(tenant_id).encode(), b"id": response_id.encode()},
-        )
+        key = stored_response_key(tenant_id, response_id)
+        args = (b"del", TOMBSTONE, ttl(), tenant_id, response_id)
         async with asyncio.timeout(5.0):
-            await pipe.execute()
+            await self.pipe.evalsha(WRITE, (key, responses_log()), args)
 
     async def get(self, tenant_id: int, response_id: str) -> dict[str, Any] | None:
         return (await self.get_many(tenant_id, [response_id])).get(response_id)

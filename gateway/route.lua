@@ -34,8 +34,15 @@ if #digests > 0 then
   end
 end
 if not chosen then
+  -- Least loaded; among equals, the one a hash of the prefix ranks first, so that every
+  -- gateway process places a new conversation alike and idle replicas share new ones.
+  local best_rank = nil
   for _, r in ipairs(replicas) do
-    if not chosen or r[2] / r[3] < chosen[2] / chosen[3] then chosen = r end
+    local rank = #digests > 0 and redis.sha1hex(digests[1] .. ':' .. r[1]) or ''
+    if not chosen or r[2] / r[3] < chosen[2] / chosen[3]
+        or (r[2] / r[3] == chosen[2] / chosen[3] and rank < best_rank) then
+      chosen, best_rank = r, rank
+    end
   end
 end
 

@@ -7,6 +7,8 @@
 #   BASE_IMAGE      image name to produce           (default tollgate/base:bookworm)
 #   DEBIAN_SUITE    Debian suite                     (default bookworm)
 #   DEBIAN_MIRROR   apt mirror                       (default http://deb.debian.org/debian)
+#   DEBIAN_ARCH     architecture, e.g. arm64         (default this machine's; a foreign one
+#                   needs qemu-user-static with binfmt_misc: scripts/ensure-services --arm64)
 #   TOLLGATE_CACHE  where the rootfs tarball lives   (default $HOME/.cache/tollgate)
 #   FORCE_REBUILD=1 ignore an existing image (the cached tarball is still reused)
 set -euo pipefail
@@ -15,7 +17,8 @@ BASE_IMAGE=${BASE_IMAGE:-tollgate/base:bookworm}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE_DIR=${TOLLGATE_CACHE:-$HOME/.cache/tollgate}
-ARCH=$(dpkg --print-architecture)
+HOST_ARCH=$(dpkg --print-architecture)
+ARCH=${DEBIAN_ARCH:-$HOST_ARCH}
 TARBALL="$CACHE_DIR/rootfs-$DEBIAN_SUITE-$ARCH.tar"
 
 log() { printf '[base-image] %s\n' "$*"; }
@@ -32,7 +35,8 @@ build_rootfs() {
   WORK=$(mktemp -d)
   local work=$WORK
   log "debootstrap $DEBIAN_SUITE ($ARCH) from $DEBIAN_MIRROR"
-  as_root debootstrap --variant=minbase --include=python3,ca-certificates \
+  # A foreign architecture's second stage runs its binaries through qemu (binfmt_misc).
+  as_root debootstrap --arch="$ARCH" --variant=minbase --include=python3,ca-certificates \
     "$DEBIAN_SUITE" "$work/rootfs" "$DEBIAN_MIRROR" >"$work/debootstrap.log" 2>&1 \
     || { tail -20 "$work/debootstrap.log" >&2; return 1; }
   # Package caches and lists only make the image bigger.
@@ -55,7 +59,7 @@ main() {
     log "using cached $TARBALL"
   fi
   log "importing $TARBALL as $BASE_IMAGE"
-  docker import \
+  docker import --platform "linux/$ARCH" \
     --change 'ENV LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'CMD ["/bin/bash"]' \
     "$TARBALL" "$BASE_IMAGE" >/dev/null

@@ -461,6 +461,108 @@ def test_console_login_over_https_in_chromium(stack: Stack, tmp_path: Path) -> N
             browser.close()
 
 
+def test_gateway_process_cannot_write_tenants_keys_or_prices(stack: Stack) -> None:
+    """The gateway service (/v1) connects as PostgreSQL's gateway role: its writes to
+    tenants, API keys (but their last use), prices and users fail, and it holds neither the
+    owner's database password nor a path to it. In Redis it is the `gateway` ACL user: its
+    own keys, no deploy or node queue, no dangerous command; strangers may only PING."""
+    code = """
+import json, os
+from django.db import connection, transaction
+from django.db.utils import ProgrammingError
+from django.utils import timezone
+from django.contrib.auth import get_user_model
+from tenants.models import ApiKey, Tenant
+from metering.models import Price
+def redis_attempts():
+    import redis
+    from core.keyspace import rkey
+    from core.redis import get_redis
+    r = get_redis()
+    def run(*command):
+        try:
+            r.execute_command(*command)
+            return "ok"
+        except redis.exceptions.NoPermissionError:
+            return "refused"
+    anonymous = redis.Redis(host="redis", port=6379)
+    try:
+        anonymous.get(rkey("anything"))
+        stranger = "ok"
+    except redis.exceptions.NoPermissionError:
+        stranger = "refused"
+    return {
+        "whoami": r.execute_command("ACL", "WHOAMI").decode(),
+        "own_key": run("SET", rkey("acl-probe"), "1"),
+        "deploy_queue": run("LPUSH", "control", "{}"),
+        "node_queue": run("LPUSH", "node.local", "{}"),
+        "other_key": run("GET", "celery-task-meta-x"),
+        "flushall": run("FLUSHALL"),
+        "config": run("CONFIG", "GET", "*"),
+        "keys": run("KEYS", "*"),
+        "anonymous_get": stranger,
+        "anonymous_ping": anonymous.ping(),
+    }
+def attempt(write):
+    try:
+        with transaction.atomic():
+            write()
+        return "written"
+    except ProgrammingError as exc:
+        return "refused" if "permission denied" in str(exc) else repr(exc)
+print(json.dumps({
+    "user": connection.settings_dict["USER"],
+    "tenant": attempt(lambda: Tenant.objects.create(name="Evil", slug="evil")),
+    "rename": attempt(lambda: Tenant.objects.update(name="owned")),
+    "revoke": attempt(lambda: ApiKey.objects.update(revoked_at=timezone.now())),
+    "price": attempt(lambda: Price.objects.update(output_per_mtok=0)),
+    "admin": attempt(lambda: get_user_model().objects.update(is_superuser=True)),
+    "key_use": attempt(lambda: ApiKey.objects.update(last_used_at=timezone.now())),
+    "secrets": sorted(os.listdir("/var/lib/tollgate/secrets")),
+    "owner_password_in_env": any("postgres_password" in v for v in os.environ.values()),
+    "redis": redis_attempts(),
+}))
+"""
+    out = stack.compose("exec", "-T", "gateway", "tollgate", "manage", "shell", "-c", code)
+    answers = json.loads(out.strip().splitlines()[-1])
+    assert answers == {
+        "user": "tollgate_gateway",
+        "tenant": "refused",
+        "rename": "refused",
+        "revoke": "refused",
+        "price": "refused",
+        "admin": "refused",
+        "key_use": "written",
+        "secrets": ["gateway_db_password", "key_pepper", "redis_gateway_password", "secret_key"],
+        "owner_password_in_env": False,
+        # Redis: the gateway's ACL user reaches Tollgate's own keys and nothing else.
+        "redis": {
+            "whoami": "gateway",
+            "own_key": "ok",
+            "deploy_queue": "refused",
+            "node_queue": "refused",
+            "other_key": "refused",
+            "flushall": "refused",
+            "config": "refused",
+            "keys": "refused",
+            "anonymous_get": "refused",
+            "anonymous_ping": True,
+        },
+    }
+    # The control plane's processes are the `tollgate` user, not the unrestricted default.
+    whoami = stack.compose(
+        "exec",
+        "-T",
+        "web",
+        "tollgate",
+        "manage",
+        "shell",
+        "-c",
+        "from core.redis import get_redis; print(get_redis().execute_command('ACL', 'WHOAMI'))",
+    )
+    assert whoami.strip().splitlines()[-1] == "b'tollgate'"
+
+
 def test_compose_appliance_end_to_end(stack: Stack) -> None:
     api = stack.api()
 
@@ -576,12 +678,12 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert sorted(r["custom_id"] for r in results) == ["b0", "b1", "b2"]
     assert all(r["response"]["status_code"] == 200 for r in results)
 
-    # Restart web, the worker and the usage consumer under traffic: every request a client
-    # saw succeed is billed.
+    # Restart the gateway, web, the worker and the usage consumer under traffic: every
+    # request a client saw succeed is billed.
     thread = threading.Thread(target=traffic.run, daemon=True)
     thread.start()
     time.sleep(3)
-    for service in ("web", "worker", "usage"):
+    for service in ("gateway", "web", "worker", "usage"):
         stack.compose("restart", service)
         stack.wait_healthy()
         time.sleep(2)
@@ -614,6 +716,13 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert requests == usage_count >= len(billed)
     assert sum(int(r["completion_tokens"]) for r in rows) > 0
     assert {r["tenant"] for r in rows} == {"acme"}
+
+    # The image's `tollgate` command line speaks the same admin API: the same CSV.
+    cli = ("exec", "-T", "-e", f"TOLLGATE_TOKEN={stack.token}", "web", "tollgate")
+    text = stack.compose(*cli, "usage", "export", "--tenant", "acme")
+    cli_rows = [r for r in csv.DictReader(io.StringIO(text)) if r["model"] == "sim-chat"]
+    assert sum(int(r["requests"]) for r in cli_rows) == requests
+    assert "acme" in stack.compose(*cli, "tenants", "list")
 
     # `docker compose stop` leaves no engine behind: the janitor removes them, through the
     # Docker API policy, whose log (readable until `down` removes the containers) shows

@@ -169,8 +169,9 @@ def browser(live: str, node_worker: Node, monkeypatch: pytest.MonkeyPatch) -> It
         )
         yield chromium
         chromium.close()
-        # Queries made while Playwright runs use a connection of their own (its greenlet's
-        # context): close it here, in that context.
+        # Inside sync_playwright() the ORM runs in another context, hence on connections of
+        # its own, which pytest-django does not know about: close them here, or they stay
+        # open and keep the test database from being dropped.
         connections.close_all()
 
 

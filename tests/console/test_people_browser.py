@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
 from django.utils import timezone
 
 from deployments import services as deployment_services
@@ -22,7 +21,7 @@ from tenants import services as tenant_services
 from tenants.choices import Role
 from tenants.models import AdminToken, Membership
 from tests.conftest import PASSWORD
-from tests.console.test_browser import CHROMIUM_ARGS, SHOTS
+from tests.console.test_browser import SHOTS
 from tests.liveserver import Server, serve
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -35,23 +34,6 @@ MEMBER_PASSWORD = "the member's passphrase 7"
 def live(tmp_path: Path, transactional_db: None) -> Iterator[Server]:
     with serve(tmp_path / "web.log") as server:
         yield server
-
-
-@pytest.fixture
-def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
-        yield browser
-        browser.close()
-        # Queries made while Playwright runs use a connection of their own (its greenlet's
-        # context): close it here, in that context.
-        connections.close_all()
 
 
 def _login(page: object, url: str, username: str, password: str) -> None:
@@ -186,11 +168,7 @@ def _layout_data() -> dict[str, str]:
         metering_services.set_price(None, model, *(Decimal(p) for p in prices))
         models.append(model)
     deployment_services.register_node(
-        None,
-        name="spark-one",
-        docker_url="tcp://127.0.0.1:1",
-        engine_host="127.0.0.1",
-        total_memory_bytes=128 * 2**30,
+        None, name="spark-one", docker_url="tcp://127.0.0.1:1", total_memory_bytes=128 * 2**30
     )
     # Inside the usage page's default period (this month), whatever the day.
     month = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)

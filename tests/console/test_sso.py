@@ -7,10 +7,10 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import Client
 
-from console.sso import parse_group_map, roles_for, sync_roles
 from tenants import services
 from tenants.choices import Role
 from tenants.models import Membership, Tenant
+from tenants.sso import parse_group_map, roles_for, sync_roles
 from tests.conftest import PASSWORD
 
 SSO = {

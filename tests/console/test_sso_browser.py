@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
 
 from tenants import services as tenant_services
 from tenants.choices import Role
 from tenants.models import Account, Membership
-from tests.console.test_browser import CHROMIUM_ARGS, SHOTS
+from tests.console.test_browser import SHOTS
 from tests.gateway.conftest import free_port, stop, wait_listening
 from tests.liveserver import ROOT, Server, serve
 
@@ -89,23 +88,6 @@ def sso(tmp_path: Path, transactional_db: None) -> Iterator[tuple[Server, str]]:
             yield server, issuer
     finally:
         stop(provider)
-
-
-@pytest.fixture
-def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
-        yield browser
-        browser.close()
-        # Queries made while Playwright runs use a connection of their own (its greenlet's
-        # context): close it here, in that context.
-        connections.close_all()
 
 
 def _sign_in(browser: object, url: str, username: str, password: str) -> object:

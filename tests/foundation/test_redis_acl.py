@@ -11,6 +11,38 @@ import redis
 from config import redisacl
 
 PREFIX = f"acltest-{secrets.token_hex(4)}"
+BATCHES = f"{PREFIX}-batches"
+
+
+@pytest.fixture
+def gateway_user() -> Iterator[tuple[str, str]]:
+    admin = redis.Redis(host="127.0.0.1", port=6379)
+    user, password = f"tollgate-test-gw-{secrets.token_hex(4)}", secrets.token_urlsafe(16)
+    admin.acl_setuser(user, enabled=True, reset=True)
+    admin.execute_command(
+        "ACL", "SETUSER", user, f">{password}", *redisacl.gateway_rules(PREFIX, BATCHES)
+    )
+    try:
+        yield user, password
+    finally:
+        admin.acl_deluser(user)
+        # Only this test's keys: the shared Redis holds other runs' queues ("control" too).
+        admin.delete(f"{PREFIX}:probe", BATCHES, *admin.keys(f"_kombu.binding*{BATCHES}"))
+
+
+def test_gateway_user_can_queue_a_batch_job(gateway_user: tuple[str, str]) -> None:
+    """What /v1/batches does after creating a batch: Celery declares the queue (priority
+    lists, bindings) and pushes the message, all allowed to the gateway user."""
+    from batches.services import RUN_TASK
+    from config.celery import _discover_tasks, app
+
+    _discover_tasks()
+    user, password = gateway_user
+    with app.connection_for_write(f"redis://{user}:{password}@127.0.0.1:6379/0") as conn:
+        app.tasks[RUN_TASK].apply_async(args=[1], queue=BATCHES, connection=conn)
+        with pytest.raises(Exception, match="NOPERM|no permissions"):
+            app.tasks[RUN_TASK].apply_async(args=[1], queue="control", connection=conn)
+    assert redis.Redis().llen(BATCHES) == 1
 
 
 @pytest.fixture

@@ -66,6 +66,11 @@ def engine_prompt(engine: Engine, path: str, body: dict) -> int:
         ("completions", "/v1/completions", {"prompt": "Count my prompt, please."}),
         ("completions", "/v1/completions", {"prompt": ["One prompt in a list."]}),
         ("messages", "/v1/messages", {"system": "You are terse.", "messages": CHAT[1:]}),
+        (
+            "responses",
+            "/v1/responses",
+            {"instructions": "You are terse.", "input": "Count my prompt.", "store": False},
+        ),
     ],
 )
 def test_an_unreported_prompt_is_counted_by_the_engines_tokenizer(
@@ -74,7 +79,8 @@ def test_an_unreported_prompt_is_counted_by_the_engines_tokenizer(
     """The count equals the prompt tokens the engine reports when it answers in full (a
     dead replica first in line is skipped)."""
     payload = {"model": "sim-count", **payload}
-    expected = engine_prompt(engine, path, {**payload, "max_tokens": 1})
+    limit = "max_output_tokens" if endpoint == "responses" else "max_tokens"
+    expected = engine_prompt(engine, path, {**payload, limit: 1})
     outcome = counted(endpoint, payload, free_port(), engine.port)
     assert (outcome.prompt_tokens, outcome.prompt_known, outcome.prompt_estimated) == (
         expected,

@@ -3,7 +3,8 @@ the content tokens it was handed, whatever the engine reports while streaming.
 
 Three simulator engines play three kinds of vLLM deployment: one sending running usage on
 every chunk (what the gateway asks for), one ignoring ``continuous_usage_stats`` (usage
-only at the end), one ignoring ``include_usage`` (no usage in streams at all). Each
+only at the end), one ignoring ``include_usage`` (no usage in streams at all). (Responses
+streams carry usage only in ``response.completed`` on all three.) Each
 stream is cut before its first token (the client hangs up during prefill), after 1 and
 after 5 content chunks, or read to its end. The engines decode at 10 tokens/s, so the next
 token is 100 ms away when the client hangs up: every token the client did not read was
@@ -48,6 +49,15 @@ def _completion_body(model: str) -> dict:
     }
 
 
+def _responses_body(model: str) -> dict:
+    return {
+        "model": model,
+        "input": MESSAGES[0]["content"],
+        "max_output_tokens": REPLY_TOKENS,
+        "store": False,
+    }
+
+
 def _chat_content(event: dict) -> bool:
     choices = event.get("choices") or [{}]
     return bool((choices[0].get("delta") or {}).get("content"))
@@ -62,11 +72,15 @@ def _messages_content(event: dict) -> bool:
     return event.get("type") == "content_block_delta" and bool(event["delta"].get("text"))
 
 
+def _responses_content(event: dict) -> bool:
+    return event.get("type") == "response.output_text.delta" and bool(event.get("delta"))
+
+
 def _openai_usage(answer: dict) -> tuple[int, int]:
     return answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"]
 
 
-def _messages_usage(answer: dict) -> tuple[int, int]:
+def _input_output_usage(answer: dict) -> tuple[int, int]:
     return answer["usage"]["input_tokens"], answer["usage"]["output_tokens"]
 
 
@@ -75,7 +89,8 @@ def _messages_usage(answer: dict) -> tuple[int, int]:
 ENDPOINTS: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "chat": ("/v1/chat/completions", _chat_body, _chat_content, _openai_usage),
     "completions": ("/v1/completions", _completion_body, _completion_content, _openai_usage),
-    "messages": ("/v1/messages", _chat_body, _messages_content, _messages_usage),
+    "messages": ("/v1/messages", _chat_body, _messages_content, _input_output_usage),
+    "responses": ("/v1/responses", _responses_body, _responses_content, _input_output_usage),
 }
 
 

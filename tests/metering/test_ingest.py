@@ -208,3 +208,21 @@ def test_a_batch_committed_but_never_acked_is_redelivered_without_doubling(
     assert UsageEvent.objects.count() == 5
     assert UsageRollup.objects.aggregate(n=Sum("requests"))["n"] == 5
     assert pending() == 0
+
+
+def test_the_consumer_lets_small_batches_fill_and_drains_a_backlog_without_waiting(
+    tenant_a, key_a, public_model, price, monkeypatch
+) -> None:
+    """After a batch smaller than its size the consumer waits (``linger``) for more to
+    arrive, instead of paying a transaction for every few events; full batches follow each
+    other at once. The clock is not real here: ``time.sleep`` records the waits."""
+    ingest.ensure_group()
+    emit(*(record(tenant_a, public_model, key_a) for _ in range(5)))
+    waits: list[object] = []
+    rounds = iter(range(3))
+    monkeypatch.setattr(ingest.time, "sleep", waits.append)
+    monkeypatch.setattr(ingest, "ensure_group", lambda *a: waits.append("group"))
+    ingest.run_consumer("c1", count=2, block_ms=0, stop=lambda: next(rounds, None) is None)
+    # Batches of 2, 2 (full: no wait) and 1 (short: linger), one group check in all.
+    assert waits == ["group", ingest.LINGER_SECONDS]
+    assert UsageEvent.objects.count() == 5
