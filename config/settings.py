@@ -404,8 +404,10 @@ TOLLGATE_QUEUE_TIMEOUT_SECONDS = {
 # and the reaper bills what those requests delivered and frees their engine slots.
 TOLLGATE_GATEWAY_LEASE_SECONDS = env_float("TOLLGATE_GATEWAY_LEASE_SECONDS", 30.0)
 # Kept /v1/responses answers stay this long in Redis (for immediate chaining from any
-# gateway process); PostgreSQL keeps them until deleted (gateway/response_store.py).
+# gateway process); PostgreSQL keeps them TOLLGATE_RESPONSES_RETENTION_DAYS (0: until
+# deleted), as OpenAI keeps them 30 days (gateway/response_store.py).
 TOLLGATE_RESPONSES_CACHE_SECONDS = env_int("TOLLGATE_RESPONSES_CACHE_SECONDS", 24 * 3600)
+TOLLGATE_RESPONSES_RETENTION_DAYS = env_int("TOLLGATE_RESPONSES_RETENTION_DAYS", 30)
 # P2 (batch) runs only while engines report KV-cache use below this and nothing waiting.
 TOLLGATE_P2_KV_CACHE_THRESHOLD = env_float("TOLLGATE_P2_KV_CACHE_THRESHOLD", 0.9)
 # Headroom for higher classes (gateway/acquire.lua): lower classes leave free the slots P0/P1

@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -239,3 +239,25 @@ def persist(consumer: str, seconds: float) -> int:
         if not batch:
             break
     return written
+
+
+def expire(now: datetime | None = None, batch: int = 1000) -> int:
+    """Delete the kept responses older than the retention period, a batch at a time (a
+    large backlog never holds one long transaction); returns how many went. Their Redis
+    copies expire sooner (TOLLGATE_RESPONSES_CACHE_SECONDS)."""
+    from gateway.models import StoredResponse
+
+    days = settings.TOLLGATE_RESPONSES_RETENTION_DAYS
+    if days <= 0:
+        return 0
+    cutoff = (now or datetime.now(UTC)) - timedelta(days=days)
+    gone = 0
+    while True:
+        ids = list(
+            StoredResponse.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[
+                :batch
+            ]
+        )
+        if not ids:
+            return gone
+        gone += StoredResponse.objects.filter(pk__in=ids).delete()[0]

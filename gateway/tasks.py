@@ -21,3 +21,9 @@ def reap_orphans() -> int:
 def persist_responses(seconds: float = 20.0) -> int:
     """Write kept /v1/responses answers (and deletions) from Redis to PostgreSQL."""
     return response_store.persist(response_store.consumer_name(), seconds)
+
+
+@shared_task(name="gateway.expire_responses", ignore_result=True)
+def expire_responses() -> int:
+    """Delete kept responses older than TOLLGATE_RESPONSES_RETENTION_DAYS."""
+    return response_store.expire()

@@ -8,11 +8,13 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from datetime import timedelta
 
 import httpx
 import openai
 import orjson
 import pytest
+from django.utils import timezone
 
 from core.keyspace import stored_response_key
 from core.redis import get_redis
@@ -383,6 +385,35 @@ def test_kept_responses_outlive_redis_through_postgresql(world: World) -> None:
     response_store.persist("test-persist", seconds=10)
     assert not StoredResponse.objects.filter(response_id=first.id).exists()
     assert StoredResponse.objects.filter(response_id=second.id, chain=[first.id]).exists()
+
+
+def test_kept_responses_expire_after_the_retention_period(world: World, settings: object) -> None:
+    """OpenAI keeps responses 30 days; so does Tollgate (TOLLGATE_RESPONSES_RETENTION_DAYS):
+    after that the beat task deletes the row, and once Redis's copy is gone too, the id is
+    a 404 for retrieve and for previous_response_id alike."""
+    c = client(world)
+    old = c.responses.create(model="sim-chat", input="Old news.", max_output_tokens=4)
+    new = c.responses.create(model="sim-chat", input="Fresh news.", max_output_tokens=4)
+    response_store.persist("test-persist", seconds=10)
+    StoredResponse.objects.filter(response_id=old.id).update(
+        created_at=timezone.now() - timedelta(days=31)
+    )
+    settings.TOLLGATE_RESPONSES_RETENTION_DAYS = 30
+    assert response_store.expire() == 1
+    assert StoredResponse.objects.filter(response_id=new.id).exists()
+    get_redis().delete(stored_response_key(world.tenant_a.pk, old.id))  # its TTL ran out
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(old.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.create(
+            model="sim-chat", input="And?", previous_response_id=old.id, max_output_tokens=4
+        )
+    assert c.responses.retrieve(new.id).output_text == new.output_text
+    settings.TOLLGATE_RESPONSES_RETENTION_DAYS = 0  # 0 keeps them until deleted
+    StoredResponse.objects.filter(response_id=new.id).update(
+        created_at=timezone.now() - timedelta(days=3650)
+    )
+    assert response_store.expire() == 0
 
 
 # --- Paths ------------------------------------------------------------------------------------
