@@ -299,6 +299,11 @@ class Exchange:
             if price
             else None,
         }
+        # Should this process die once the engine took the request, the reaper bills its
+        # prompt from this (gateway/billing.py): part of the admission write, no extra call.
+        prompt = billing.orphan_prompt(self.endpoint, payload, self.body)
+        if prompt is not None:
+            record["prompt"] = prompt
         tokens = self.tokens = prompt_est + output_est
         try:
             decision = await rt.limiter.admit(
