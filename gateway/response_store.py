@@ -2,11 +2,14 @@
 
 Why both: a client chains its next turn (``previous_response_id``) the moment it has read
 ``response.completed``, and that turn may land on any gateway process of any node. So the
-gateway writes the record to Redis (one MULTI: the record with a TTL, and an entry on the
+gateway writes the record to Redis (atomically: the record with a TTL, and an entry on the
 ``responses:log`` stream) *before* the final event or body goes out; every process reads it
-from there. The stream's consumer (``persist``, a Celery beat task) writes the rows to
-PostgreSQL idempotently and acknowledges only after the commit, like the usage stream, so the
-gateway never touches the ORM on the request path and a crash loses nothing Redis kept (AOF).
+from there. The write is one Lua call on the process's pipelined connection
+(gateway/redispipe.py, the one admit and settle use): one round trip and no redis-py pool or
+MULTI bookkeeping on the reply's path. The stream's consumer (``persist``, a Celery beat
+task) writes the rows to PostgreSQL idempotently and acknowledges only after the commit,
+like the usage stream, so the gateway never touches the ORM on the request path and a crash
+loses nothing Redis kept (AOF).
 A Redis miss (TTL passed, Redis rebuilt) falls back to PostgreSQL; a delete leaves a
 tombstone in Redis so a row the consumer has not deleted yet is never served.
 """
@@ -19,6 +22,7 @@ import os
 import socket
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -29,6 +33,7 @@ from django.db import close_old_connections, transaction
 
 from core.keyspace import responses_log, stored_response_key
 from core.redis import get_redis
+from gateway.redispipe import RedisPipe, Script
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -43,20 +48,29 @@ def ttl() -> int:
 # --- The gateway's side (async, Redis first) ------------------------------------------------
 
 
-class ResponseStore:
-    """What one gateway process reads and writes; ``client`` is its async Redis client."""
+_KEEP = Script((Path(__file__).parent / "keep_response.lua").read_text())
 
-    def __init__(self, client: aioredis.Redis) -> None:
+
+class ResponseStore:
+    """What one gateway process reads and writes; ``client`` is its async Redis client,
+    ``pipe`` its pipelined connection for the write on the reply's path."""
+
+    def __init__(self, client: aioredis.Redis, pipe: RedisPipe | None = None) -> None:
         self.redis = client
+        self.pipe = pipe or RedisPipe.like(client)
 
     async def put(self, record: dict[str, Any]) -> None:
         """Keep a finished response (readable by every process once this returns)."""
         raw = orjson.dumps(record)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(stored_response_key(record["tenant_id"], record["id"]), raw, ex=ttl())
-        pipe.xadd(responses_log(), {b"op": b"put", b"r": raw})
+        # Not RedisPipe.evalsha: it keeps every key it sends, and each record's key is new.
+        args = (2, stored_response_key(record["tenant_id"], record["id"]), responses_log(), raw)
         async with asyncio.timeout(5.0):
-            await pipe.execute()
+            try:
+                await self.pipe.call(b"EVALSHA", _KEEP.sha, *args, ttl())
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("NOSCRIPT"):
+                    raise
+                await self.pipe.call(b"EVAL", _KEEP.source, *args, ttl())
 
     async def delete(self, tenant_id: int, response_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)

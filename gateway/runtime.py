@@ -93,7 +93,7 @@ class Runtime:
         self.limiter = Limiter(self.redis, self.pipe)
         self.router = Router(self.pipe)
         self.admission = Admission(self.redis)
-        self.responses = ResponseStore(self.redis)
+        self.responses = ResponseStore(self.redis, self.pipe)
         self.session = make_client(settings.TOLLGATE_UPSTREAM_CLIENT)
         try:
             self.snapshot = await asyncio.to_thread(_load_in_thread, None)
