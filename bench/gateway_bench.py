@@ -44,6 +44,7 @@ import json
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -1037,7 +1038,8 @@ def main() -> None:
         default="direct,Tollgate w2 appliance,Tollgate w1,Tollgate w2,Tollgate w2 aiohttp,"
         "LiteLLM w1,LiteLLM w2",
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp; "
-        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy)",
+        "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy); "
+        "'Tollgate wN appliance': web, worker, beat and usage consumer together",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
     ap.add_argument(
@@ -1046,6 +1048,9 @@ def main() -> None:
     ap.add_argument("--hold", type=int, default=1000, help="concurrent streams held (0: skip)")
     ap.add_argument(
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
+    )
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
     )
     ap.add_argument(
         "--section",
@@ -1117,7 +1122,7 @@ def main() -> None:
     load_after = load_avg()
     text, facts = table(cols, results)
     lines = verdicts(facts, a.hold) + tls_verdicts(results)
-    cmd = "$ .venv/bin/python bench/gateway_bench.py " + " ".join(sys.argv[1:])
+    cmd = "$ .venv/bin/python bench/gateway_bench.py " + shlex.join(sys.argv[1:])
     machine = (
         f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
         f"{platform.python_version()}, "

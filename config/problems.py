@@ -17,9 +17,11 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.db import DataError, IntegrityError
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.urls import Resolver404, resolve
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -242,6 +244,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse |
     elif isinstance(exc, IntegrityError):
         # Two requests raced for one name: the loser learns it is taken, not that we crashed.
         exc = ConflictError(detail="Another object with the same name or key exists already.")
+    elif isinstance(exc, DataError):
+        # PostgreSQL refused a value the validators let through (a NUL byte in a name, a
+        # time zone offset out of range in a filter): the request's fault, not ours.
+        reason = str(exc).splitlines()[0] if str(exc) else "a value is out of range"
+        exc = exceptions.ParseError(f"A value cannot be used: {reason}.")
     if isinstance(exc, exceptions.ValidationError) and _codes(exc.get_codes()) & CONFLICT_CODES:
         exc = ConflictError(detail=exc.detail)
     response = drf_exception_handler(exc, context)
@@ -301,6 +308,32 @@ def server_error(request: HttpRequest) -> HttpResponse:
     return problem(request, 500, "Tollgate failed to answer; the error is in the web log.")
 
 
+@csrf_exempt  # answers every method with a 404; a console cookie must not make it a 403 page
+def api_not_found(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Any path under /api/ no route matched, whatever the method (and with DEBUG on).
+
+    A known path without its final slash is redirected for GET (as Django's APPEND_SLASH
+    would) and named in the 404 otherwise, since a redirect would lose a body."""
+    if not request.path.endswith("/"):
+        match = resolve_or_none(request.path + "/")
+        if match is not None and match.func is not api_not_found:
+            if request.method in ("GET", "HEAD"):
+                query = request.META.get("QUERY_STRING")
+                return HttpResponsePermanentRedirect(
+                    request.path + "/" + (f"?{query}" if query else "")
+                )
+            return problem(request, 404, f"No API endpoint at {request.path}; use {request.path}/.")
+    return page_not_found(request, Exception())
+
+
+def resolve_or_none(path: str) -> Any:
+    try:
+        return resolve(path)
+    except Resolver404:
+        return None
+
+
+@csrf_exempt  # read-only; other methods are a 405 problem, never the CSRF page
 def problem_types(request: HttpRequest, slug: str | None = None) -> HttpResponse:
     """``GET /api/problems/`` (every type) and ``/api/problems/<slug>`` (one): what a
     problem's ``type`` means."""

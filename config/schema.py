@@ -7,7 +7,6 @@ from typing import Any
 from config.problems import MEDIA_TYPE, PROBLEM_TYPES
 
 WRITES = {"post", "put", "patch", "delete"}
-PUBLIC = {"auth_token_create"}  # operations that need no token
 THROTTLED = {"auth_token_create"}
 
 PROBLEM_SCHEMA = {
@@ -78,9 +77,8 @@ def _is_blank(schema: Any) -> bool:
 
 
 def _declare_problems(method: str, operation: dict[str, Any]) -> None:
-    codes = [400, 404]
-    if operation.get("operationId") not in PUBLIC:
-        codes += [401, 403]
+    # 401/403 also on the token exchange: a wrong password, a one-time password.
+    codes = [400, 401, 403, 404]
     if method in WRITES:
         codes += [409, 415]
     if operation.get("operationId") in THROTTLED:

@@ -180,6 +180,38 @@ AXES_VERBOSE = False
 TOLLGATE_TOKEN_LOGIN_RATE = env_str("TOLLGATE_TOKEN_LOGIN_RATE", "20/min")
 TOLLGATE_TOKEN_LOGIN_DAYS = env_int("TOLLGATE_TOKEN_LOGIN_DAYS", 30)
 
+# --- Single sign-on (OpenID Connect, authorization code + PKCE; tenants/sso.py) ---------------
+
+# On when an issuer and a client id are set; the provider's endpoints come from its discovery
+# document (<issuer>/.well-known/openid-configuration), read at the first sign-in.
+TOLLGATE_OIDC_ISSUER = env_str("TOLLGATE_OIDC_ISSUER", "").rstrip("/")
+OIDC_RP_CLIENT_ID = env_str("TOLLGATE_OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_secret("TOLLGATE_OIDC_CLIENT_SECRET")
+OIDC_RP_SCOPES = env_str("TOLLGATE_OIDC_SCOPES") or "openid email profile groups"
+OIDC_RP_SIGN_ALGO = env_str("TOLLGATE_OIDC_SIGN_ALGO", "RS256")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_TIMEOUT = env_float("TOLLGATE_OIDC_TIMEOUT", 10.0)
+OIDC_VERIFY_SSL = env_bool("TOLLGATE_OIDC_VERIFY_TLS", True)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/"
+TOLLGATE_SSO_ENABLED = bool(TOLLGATE_OIDC_ISSUER and OIDC_RP_CLIENT_ID)
+TOLLGATE_OIDC_USERNAME_CLAIM = env_str("TOLLGATE_OIDC_USERNAME_CLAIM") or "preferred_username"
+TOLLGATE_OIDC_GROUPS_CLAIM = env_str("TOLLGATE_OIDC_GROUPS_CLAIM") or "groups"
+# Group → role: platform admins; "group=tenant-slug" pairs (a bare name: the same slug) for
+# tenant admins and members. Checked by tollgate.E021.
+TOLLGATE_OIDC_ADMIN_GROUPS = env_list("TOLLGATE_OIDC_ADMIN_GROUPS", [])
+TOLLGATE_OIDC_TENANT_ADMIN_GROUPS = env_list("TOLLGATE_OIDC_TENANT_ADMIN_GROUPS", [])
+TOLLGATE_OIDC_MEMBER_GROUPS = env_list("TOLLGATE_OIDC_MEMBER_GROUPS", [])
+TOLLGATE_OIDC_BUTTON_LABEL = env_str("TOLLGATE_OIDC_BUTTON_LABEL", "Sign in with single sign-on")
+# SSO only: local passwords stop working, except the break-glass admin's.
+TOLLGATE_SSO_ONLY = env_bool("TOLLGATE_SSO_ONLY", False)
+TOLLGATE_BREAK_GLASS_USERNAME = (
+    env_str("TOLLGATE_BREAK_GLASS_USERNAME") or env_str("TOLLGATE_ADMIN_USERNAME") or "admin"
+)
+# Answers only a provider's callback (with code and state) while SSO is on.
+AUTHENTICATION_BACKENDS.append("tenants.sso.SSOBackend")
+
 # HMAC pepper for API-key hashes. Kept apart from SECRET_KEY so that rotating one does not
 # silently invalidate the other; derived from SECRET_KEY only when not set.
 TOLLGATE_KEY_PEPPER = (

@@ -15,6 +15,8 @@ handler500 = "config.problems.server_error"
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", favicon, name="favicon"),
+    # Single sign-on (OpenID Connect); the names are mozilla-django-oidc's.
+    path("", include("console.sso_urls")),
     path("", include("metering.urls")),  # /v1/usage, /api/v1/usage/export.csv
     path("", include("batches.urls")),  # /v1/files, /v1/batches
     # The rest of /v1 is the gateway's (config/asgi.py); what reaches Django is not a path.
@@ -25,5 +27,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    # Nothing else under /api/ is a page: a problem+json 404 for any method, DEBUG or not.
+    re_path(r"^api/(?P<rest>.*)$", problems.api_not_found),
     path("", include("console.urls")),  # the web console (last: its paths are the rest)
 ]

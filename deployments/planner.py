@@ -34,8 +34,22 @@ OVERHEAD_SHARE = 0.10  # activations, CUDA graphs, the CUDA context: ~10 % of th
 DEFAULT_MAX_NUM_SEQS = 256
 
 
+TENTH_GB = GB // 10
+
+
 def gb(n: float) -> str:
     return f"{n / GB:.1f} GB"
+
+
+# Every part of the arithmetic is a whole number of tenths of a GB, as printed, so the sums
+# on the page add up digit for digit: what an engine needs is rounded up, what a node
+# offers is rounded down (both on the safe side).
+def up(n: float) -> int:
+    return -(-int(math.ceil(n)) // TENTH_GB) * TENTH_GB
+
+
+def down(n: float) -> int:
+    return int(n) // TENTH_GB * TENTH_GB
 
 
 def estimated_kv_bytes_per_token(params_billions: float, kv_dtype_bytes: int = 2) -> int:
@@ -91,9 +105,10 @@ def footprint(
         )
         source = "estimated"
     tokens = max_model_len * max_num_seqs
-    kv_cache = tokens * per_token
-    overhead = max(MIN_OVERHEAD, int(weights * OVERHEAD_SHARE))
-    reserved = int(gpu_memory_utilization * pool_bytes) if gpu_memory_utilization else 0
+    weights = up(weights)
+    kv_cache = up(tokens * per_token)
+    overhead = up(max(MIN_OVERHEAD, weights * OVERHEAD_SHARE))
+    reserved = up(gpu_memory_utilization * pool_bytes) if gpu_memory_utilization else 0
     text = (
         f"weights {params_billions:g} B params × {per_param:g} bytes ({quantization or 'bf16'}) "
         f"= {gb(weights)} + KV cache {max_model_len} tokens × {max_num_seqs} seqs × "
@@ -101,9 +116,10 @@ def footprint(
         f"{gb(overhead)} = {gb(weights + kv_cache + overhead)}"
     )
     if reserved:
+        held = max(weights + kv_cache + overhead, reserved)
         text += (
             f"; --gpu-memory-utilization {gpu_memory_utilization:g} × {gb(pool_bytes)} "
-            f"reserves {gb(reserved)}"
+            f"reserves {gb(reserved)}, so a replica holds the larger, {gb(held)}"
         )
     return Footprint(weights, kv_cache, overhead, reserved, text)
 
@@ -124,6 +140,11 @@ def capacity(
     held_by_running_engines: int = 0,
 ) -> Capacity:
     """The memory engines on a node may use in all (0 when unknown)."""
+    gpu_memory, total_memory = down(gpu_memory), down(total_memory)
+    available_memory, held_by_running_engines = (
+        down(available_memory),
+        down(held_by_running_engines),
+    )
     if gpu_memory and not unified:
         return Capacity(gpu_memory, f"GPU memory {gb(gpu_memory)}")
     if available_memory:
@@ -135,7 +156,12 @@ def capacity(
         return Capacity(
             usable,
             f"available host memory {gb(available_memory)} + {gb(held_by_running_engines)} "
-            f"held by Tollgate's running engines = {gb(usable)}",
+            f"held by Tollgate's running engines = {gb(available_memory + held_by_running_engines)}"
+            + (
+                f", at most the host's {gb(total_memory)}"
+                if usable < available_memory + held_by_running_engines
+                else ""
+            ),
         )
     return Capacity(total_memory, f"host memory {gb(total_memory)}")
 
@@ -156,6 +182,7 @@ def check_fit(need: Footprint, replicas: int, others: int, node: str, cap: Capac
                 f"--gpu-memory-utilization gives it only {gb(need.reserved)}."
             ),
         )
+    others = up(others)
     total = need.per_replica * replicas + others
     sums = (
         f"{need.explanation}; {gb(need.per_replica)} per replica × {replicas} = "

@@ -95,8 +95,8 @@ class NodeSerializer(ModelSerializer):
 
 
 class ReplicaSerializer(ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    worker_node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    worker_node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = Replica
@@ -190,9 +190,9 @@ class DeploymentSerializer(ModelSerializer):
 
 
 class OperationSerializer(ModelSerializer):
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    model = serializers.SlugRelatedField(slug_field="served_name", read_only=True, allow_null=True)
 
     class Meta:
         model = Operation

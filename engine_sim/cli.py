@@ -113,6 +113,13 @@ KNOBS = [
         "admitted sequences generate nothing until the process gets SIGUSR1 (tests look at a "
         "full batch without racing the clock)",
     ),
+    Knob(
+        "hold-load",
+        bool,
+        False,
+        "loading stops before its last shard until the process gets SIGUSR1 (tests look at a "
+        "loading engine without racing the clock)",
+    ),
 ]
 
 

@@ -119,6 +119,7 @@ class Engine:
         self.hung = False
         self._hang_forever: asyncio.Future | None = None
         self.held = bool(s.sim_hold)
+        self.load_held = bool(s.sim_hold_load)
         self._released: asyncio.Event | None = None
 
     # --- admission -------------------------------------------------------------------
@@ -335,7 +336,7 @@ class Engine:
             await self._released.wait()
 
     def release_hold(self) -> None:
-        self.held = False
+        self.held = self.load_held = False
         if self._released is not None:
             self._released.set()
 

@@ -70,8 +70,18 @@ def bind(cfg: Config) -> socket.socket:
     return sock
 
 
-async def load(cfg: Config) -> None:
-    """Pretend to load weights, printing vLLM's progress lines; maybe die like an OOM."""
+async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds`, or less if `stop` is set meanwhile; whether it was."""
+    try:
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+    except TimeoutError:
+        return False
+    return True
+
+
+async def load(cfg: Config, engine: Engine, stop: asyncio.Event) -> bool:
+    """Pretend to load weights, printing vLLM's progress lines; maybe die like an OOM.
+    False if SIGTERM (`stop`) came first: the process then exits 0 without serving."""
     s = cfg.sim
     log(
         "EngineCore_DP0",
@@ -84,8 +94,13 @@ async def load(cfg: Config) -> None:
     per = max(0.0, s.sim_load_seconds) / shards
     start = time.monotonic()
     for done in range(shards + 1):
-        if done:
-            await asyncio.sleep(per)
+        if done and await _stopped_within(stop, per):
+            return False
+        if done == shards and engine.load_held:
+            log("EngineCore_DP0", "loading held before the last shard until SIGUSR1")
+            while engine.load_held:
+                if await _stopped_within(stop, 0.05):
+                    return False
         if s.sim_load_fail_exit_code is not None and done == shards // 2 + 1:
             log(
                 "EngineCore_DP0",
@@ -111,7 +126,8 @@ async def load(cfg: Config) -> None:
         where="gpu_model_runner.py:2020",
     )
     if s.sim_slow_start_seconds > 0:
-        await asyncio.sleep(s.sim_slow_start_seconds)
+        if await _stopped_within(stop, s.sim_slow_start_seconds):
+            return False
         log(
             "EngineCore_DP0",
             f"torch.compile takes {s.sim_slow_start_seconds:.2f} s in total",
@@ -119,6 +135,7 @@ async def load(cfg: Config) -> None:
         )
     kv = s.sim_kv_cache_tokens or cfg.max_num_seqs * cfg.max_model_len
     log("EngineCore_DP0", f"GPU KV cache size: {kv:,} tokens", where="kv_cache_utils.py:1087")
+    return True
 
 
 class Process:
@@ -130,6 +147,7 @@ class Process:
         self.app = App(cfg, self.engine)
         self.server = Server(self.app)
         self.exit: asyncio.Future[int] | None = None
+        self.stop: asyncio.Event | None = None
 
     def crash(self) -> None:
         """Engine death: /health 503 and in-flight requests fail, then the process exits."""
@@ -162,7 +180,9 @@ class Process:
             self.hang()
 
     async def _drain(self) -> None:
-        """SIGTERM: stop accepting; with --shutdown-timeout, let in-flight requests finish."""
+        """SIGTERM: stop accepting; with --shutdown-timeout, let in-flight requests finish.
+        While loading, loading stops and the process exits 0."""
+        self.stop.set()
         log("APIServer", "Shutting down FastAPI HTTP server.")
         self.server.stop_listening()
         deadline = time.monotonic() + self.cfg.shutdown_timeout
@@ -178,6 +198,11 @@ class Process:
             loop.call_later(s.sim_crash_after_seconds, self.crash)
         if s.sim_hang_after_seconds > 0:
             loop.call_later(s.sim_hang_after_seconds, self.hang)
+
+    def _arm_signals(self) -> None:
+        """From the start, loading included: SIGTERM/SIGINT end the process with 0, SIGUSR1
+        releases --sim-hold/--sim-hold-load, SIGUSR2 kills the engine."""
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self._drain()))
         loop.add_signal_handler(signal.SIGUSR1, self.engine.release_hold)
@@ -193,8 +218,13 @@ class Process:
             where="utils.py:326",
         )
         sock = bind(cfg)
-        await load(cfg)
         self.exit = asyncio.get_running_loop().create_future()
+        self.stop = asyncio.Event()
+        self._arm_signals()
+        if not await load(cfg, self.engine, self.stop) or self.exit.done():
+            code = await self.exit
+            log("APIServer", f"Engine process exiting (code {code}).")
+            return code
         log(
             "APIServer",
             f"Starting vLLM API server 0 on http://{cfg.host}:{cfg.port}",

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway import responses
 from gateway.relay import Outcome
+from gateway.responses import chat_messages, chat_tools
 from gateway.state import Upstream
 
 if TYPE_CHECKING:
@@ -86,11 +86,10 @@ def _messages_calls(payload: dict) -> tuple[list[Call], int]:
 
 
 def _responses_calls(payload: dict) -> tuple[list[Call], int]:
-    body: dict[str, Any] = {
-        "model": payload["model"],
-        "messages": responses.chat_messages(payload),
-    }
-    tools = responses.chat_tools(payload)
+    """The engine's chat messages of the request (its input, a previous_response_id already
+    expanded by the gateway, and instructions) and its tools, as the engine builds them."""
+    body: dict[str, Any] = {"model": payload["model"], "messages": chat_messages(payload)}
+    tools = chat_tools(payload)
     if tools:
         body["tools"] = tools
     return [("/tokenize", body, "count")], 0

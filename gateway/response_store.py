@@ -2,14 +2,11 @@
 
 Why both: a client chains its next turn (``previous_response_id``) the moment it has read
 ``response.completed``, and that turn may land on any gateway process of any node. So the
-gateway writes the record to Redis (atomically: the record with a TTL, and an entry on the
+gateway writes the record to Redis (one MULTI: the record with a TTL, and an entry on the
 ``responses:log`` stream) *before* the final event or body goes out; every process reads it
-from there. The write is one Lua call on the process's pipelined connection
-(gateway/redispipe.py, the one admit and settle use): one round trip and no redis-py pool or
-MULTI bookkeeping on the reply's path. The stream's consumer (``persist``, a Celery beat
-task) writes the rows to PostgreSQL idempotently and acknowledges only after the commit,
-like the usage stream, so the gateway never touches the ORM on the request path and a crash
-loses nothing Redis kept (AOF).
+from there. The stream's consumer (``persist``, a Celery beat task) writes the rows to
+PostgreSQL idempotently and acknowledges only after the commit, like the usage stream, so the
+gateway never touches the ORM on the request path and a crash loses nothing Redis kept (AOF).
 A Redis miss (TTL passed, Redis rebuilt) falls back to PostgreSQL; a delete leaves a
 tombstone in Redis so a row the consumer has not deleted yet is never served.
 """
@@ -22,7 +19,6 @@ import os
 import socket
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -39,6 +35,19 @@ log = logging.getLogger("tollgate.gateway")
 
 TOMBSTONE = b"-"
 GROUP = "persist"
+# One call per write, on the gateway's pipelined connection: the record (or a delete's
+# tombstone) with its TTL, and the stream entry for PostgreSQL, atomically.
+WRITE = Script(
+    """
+redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
+if ARGV[1] == 'put' then
+  redis.call('XADD', KEYS[2], '*', 'op', 'put', 'r', ARGV[2])
+else
+  redis.call('XADD', KEYS[2], '*', 'op', 'del', 't', ARGV[4], 'id', ARGV[5])
+end
+return 1
+"""
+)
 
 
 def ttl() -> int:
@@ -48,39 +57,27 @@ def ttl() -> int:
 # --- The gateway's side (async, Redis first) ------------------------------------------------
 
 
-_KEEP = Script((Path(__file__).parent / "keep_response.lua").read_text())
-
-
 class ResponseStore:
-    """What one gateway process reads and writes; ``client`` is its async Redis client,
-    ``pipe`` its pipelined connection for the write on the reply's path."""
+    """What one gateway process reads and writes: ``client`` is its async Redis client,
+    ``pipe`` its pipelined connection for the per-request calls."""
 
-    def __init__(self, client: aioredis.Redis, pipe: RedisPipe | None = None) -> None:
+    def __init__(self, client: aioredis.Redis, pipe: RedisPipe) -> None:
         self.redis = client
-        self.pipe = pipe or RedisPipe.like(client)
+        self.pipe = pipe
 
     async def put(self, record: dict[str, Any]) -> None:
         """Keep a finished response (readable by every process once this returns)."""
-        raw = orjson.dumps(record)
-        # Not RedisPipe.evalsha: it keeps every key it sends, and each record's key is new.
-        args = (2, stored_response_key(record["tenant_id"], record["id"]), responses_log(), raw)
+        key = stored_response_key(record["tenant_id"], record["id"])
         async with asyncio.timeout(5.0):
-            try:
-                await self.pipe.call(b"EVALSHA", _KEEP.sha, *args, ttl())
-            except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("NOSCRIPT"):
-                    raise
-                await self.pipe.call(b"EVAL", _KEEP.source, *args, ttl())
+            await self.pipe.evalsha(
+                WRITE, (key, responses_log()), (b"put", orjson.dumps(record), ttl())
+            )
 
     async def delete(self, tenant_id: int, response_id: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(stored_response_key(tenant_id, response_id), TOMBSTONE, ex=ttl())
-        pipe.xadd(
-            responses_log(),
-            {b"op": b"del", b"t": str(tenant_id).encode(), b"id": response_id.encode()},
-        )
+        key = stored_response_key(tenant_id, response_id)
+        args = (b"del", TOMBSTONE, ttl(), tenant_id, response_id)
         async with asyncio.timeout(5.0):
-            await pipe.execute()
+            await self.pipe.evalsha(WRITE, (key, responses_log()), args)
 
     async def get(self, tenant_id: int, response_id: str) -> dict[str, Any] | None:
         return (await self.get_many(tenant_id, [response_id])).get(response_id)

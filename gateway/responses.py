@@ -350,28 +350,30 @@ class EventRelay:
     finished: bool = False
 
 
-def event_kind(frame: bytes) -> tuple[bytes, bytes]:
-    """(event type, data) of one SSE frame."""
+def event_kind(frame: bytes) -> tuple[bytes, int]:
+    """(event type, where its data starts) of one SSE frame; the data is sliced only where
+    it is read (a few events a stream), not for every token's delta."""
     if frame.startswith(b"event:"):
         nl = frame.find(b"\n")
-        if nl > 0:
-            data = frame[nl + 1 :]
-            return frame[6:nl].strip(), data[5:].lstrip() if data.startswith(b"data:") else b""
-        return frame[6:].strip(), b""
+        if nl < 0:
+            return frame[6:].strip(), len(frame)
+        at = nl + 1
+        if frame.startswith(b"data:", at):
+            at += 5
+        return frame[6:nl].strip(), at
     if frame.startswith(b"data:"):
-        data = frame[5:].lstrip()
         try:
-            kind = orjson.loads(data).get("type", "")
+            kind = orjson.loads(frame[5:]).get("type", "")
         except (orjson.JSONDecodeError, AttributeError):
             kind = ""
-        return str(kind).encode(), data
-    return b"", b""
+        return str(kind).encode(), 5
+    return b"", len(frame)
 
 
 def transform_event(frame: bytes, st: StreamState, ev: EventRelay) -> bytes:
     """One typed event as the client sees it (the same bytes, but for the echoed
     previous_response_id), noting the tokens it delivers."""
-    kind, data = event_kind(frame)
+    kind, at = event_kind(frame)
     outcome = st.outcome
     if kind.endswith(b".delta"):
         if outcome.ttft_ms is None:
@@ -382,7 +384,7 @@ def transform_event(frame: bytes, st: StreamState, ev: EventRelay) -> bytes:
         if kind in FINAL_EVENTS:
             ev.finished = True
             try:
-                response = orjson.loads(ev.plan.echo(data)).get("response")
+                response = orjson.loads(frame[at:]).get("response")
             except (orjson.JSONDecodeError, AttributeError):
                 response = None
             if isinstance(response, dict):
@@ -434,7 +436,11 @@ async def forward_stream(
         await send(
             {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers}
         )
-        await _relay(resp, send, st, max_frame, EventRelay(plan), store)
+        ev = EventRelay(plan)
+        # Should the gateway itself fail mid-stream, the stream ends with this dialect's
+        # error event (gateway/exchange.py sends st.failure()).
+        st.error_frames = lambda message: error_event(message, ev.frames)
+        await _relay(resp, send, st, max_frame, ev, store)
     finally:
         resp.close()
 

@@ -170,6 +170,9 @@ def filter_rows(qs: QuerySet, q: ExportQuery) -> QuerySet:
         qs = qs.filter(tenant_id__in=q.tenant_ids)
     if q.tenant:
         qs = qs.filter(tenant__slug=q.tenant)
+    else:
+        # Tollgate's own tenant (staff tests) is no customer's: shown only when named.
+        qs = qs.exclude(tenant__internal=True)
     if q.key:
         qs = qs.filter(api_key__prefix=q.key)
     if q.model:

@@ -40,9 +40,9 @@ class PriceSerializer(ModelSerializer):
 
 class UsageEventSerializer(ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True)
+    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True, allow_null=True)
     model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = UsageEvent

@@ -49,6 +49,9 @@ class Tenant(models.Model):
     allowed_models = models.ManyToManyField(
         "deployments.CatalogModel", blank=True, related_name="listed_by_tenants"
     )
+    # Tollgate's own tenant (slug "platform"): staff tests in the playground bill to it, and
+    # showback leaves it out unless it is asked for by name.
+    internal = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

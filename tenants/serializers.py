@@ -83,7 +83,9 @@ class ApiKeySerializer(ModelSerializer):
     tenant = TenantSlugField()
     key_hint = serializers.CharField(source="masked", read_only=True)
     status = serializers.CharField(read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     allowed_models = VisibleModelsField(
         many=True, required=False, help_text="Empty: every model the tenant may use."
     )
@@ -203,7 +205,7 @@ class AdminTokenCreatedSerializer(AdminTokenSerializer):
 
 
 class AuditLogSerializer(ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = AuditLog

@@ -36,11 +36,13 @@ KEY_FIELDS = ["name", "expires_at", *LIMIT_FIELDS]
 
 # --- Tenants ----------------------------------------------------------------------------
 
+PLATFORM_SLUG = "platform"
+
 
 def _unique_slug(name: str) -> str:
     base = slugify(name)[:56] or "tenant"
     slug, n = base, 1
-    while Tenant.objects.filter(slug=slug).exists():
+    while slug == PLATFORM_SLUG or Tenant.objects.filter(slug=slug).exists():
         n += 1
         slug = f"{base}-{n}"
     return slug
@@ -52,6 +54,8 @@ def create_tenant(
 ) -> Tenant:
     """A new tenant with the default limits unless given; slug derived from the name."""
     fields.setdefault("slug", _unique_slug(name))
+    if fields["slug"] == PLATFORM_SLUG:
+        raise ValidationError({"slug": f"{PLATFORM_SLUG!r} is Tollgate's own tenant's slug."})
     tenant = Tenant(name=name, **fields)
     tenant.full_clean()
     tenant.save()
@@ -60,6 +64,23 @@ def create_tenant(
     record(
         actor, AuditAction.CREATE, tenant, tenant=tenant, changes=snapshot(tenant, TENANT_FIELDS)
     )
+    return tenant
+
+
+def platform_tenant() -> Tenant:
+    """Tollgate's own tenant, made on first use: platform admins' playground chats bill to it,
+    and showback leaves it out unless asked for by name (``?tenant=platform``)."""
+    tenant = Tenant.objects.filter(slug=PLATFORM_SLUG).first()
+    if tenant is None:
+        with transaction.atomic():
+            tenant, _ = Tenant.objects.get_or_create(
+                slug=PLATFORM_SLUG,
+                defaults={"name": "Platform (staff tests)", "internal": True, "quota_tokens": None},
+            )
+    if not tenant.internal:
+        raise ValidationError(
+            {"tenant": f"A customer tenant uses the slug {PLATFORM_SLUG!r}; rename it first."}
+        )
     return tenant
 
 
@@ -384,6 +405,16 @@ def reset_password(actor: Actor, user: AbstractBaseUser) -> str:
     Account.objects.update_or_create(user=user, defaults={"must_change_password": True})
     record(actor, AuditAction.UPDATE, user, changes={"password": "reset to a one-time password"})
     return password
+
+
+def password_login_allowed(username: str) -> bool:
+    """Whether a local password may sign this user in: always, unless single sign-on is
+    the only way in (``TOLLGATE_SSO_ONLY``), which leaves only the break-glass admin's."""
+    from django.conf import settings
+
+    if not (settings.TOLLGATE_SSO_ENABLED and settings.TOLLGATE_SSO_ONLY):
+        return True
+    return bool(username) and username == settings.TOLLGATE_BREAK_GLASS_USERNAME
 
 
 def must_change_password(user: AbstractBaseUser) -> bool:

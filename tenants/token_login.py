@@ -99,6 +99,12 @@ class TokenLoginView(APIView):
                 django_request.META.get("REMOTE_ADDR"),
             )
             raise exceptions.AuthenticationFailed(WRONG)
+        if not services.password_login_allowed(user.get_username()):
+            # Single sign-on is the only way in (TOLLGATE_SSO_ONLY): a password buys no token.
+            raise exceptions.PermissionDenied(
+                "Local passwords are turned off: sign in to the console with single sign-on "
+                "and create a token on your profile page."
+            )
         if services.must_change_password(user):
             # A one-time password buys nothing but the console's password page.
             raise exceptions.PermissionDenied(

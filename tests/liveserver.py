@@ -8,11 +8,13 @@ must be committed to be seen) and writes its log to a file the test can read.
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from django.db import connection
 
 from tests.gateway.conftest import free_port, stop, wait_listening
@@ -45,8 +47,23 @@ def collectstatic(env: dict[str, str]) -> None:
     )
 
 
+def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 90.0) -> None:
+    """Until a worker answers /healthz: the port listens before the workers have booted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the web process exited with {server.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url}/healthz did not answer 200 in {timeout} s")
+
+
 @contextmanager
-def serve(log: Path, **settings: str) -> Iterator[Server]:
+def serve(log: Path, port: int | None = None, **settings: str) -> Iterator[Server]:
     """The web process with the test database and ``settings`` as its environment."""
     env = {
         **os.environ,
@@ -57,7 +74,7 @@ def serve(log: Path, **settings: str) -> Iterator[Server]:
         **settings,
     }
     collectstatic(env)
-    port = free_port()
+    port = port or free_port()
     with open(log, "w") as stderr:
         server = subprocess.Popen(
             [
@@ -73,6 +90,8 @@ def serve(log: Path, **settings: str) -> Iterator[Server]:
                 f"127.0.0.1:{port}",
                 "--graceful-timeout",
                 "5",
+                "--timeout",
+                "120",  # a worker booting on a busy machine is not a hung worker
             ],
             cwd=ROOT,
             env=env,
@@ -81,6 +100,8 @@ def serve(log: Path, **settings: str) -> Iterator[Server]:
         )
     try:
         wait_listening(port, server)
-        yield Server(url=f"http://127.0.0.1:{port}", log=log)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, server)
+        yield Server(url=url, log=log)
     finally:
         stop(server)

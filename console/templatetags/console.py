@@ -50,15 +50,31 @@ def limit(value: Any, unit: str) -> str:
     return "unlimited" if n is None else f"{int(n):,} {unit}"
 
 
-@register.filter
-def money(value: Any, currency: str = "") -> str:
-    """A money amount with its currency; small amounts keep enough places to be seen."""
+# The one rule for money on every page, table and chart axis (charts.js's tollgateMoney
+# follows it): thousands separators, at least two decimals and as many more as the amount
+# has (a price's own precision, up to the nine places costs are stored with), never an
+# exponent. 0.25 → "0.25", 1 → "1.00", 0.00009 → "0.00009", 12345.5 → "12,345.50".
+MONEY_MAX_PLACES = 9
+
+
+def money_text(value: Any) -> str | None:
     try:
         amount = Decimal(str(value))
-    except (InvalidOperation, TypeError):
+    except (InvalidOperation, TypeError, ValueError):
+        return None
+    if not amount.is_finite():
+        return None
+    exponent = amount.normalize().as_tuple().exponent
+    places = min(MONEY_MAX_PLACES, max(2, -exponent if isinstance(exponent, int) else 2))
+    return f"{amount:,.{places}f}"
+
+
+@register.filter
+def money(value: Any, currency: str = "") -> str:
+    """A money amount with its currency, by the one rule above."""
+    text = money_text(value)
+    if text is None:
         return "—"
-    places = 2 if amount == 0 or abs(amount) >= 1 else 6
-    text = f"{amount:,.{places}f}"
     return f"{text} {currency}".strip()
 
 

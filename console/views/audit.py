@@ -1,5 +1,7 @@
 """The audit log: who changed what. Platform admins: all; tenant admins: their tenants'."""
 
+from typing import Any
+
 import django_filters
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -30,17 +32,35 @@ class AuditFilter(django_filters.FilterSet):
         self.filters["tenant"].queryset = admin_tenants(request.user)
 
 
+def readable(value: Any) -> str:
+    """An audited value as a person reads it, never a Python repr."""
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ", ".join(readable(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {readable(v)}" for k, v in value.items()) if value else "none"
+    return str(value)
+
+
+def _change(value: Any) -> str:
+    # {field: [before, after]} from tenants.audit.diff; anything else is one value.
+    if isinstance(value, list) and len(value) == 2:
+        return f"{readable(value[0])} → {readable(value[1])}"
+    return readable(value)
+
+
 def _changes(entry: AuditLog) -> str:
     if not entry.changes:
         return ""
-    items = entry.changes.items() if isinstance(entry.changes, dict) else []
+    if not isinstance(entry.changes, dict):
+        return readable(entry.changes)
     return format_html_join(
         mark_safe("<br>"),
         "<code>{}</code>: {}",
-        (
-            (k, " → ".join(map(str, v)) if isinstance(v, list) and len(v) == 2 else v)
-            for k, v in items
-        ),
+        ((k, _change(v)) for k, v in entry.changes.items()),
     )
 
 

@@ -24,6 +24,7 @@ from django.views.decorators.http import require_POST
 
 from console import queries
 from console.access import tenants_of
+from console.templatetags.console import money_text
 from deployments.choices import Task
 from deployments.services import models_for_tenant
 from tenants import services
@@ -35,12 +36,18 @@ MAX_TOKENS = 1024
 FRESH_KEY_RETRIES = 25  # × 0.2 s
 
 
+def billable_tenants(user: Any) -> list[Tenant]:
+    """The tenants a chat may bill: the user's active ones; for platform admins Tollgate's
+    own ``platform`` tenant first, kept out of customers' showback."""
+    tenants = list(tenants_of(user).filter(status="active", internal=False).order_by("name"))
+    return [services.platform_tenant(), *tenants] if user.is_staff else tenants
+
+
 @login_required
 def playground(request: HttpRequest) -> HttpResponse:
-    tenants = list(tenants_of(request.user).filter(status="active").order_by("name"))
-    tenant = next(
-        (t for t in tenants if t.slug == request.GET.get("tenant")), tenants[0] if tenants else None
-    )
+    # Never a silent default: until the user names the tenant to bill, the page asks.
+    tenants = billable_tenants(request.user)
+    tenant = next((t for t in tenants if t.slug == request.GET.get("tenant")), None)
     models = (
         list(models_for_tenant(tenant).filter(task=Task.GENERATE).order_by("served_name"))
         if tenant
@@ -53,6 +60,7 @@ def playground(request: HttpRequest) -> HttpResponse:
             "nav": "playground",
             "tenants": tenants,
             "tenant": tenant,
+            "chosen": request.GET.get("tenant", ""),
             "models": models,
             "max_tokens": MAX_TOKENS,
         },
@@ -94,7 +102,7 @@ def playground_chat(request: HttpRequest) -> HttpResponse:
         max_tokens = max(1, min(int(body.get("max_tokens") or MAX_TOKENS), 8192))
     except (ValueError, KeyError, TypeError):
         return JsonResponse({"error": "Send tenant, model and messages."}, status=400)
-    tenant = get_object_or_404(tenants_of(request.user), slug=slug)
+    tenant = get_object_or_404(tenants_of(request.user).filter(status="active"), slug=slug)
     if not isinstance(messages, list) or not messages:
         return JsonResponse({"error": "messages must be a non-empty list."}, status=400)
     model = models_for_tenant(tenant).filter(served_name=model_name).first()
@@ -224,7 +232,7 @@ def _stats(
         "tokens_per_s": round(completion / (total - ttft), 1)
         if ttft is not None and total > ttft and completion
         else None,
-        "cost": format(cost.normalize(), "f") if cost is not None else None,
+        "cost": money_text(cost) if cost is not None else None,
         "currency": currency,
         "request_id": request_id,
     }

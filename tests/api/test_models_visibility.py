@@ -17,7 +17,7 @@ def test_tenant_b_does_not_see_tenant_as_private_model_or_its_prices(
     carol = client_for(world.carol)
     names = [m["served_name"] for m in carol.get("/api/v1/models/").json()["results"]]
     assert "qwen3-8b" in names and "acme-secret-70b" not in names
-    assert carol.get(f"/api/v1/models/{world.private_model_a.pk}/").status_code == 404
+    assert carol.get(f"/api/v1/models/{world.private_model_a.served_name}/").status_code == 404
     assert carol.get("/api/v1/models/", {"served_name": "acme-secret-70b"}).json()["count"] == 0
 
     prices = carol.get("/api/v1/prices/").json()["results"]
@@ -32,7 +32,7 @@ def test_tenant_a_users_see_their_private_model_and_its_price(
     client = client_for(getattr(world, who))
     names = [m["served_name"] for m in client.get("/api/v1/models/").json()["results"]]
     assert names == ["acme-secret-70b", "qwen3-8b"]
-    detail = client.get(f"/api/v1/models/{world.private_model_a.pk}/")
+    detail = client.get(f"/api/v1/models/{world.private_model_a.served_name}/")
     assert detail.status_code == 200 and detail.json()["visibility"] == "private"
     price = client.get(f"/api/v1/prices/{world.private_price_a.pk}/").json()
     assert (price["model"], price["output_per_mtok"]) == ("acme-secret-70b", "3.000000")
@@ -46,8 +46,8 @@ def test_non_staff_never_see_grants_or_sources(
     own_private = world.private_model_b if who == "carol" else world.private_model_a
     responses = [
         client.get("/api/v1/models/"),
-        client.get(f"/api/v1/models/{own_private.pk}/"),
-        client.get(f"/api/v1/models/{world.public_model.pk}/"),
+        client.get(f"/api/v1/models/{own_private.served_name}/"),
+        client.get(f"/api/v1/models/{world.public_model.served_name}/"),
     ]
     for response in responses:
         assert response.status_code == 200
@@ -63,7 +63,9 @@ def test_platform_admins_see_grants_and_sources(
     world: World, client_for: Callable[..., APIClient]
 ) -> None:
     """The fields above exist: a staff answer has them, so their absence means something."""
-    model = client_for(world.root).get(f"/api/v1/models/{world.private_model_a.pk}/").json()
+    model = (
+        client_for(world.root).get(f"/api/v1/models/{world.private_model_a.served_name}/").json()
+    )
     assert set(STAFF_ONLY_FIELDS) <= set(model)
     assert (model["granted_tenants"], model["source"]) == (["acme"], "acme/secret-70b")
 
@@ -83,5 +85,6 @@ def test_a_tenant_limited_to_listed_models_sees_only_those(
     ]
     assert names == ["bravo-private-7b"]
     assert (
-        client_for(world.carol).get(f"/api/v1/models/{world.public_model.pk}/").status_code == 404
+        client_for(world.carol).get(f"/api/v1/models/{world.public_model.served_name}/").status_code
+        == 404
     )

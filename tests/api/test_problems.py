@@ -218,3 +218,13 @@ def test_problem_types_resolve(world: World) -> None:
     for entry in listing:
         one = APIClient().get(entry["type"])
         assert one.status_code == 200 and one.json() == entry
+
+
+def test_a_missing_final_slash_redirects_reads_and_names_the_path_for_writes(
+    world: World, client_for: Callable[..., APIClient]
+) -> None:
+    api = client_for(world.root)
+    read = api.get("/api/v1/tenants", {"status": "active"})
+    assert read.status_code == 301 and read["Location"] == "/api/v1/tenants/?status=active"
+    write = api.post("/api/v1/tenants", {"name": "X"}, format="json")
+    assert "/api/v1/tenants/" in assert_problem(write, 404)["detail"]

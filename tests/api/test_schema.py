@@ -1,6 +1,7 @@
 """The OpenAPI schema is valid and describes every route the router serves; the docs page
 works offline (its assets are served by Tollgate, not a CDN)."""
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -87,3 +88,51 @@ def test_the_docs_page_renders_with_local_assets(
         assert asset.startswith("/static/"), asset
         assert finders.find(asset.removeprefix("/static/")), f"{asset} is not a local static file"
     assert "/api/schema/" in html
+
+
+def test_list_shaped_actions_answer_what_the_schema_promises(
+    schema: dict[str, Any], world: World, client_for: Callable[..., APIClient]
+) -> None:
+    """Schemathesis found ``/models/staged/`` answering a bare list where the schema
+    promised a paginated object."""
+    for path, url in [
+        ("/api/v1/models/staged/", "/api/v1/models/staged/"),
+        ("/api/v1/deployments/{name}/operations/", "/api/v1/deployments/qwen-main/operations/"),
+    ]:
+        ok = schema["paths"][path]["get"]["responses"]["200"]
+        ref = ok["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        assert set(schema["components"]["schemas"][ref]["properties"]) == {
+            "count",
+            "next",
+            "previous",
+            "results",
+        }
+        body = client_for(world.root).get(url).json()
+        assert set(body) == {"count", "next", "previous", "results"}, url
+    operations = client_for(world.root).get("/api/v1/deployments/qwen-main/operations/").json()
+    ids = [o["id"] for o in operations["results"]]
+    assert world.operation.pk in ids and ids == sorted(ids, reverse=True)  # newest first
+
+
+def test_blank_alternatives_are_any_of_not_an_ambiguous_one_of(schema: dict[str, Any]) -> None:
+    """``""`` matches both the pattern and the blank branch of ``high_speed_interface``."""
+    field = schema["components"]["schemas"]["Node"]["properties"]["high_speed_interface"]
+    assert "oneOf" not in field and len(field["anyOf"]) == 2
+    assert '"oneOf"' not in json.dumps(schema["components"]["schemas"])
+
+
+def test_errors_are_declared_as_problems_and_bodies_refuse_unknown_fields(
+    schema: dict[str, Any],
+) -> None:
+    create = schema["paths"]["/api/v1/tenants/"]["post"]
+    for status in ("400", "401", "403", "404", "409"):
+        content = create["responses"][status]["content"]
+        assert content == {
+            "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+        }, status
+    assert "429" in schema["paths"]["/api/v1/auth/token/"]["post"]["responses"]
+    problem = schema["components"]["schemas"]["Problem"]
+    assert set(problem["required"]) == {"type", "title", "status", "detail", "instance"}
+    requests = {n: s for n, s in schema["components"]["schemas"].items() if n.endswith("Request")}
+    assert len(requests) > 15
+    assert all(s["additionalProperties"] is False for s in requests.values())

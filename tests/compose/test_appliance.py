@@ -615,6 +615,13 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert sum(int(r["completion_tokens"]) for r in rows) > 0
     assert {r["tenant"] for r in rows} == {"acme"}
 
+    # The image's `tollgate` command line speaks the same admin API: the same CSV.
+    cli = ("exec", "-T", "-e", f"TOLLGATE_TOKEN={stack.token}", "web", "tollgate")
+    text = stack.compose(*cli, "usage", "export", "--tenant", "acme")
+    cli_rows = [r for r in csv.DictReader(io.StringIO(text)) if r["model"] == "sim-chat"]
+    assert sum(int(r["requests"]) for r in cli_rows) == requests
+    assert "acme" in stack.compose(*cli, "tenants", "list")
+
     # `docker compose stop` leaves no engine behind: the janitor removes them, through the
     # Docker API policy, whose log (readable until `down` removes the containers) shows
     # that nothing the worker or the janitor did was refused.

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from django.conf import settings as django_settings
+from django.db import connections
 from django.db.models import F, Sum
 
 from deployments import fleet
@@ -168,6 +169,10 @@ def browser(live: str, node_worker: Node, monkeypatch: pytest.MonkeyPatch) -> It
         )
         yield chromium
         chromium.close()
+        # Inside sync_playwright() the ORM runs in another context, hence on connections of
+        # its own, which pytest-django does not know about: close them here, or they stay
+        # open and keep the test database from being dropped.
+        connections.close_all()
 
 
 def shot(page: object, name: str) -> None:

@@ -396,9 +396,9 @@ def test_model_register_price_and_history(web: object, root: object) -> None:
     )
     assert backdated.status_code == 400 and "cannot be backdated" in backdated.content.decode()
     page = client.get(u("model-detail", model.pk)).content.decode()
-    assert "0.400000 USD / 1M tokens" in page and "Price history" in page
+    assert "0.40 USD / 1M tokens" in page and "Price history" in page
     listing = client.get(u("model-list")).content.decode()
-    assert "llama-3-8b" in listing and "0.100000 USD / 1M tokens" in listing
+    assert "llama-3-8b" in listing and "0.10 USD / 1M tokens" in listing
 
 
 def test_a_rerank_model_is_registered_with_the_score_task(web: object, root: object) -> None:
@@ -745,7 +745,7 @@ def test_playground_page_and_chat_validation(
     web: object, bob: object, public_model: object
 ) -> None:
     client = web(bob)
-    page = client.get(u("playground")).content.decode()
+    page = client.get(u("playground") + "?tenant=acme").content.decode()
     assert "qwen3-8b" in page and "tg-" not in page
     bad = client.post(u("playground-chat"), "not json", content_type="application/json")
     assert bad.status_code == 400
@@ -783,6 +783,12 @@ def test_units_on_numbers() -> None:
         fmt.money(Decimal("0.000123"), "USD") == "0.000123 USD"
         and fmt.money(12, "EUR") == "12.00 EUR"
     )
+    # One rule: at least two places, as many as the amount has, separators, no exponent.
+    assert fmt.money(Decimal("9.00000E-5")) == "0.00009"
+    assert fmt.money(Decimal("0.250000")) == "0.25" and fmt.money(Decimal("1.00")) == "1.00"
+    assert fmt.money(Decimal("12345.5"), "USD") == "12,345.50 USD"
+    assert fmt.money(Decimal("1E+3")) == "1,000.00" and fmt.money(Decimal("0E-9")) == "0.00"
+    assert fmt.money(Decimal("0.000000001")) == "0.000000001" and fmt.money("x") == "—"
     assert (
         fmt.rate(2.5, "tokens") == "2.5 tokens/s"
         and fmt.pct(0.42) == "42 %"

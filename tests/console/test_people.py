@@ -183,3 +183,15 @@ def test_a_generated_first_admin_password_must_be_changed(db: None) -> None:
 @pytest.mark.parametrize("path", ["/profile/", "/people/"])
 def test_pages_need_a_login(client: Client, path: str, db: None) -> None:
     assert client.get(path)["Location"].startswith("/login/")
+
+
+def test_audit_values_read_as_text_not_python(
+    web: Web, root: AbstractBaseUser, tenant_a: Tenant
+) -> None:
+    from tenants import services
+
+    services.update_tenant(root, tenant_a, quota_tokens=None, requests_per_minute=None)
+    services.update_tenant(root, tenant_a, quota_tokens=5000, name="Acme Two")
+    page = web(root).get("/audit/").content.decode()
+    assert "None" not in page and "[" not in page.split("<table")[-1].split("</table>")[0]
+    assert "600 → none" in page and "none → 5000" in page and "Acme Research → Acme Two" in page

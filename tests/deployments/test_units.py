@@ -18,7 +18,7 @@ from deployments.models import CatalogModel, Deployment
 def test_footprint_adds_weights_kv_cache_and_overhead() -> None:
     need = planner.footprint(8, "", 32768, 4, kv_bytes_per_token=131072)
     assert need.weights == 16_000_000_000
-    assert need.kv_cache == 32768 * 4 * 131072
+    assert need.kv_cache == planner.up(32768 * 4 * 131072) == 17_200_000_000
     assert need.overhead == 1_600_000_000
     assert need.per_replica == need.weights + need.kv_cache + need.overhead
     assert "8 B params × 2 bytes (bf16) = 16.0 GB" in need.explanation
@@ -28,7 +28,7 @@ def test_footprint_adds_weights_kv_cache_and_overhead() -> None:
 def test_quantization_and_fp8_kv_cache_shrink_the_footprint() -> None:
     full = planner.footprint(70, "", 8192, 4, kv_bytes_per_token=327680)
     small = planner.footprint(70, "nvfp4", 8192, 4, kv_bytes_per_token=327680, kv_cache_dtype="fp8")
-    assert small.weights == int(70e9 * 0.5625) and small.kv_cache == full.kv_cache // 2
+    assert small.weights == planner.up(70e9 * 0.5625) and small.kv_cache < full.kv_cache
 
 
 def test_moe_kv_estimate_follows_active_parameters() -> None:
@@ -56,17 +56,48 @@ def test_a_120b_mxfp4_model_fits_a_spark_and_two_do_not() -> None:
 
 def test_unified_capacity_counts_back_what_running_engines_hold() -> None:
     cap = planner.capacity(128 * GiB, 40 * GiB, 0, unified=True, held_by_running_engines=70 * GiB)
-    assert cap.usable == 110 * GiB and "available host memory" in cap.explanation
-    assert planner.capacity(128 * GiB, 0, 80 * GiB, unified=False).usable == 80 * GiB
+    assert cap.usable == planner.down(40 * GiB) + planner.down(70 * GiB)
+    assert "available host memory 42.9 GB + 75.1 GB held" in cap.explanation
+    assert planner.capacity(128 * GiB, 0, 80 * GiB, unified=False).usable == 85_800_000_000
 
 
 def test_utilisation_too_small_for_the_model_is_refused() -> None:
     need = planner.footprint(70, "", 32768, 4, gpu_memory_utilization=0.5, pool_bytes=128 * GiB)
     verdict = planner.check_fit(need, 1, 0, "spark", planner.capacity(128 * GiB, 0, 0, True))
-    assert not verdict.fits and "gives it only 68.7 GB" in verdict.message
+    assert not verdict.fits and "gives it only 68.8 GB" in verdict.message
 
 
 GiB = 2**30
+
+
+def test_the_printed_memory_arithmetic_adds_up() -> None:
+    """Each sum on the page equals its printed parts, digit for digit (issue: 22.7 + 4.6 …)."""
+    import re
+
+    need = planner.footprint(
+        11.7, "fp8", 40960, 3, gpu_memory_utilization=0.4, pool_bytes=128 * GiB
+    )
+    cap = planner.capacity(128 * GiB, 61 * GiB + 123_456_789, 0, True, 7 * GiB + 987_654_321)
+    verdict = planner.check_fit(need, 2, 3 * 10**9 + 1, "spark", cap)
+    number = r"([\d.]+) GB"
+    w, k, o, total = re.search(
+        rf"= {number} \+ KV cache .* = {number} \+ runtime overhead {number} = {number}",
+        verdict.message,
+    ).groups()
+    assert round(float(w) + float(k) + float(o), 1) == float(total)
+    per, n, product, others, grand = re.search(
+        rf"{number} per replica × (\d+) = {number}, \+ {number} other engines on spark hold "
+        rf"= {number}",
+        verdict.message,
+    ).groups()
+    assert round(float(per) * int(n), 1) == float(product)
+    assert round(float(product) + float(others), 1) == float(grand)
+    avail, held, usable = re.search(
+        rf"available host memory {number} \+ {number} held by Tollgate's running engines "
+        rf"= {number}",
+        verdict.message,
+    ).groups()
+    assert round(float(avail) + float(held), 1) == float(usable)
 
 
 @pytest.mark.django_db

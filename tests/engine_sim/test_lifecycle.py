@@ -25,14 +25,26 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_not_listening_while_loading_and_progress_is_printed(start_sim):
-    sim = start_sim("Qwen/Qwen3-8B", "--sim-load-seconds", "1.2", "--sim-shards", "3", wait=False)
-    wait_until(
-        lambda: "checkpoint shards:   0% Completed | 0/3" in sim.output(),
-        what="first progress line",
+    """--sim-hold-load keeps it loading (before its last shard) until SIGUSR1."""
+    sim = start_sim(
+        "Qwen/Qwen3-8B",
+        "--sim-load-seconds",
+        "1.2",
+        "--sim-shards",
+        "3",
+        "--sim-hold-load",
+        wait=False,
     )
+    wait_until(
+        lambda: "checkpoint shards:  67% Completed | 2/3" in sim.output(),
+        timeout=30,
+        what="the progress line before the held shard",
+    )
+    assert "checkpoint shards:   0% Completed | 0/3" in sim.output()
     with pytest.raises(httpx.ConnectError):
         httpx.get(sim.url + "/health")
-    wait_until(sim.listening, what="listening after load")
+    os.kill(sim.proc.pid, signal.SIGUSR1)
+    wait_until(sim.listening, timeout=30, what="listening after load")
     out = sim.output()
     assert "Loading safetensors checkpoint shards:  33% Completed | 1/3 [" in out
     assert "Loading safetensors checkpoint shards: 100% Completed | 3/3 [" in out
@@ -98,8 +110,24 @@ def test_load_failure_exits_non_zero():
     assert r.returncode == 3 and "CUDA out of memory" in r.stdout
 
 
+def test_after_a_crash_health_is_503_and_requests_fail(start_sim):
+    """During the grace period (long here, so a slow machine sees it) the dead engine still
+    answers: /health 503, new requests 500."""
+    sim = start_sim(
+        "m", "--sim-crash-after-requests", "2", "--sim-crash-grace-seconds", "300", *FAST
+    )
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for _ in range(2):
+        assert httpx.post(sim.url + "/v1/chat/completions", json=body).status_code == 200
+    assert httpx.get(sim.url + "/health").status_code == 503
+    r = httpx.post(sim.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+    assert "EngineCore encountered a fatal error" in sim.output()
+    assert sim.proc.poll() is None
+
+
 @pytest.mark.parametrize("code", [0, 1])
-def test_crash_after_n_requests(start_sim, code):
+def test_crash_after_n_requests_exits_with_the_configured_code(start_sim, code):
     sim = start_sim(
         "m",
         "--sim-crash-after-requests",
@@ -113,18 +141,14 @@ def test_crash_after_n_requests(start_sim, code):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for _ in range(2):
         assert httpx.post(sim.url + "/v1/chat/completions", json=body).status_code == 200
-    assert httpx.get(sim.url + "/health").status_code == 503
-    r = httpx.post(sim.url + "/v1/chat/completions", json=body)
-    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
-    assert sim.proc.wait(timeout=10) == code
+    assert sim.proc.wait(timeout=30) == code
     assert "EngineCore encountered a fatal error" in sim.output()
 
 
 def test_crash_mid_stream_sends_an_error_frame(start_sim):
+    """The engine dies (SIGUSR2, as --sim-crash-after-* would) once the stream has started."""
     sim = start_sim(
         "m",
-        "--sim-crash-after-seconds",
-        "0.3",
         "--sim-load-seconds",
         "0",
         "--sim-ttft-ms",
@@ -134,15 +158,22 @@ def test_crash_mid_stream_sends_an_error_frame(start_sim):
         "--sim-crash-grace-seconds",
         "1",
     )
-    r = httpx.post(
+    frames = []
+    with httpx.stream(
+        "POST",
         sim.url + "/v1/chat/completions",
-        timeout=10,
+        timeout=30,
         json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True},
-    )
-    frames = [f for f in r.text.split("\n\n") if f]
+    ) as r:
+        for line in r.iter_lines():
+            if line:
+                frames.append(line)
+                if len(frames) == 2:
+                    os.kill(sim.proc.pid, signal.SIGUSR2)
+    assert 2 <= len(frames) < 100
     assert frames[-1] == "data: [DONE]"
     assert '"type":"InternalServerError"' in frames[-2]
-    assert sim.proc.wait(timeout=10) == 1
+    assert sim.proc.wait(timeout=30) == 1
 
 
 def test_hang_keeps_the_socket_but_answers_nothing(start_sim):
@@ -156,7 +187,15 @@ def test_hang_keeps_the_socket_but_answers_nothing(start_sim):
     assert sim.proc.poll() is None
 
 
+def test_sigterm_while_loading_exits_zero(start_sim):
+    sim = start_sim("m", "--sim-shards", "2", "--sim-hold-load", wait=False)
+    wait_until(lambda: "1/2" in sim.output(), timeout=30, what="loading to be under way (held)")
+    os.kill(sim.proc.pid, signal.SIGTERM)
+    assert sim.proc.wait(timeout=30) == 0
+    assert "Uvicorn running" not in sim.output()
+
+
 def test_sigterm_exits_zero(start_sim):
     sim = start_sim("m", *FAST)
     os.kill(sim.proc.pid, signal.SIGTERM)
-    assert sim.proc.wait(timeout=10) == 0
+    assert sim.proc.wait(timeout=30) == 0

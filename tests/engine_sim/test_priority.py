@@ -4,6 +4,8 @@ better request preempts the worst running one, whose stream pauses and then comp
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -73,8 +75,11 @@ class Stream(threading.Thread):
                         self.finish = c["finish_reason"]
 
 
-def open_stream(port: int, priority: int, max_tokens: int = 1000) -> socket.socket:
-    """A raw streaming request whose first frame has arrived; close() the socket to abort it."""
+def open_stream(
+    port: int, priority: int, max_tokens: int = 1000, started: bool = True
+) -> socket.socket:
+    """A raw streaming request (whose first frame has arrived, if `started`); close() the
+    socket to abort it."""
     body = json.dumps(
         {
             "messages": MSGS,
@@ -84,30 +89,36 @@ def open_stream(port: int, priority: int, max_tokens: int = 1000) -> socket.sock
             "priority": priority,
         }
     ).encode()
-    s = socket.create_connection(("127.0.0.1", port))
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
     )
-    assert b"data: " in s.recv(65536)  # the stream has started
+    received = b""
+    deadline = time.monotonic() + 30
+    while started and b"data: " not in received and time.monotonic() < deadline:
+        received += s.recv(65536)
+    assert not started or b"data: " in received  # the stream has started
     return s
 
 
 def test_a_better_request_preempts_and_the_long_stream_pauses_then_completes(start_sim):
-    sim = start_sim(*PRIORITY)
-    long = Stream(sim.url, 60, 5)  # ~0.6 s alone
+    """At 20 tok/s the long stream needs 3 s; the short one, arriving after its fifth token,
+    preempts it and ends while the long one still has seconds to go. Without preemption the
+    short one would wait for all 60 tokens; the margins are whole seconds of the engine's
+    pace, not guesses about how fast this machine is."""
+    sim = start_sim(*PRIORITY[:-4], "--sim-decode-tps", "20", "--sim-bandwidth-alpha", "0")
+    long = Stream(sim.url, 60, 5)
     long.start()
-    wait_until(lambda: len(long.times) >= 5, what="the long stream to be decoding")
+    wait_until(lambda: len(long.times) >= 5, timeout=30, what="the long stream to be decoding")
     short = Stream(sim.url, 5, 0)
     short.start()
     short.join()
     assert (
         short.status == 200 and short.finish == "length" and short.usage["completion_tokens"] == 5
     )
-    # Its first token comes at once, not after the ~0.5 s the long stream still had to go.
-    assert short.times[0] - short.start_time < 0.4
     long.join()
-    assert short.times[-1] < long.times[-1] - 0.2
+    assert short.times[-1] < long.times[-1] - 1.0
     assert long.status == 200 and long.finish == "length"
     assert len(long.times) == 60, "every token exactly once: a pause, not a restart"
     assert long.usage == {
@@ -115,11 +126,6 @@ def test_a_better_request_preempts_and_the_long_stream_pauses_then_completes(sta
         "completion_tokens": 60,
         "total_tokens": long.usage["prompt_tokens"] + 60,
     }
-    # The long stream paused while the short one ran (~50 ms, its steps are 10 ms), and no
-    # token of it arrived between the short one's first and last.
-    gaps = [b - a for a, b in zip(long.times, long.times[1:], strict=False)]
-    assert max(gaps) >= 0.03
-    assert not [t for t in long.times if short.times[0] + 0.005 < t < short.times[-1] - 0.005]
     assert sim.metric("vllm:num_preemptions_total") == 1
     assert sim.metric("vllm:request_success_total", 'finished_reason="length"') == 2
     assert sim.metric("vllm:generation_tokens_total") == 65
@@ -131,18 +137,22 @@ def test_a_better_request_preempts_and_the_long_stream_pauses_then_completes(sta
 
 
 def test_the_preempted_request_is_counted_as_waiting(start_sim):
-    sim = start_sim(*PRIORITY)
+    """--sim-hold: the long request holds the slot, the better one takes it from it, and
+    nothing generates until SIGUSR1, so the counts stay put while the test reads them."""
+    sim = start_sim(*PRIORITY, "--sim-hold")
     long = Stream(sim.url, 60, 5)
     long.start()
-    wait_until(lambda: long.times, what="the long stream to start")
+    wait_until(lambda: sim.metric("vllm:num_requests_running") == 1, what="the long one to run")
     short = Stream(sim.url, 30, 0)
     short.start()
-    wait_until(lambda: short.times, what="the short stream to start")
+    wait_until(lambda: sim.metric("vllm:num_preemptions_total") == 1, what="the preemption")
     assert sim.metric("vllm:num_requests_running") == 1
     assert sim.metric("vllm:num_requests_waiting") == 1
+    os.kill(sim.proc.pid, signal.SIGUSR1)
     long.join()
     short.join()
     assert len(long.times) == 60 and len(short.times) == 30
+    assert sim.metric("vllm:num_preemptions_total") == 1
 
 
 def test_equal_or_worse_priority_does_not_preempt(start_sim):
@@ -160,10 +170,12 @@ def test_equal_or_worse_priority_does_not_preempt(start_sim):
 
 
 def test_waiting_requests_run_by_priority_then_arrival(start_sim):
-    sim = start_sim(*PRIORITY)
-    # A long stream that nothing preempts (nothing below -10 arrives) holds the one slot
-    # until every request is queued; then its client goes away and the queue drains.
-    blocker = open_stream(sim.port, priority=-10)
+    # A request that nothing preempts (nothing below -10 arrives) holds the one slot until
+    # every request is queued (--sim-hold: nothing generates meanwhile, however long that
+    # takes); then its client goes away, SIGUSR1 lets the engine go on and the queue drains.
+    sim = start_sim(*PRIORITY, "--sim-hold")
+    blocker = open_stream(sim.port, priority=-10, started=False)
+    wait_until(lambda: sim.metric("vllm:num_requests_running") == 1, what="the blocker to run")
     order = [("p3", 3), ("p1-first", 1), ("p2", 2), ("p1-second", 1), ("p0", 0)]
     streams = {}
     for n, (tag, prio) in enumerate(order):
@@ -173,6 +185,8 @@ def test_waiting_requests_run_by_priority_then_arrival(start_sim):
             lambda n=n: sim.metric("vllm:num_requests_waiting") == n + 1, what=f"{tag} to queue"
         )
     blocker.close()
+    wait_until(lambda: sim.metric("vllm:num_requests_waiting") == 4, what="the blocker to leave")
+    os.kill(sim.proc.pid, signal.SIGUSR1)
     for t in streams.values():
         t.join()
     served = sorted(streams, key=lambda tag: streams[tag].times[0])
@@ -210,17 +224,20 @@ def test_fcfs_refuses_a_non_zero_priority(start_sim):
 
 
 def test_a_preempted_request_that_disconnects_is_aborted(start_sim):
-    sim = start_sim(*PRIORITY)
-    s = open_stream(sim.port, priority=5)
+    sim = start_sim(*PRIORITY, "--sim-hold")  # nothing generates until SIGUSR1
+    s = open_stream(sim.port, priority=5, started=False)
+    wait_until(lambda: sim.metric("vllm:num_requests_running") == 1, what="it to run")
     short = Stream(sim.url, 40, 0)
     short.start()
-    wait_until(lambda: short.times, what="the preempting stream to start")
+    wait_until(lambda: sim.metric("vllm:num_preemptions_total") == 1, what="the preemption")
     assert sim.metric("vllm:num_requests_waiting") == 1
     s.close()
     wait_until(
         lambda: sim.metric("vllm:num_requests_waiting") == 0, what="the preempted one to leave"
     )
+    os.kill(sim.proc.pid, signal.SIGUSR1)
     short.join()
+    assert len(short.times) == 40
     assert sim.metric("vllm:request_success_total", 'finished_reason="abort"') == 1
     assert (
         sim.metric("vllm:num_requests_running") == 0 and sim.metric("vllm:kv_cache_usage_perc") == 0

@@ -2,6 +2,7 @@
 refused request, no warning for static files; and the console has a favicon."""
 
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -30,7 +31,7 @@ def test_start_static_files_and_a_refusal_log_nothing_but_one_line(tmp_path: Pat
     home = tmp_path / "home"
     home.mkdir()
     with serve(tmp_path / "web.log", HOME=str(home)) as server:
-        with httpx.Client(base_url=server.url) as client:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
             css = client.get("/static/console/console.css")
             assert css.status_code == 200 and "--accent" in css.text
             icon = client.get("/favicon.ico", follow_redirects=True)
@@ -38,6 +39,10 @@ def test_start_static_files_and_a_refusal_log_nothing_but_one_line(tmp_path: Pat
             assert 'rel="icon"' in client.get("/login/").text
             _login(client, "member")
             assert client.get("/dashboard/").status_code == 403
+        # The refusal is logged after its answer has gone out: wait for the line.
+        deadline = time.monotonic() + 30
+        while "Forbidden" not in server.log_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
         log = server.log_text()
     # gunicorn's control socket is off: no $HOME/.gunicorn, no "Control server error".
     assert not (home / ".gunicorn").exists()

@@ -22,6 +22,7 @@ from gateway.models import StoredResponse
 from tests.gateway.conftest import (
     Engine,
     World,
+    add_routed_model,
     deploy,
     make_model,
     start_engine,
@@ -187,10 +188,40 @@ def test_store_false_keeps_nothing_and_background_and_cancel_are_refused(world: 
         c.responses.create(model="no-such-model", input="Hi")
 
 
+def test_engine_death_mid_stream_ends_with_an_error_event_and_bills_what_was_read(
+    world: World,
+) -> None:
+    engine, proc = start_engine(("sim-dies",), "--sim-decode-tps", "20")
+    try:
+        add_routed_model(world, "sim-dies", engine.port)
+        body = {"model": "sim-dies", "input": "Tell a long story.", "max_output_tokens": 200}
+        headers = {"Authorization": f"Bearer {world.key_a}"}
+        kinds, deltas = [], 0
+        with httpx.stream(
+            "POST", f"{world.v1}/responses", json={**body, "stream": True}, headers=headers
+        ) as r:
+            request_id = r.headers["x-request-id"]
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                event = orjson.loads(line[5:])
+                kinds.append(event["type"])
+                deltas += event["type"] == "response.output_text.delta"
+                if deltas == 3 and proc.poll() is None:
+                    proc.kill()  # the engine dies with the answer half done
+    finally:
+        stop(proc)
+    assert kinds[-1] == "error" and "response.completed" not in kinds
+    record = usage_event(request_id, timeout=15)
+    assert record.status == "error" and record.completion_tokens == deltas >= 3
+    # Nobody is left to count the prompt: it is estimated, and marked so.
+    assert record.prompt_tokens > 0 and record.prompt_estimated
+
+
 # --- Conversations ----------------------------------------------------------------------------
 
 
-def test_previous_response_id_chains_over_two_replicas_and_two_gateways(
+def test_previous_response_id_chains_over_two_replicas_two_gateways_and_a_restart(
     world: World, started_pair: list, second_gateway: str
 ) -> None:
     pair = tuple(engine for engine, _ in started_pair)
@@ -234,6 +265,18 @@ def test_previous_response_id_chains_over_two_replicas_and_two_gateways(
     # Only the turn's own input is its input; the chain is kept for the next turn.
     items = client(world).responses.input_items.list(second.id, order="asc")
     assert [i.content[0].text for i in items.data] == ["What is my name?"]
+    # A gateway that starts afresh (a restart) carries the conversation on.
+    proc, restarted_url = start_gateway(1)
+    try:
+        wait_until_served(restarted_url, world.key_a, "sim-pair")
+        restarted = client(world, url=restarted_url)
+        assert restarted.responses.retrieve(second.id).output_text == second.output_text
+        third = restarted.responses.create(
+            model="sim-pair", input="Spell it.", previous_response_id=second.id, max_output_tokens=4
+        )
+    finally:
+        stop(proc)
+    assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
 
 
 def test_function_calling_round_trip(world: World, pair: tuple[Engine, Engine]) -> None:

@@ -223,7 +223,7 @@ def test_closing_a_response_early_drops_the_connection_so_the_engine_sees_the_cl
             async for _ in resp.content.iter_any():
                 break
             resp.close()
-            await asyncio.wait_for(engine.disconnected.wait(), 5)
+            await asyncio.wait_for(engine.disconnected.wait(), 30)
             await client.close()
             return engine.disconnected.is_set()
 
