@@ -67,7 +67,8 @@ def reap(now: float | None = None, limit: int = 500) -> int:
             if not completion:
                 prompt = cached = reasoning = 0
         elif not prompt:
-            from gateway.billing import count_prompt_sync  # billing imports this module
+            # Imported here: gateway.billing imports gateway.responses, which imports this module.
+            from gateway.billing import count_prompt_sync
 
             if engines is None:  # only when some orphan needs counting
                 engines = load_routes()
