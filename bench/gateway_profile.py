@@ -166,7 +166,7 @@ def _get(url: str) -> None:
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gateway_bench import SIMS, Column, bench_stack, run_scenario, start_tollgate
+    from gateway_bench import DB_NAME, SIMS, Column, bench_stack, run_scenario, start_tollgate
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -180,7 +180,11 @@ def main() -> None:
     ap.add_argument(
         "--cases",
         default="json:64,stream:64",
-        help="kind:concurrency pairs to profile (kind json or stream)",
+        help="kind:concurrency pairs to profile (kind json or stream, or api-kind for the "
+        "agent APIs: responses-json:1, messages-stream:64)",
+    )
+    ap.add_argument(
+        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
     )
     ap.add_argument(
         "--phases",
@@ -193,11 +197,13 @@ def main() -> None:
     a = ap.parse_args()
     cases = []
     for case in a.cases.split(","):
-        kind, conc = case.split(":")
+        name, conc = case.split(":")
+        api, _, kind = name.rpartition("-")
         cases.append(
             (
-                f"{kind} c={conc}",
+                f"{name} c={conc}",
                 {
+                    "api": api or "chat",
                     "model": "bench-stream" if kind == "stream" else "bench-model",
                     "stream": kind == "stream",
                     "concurrency": int(conc),
@@ -206,7 +212,7 @@ def main() -> None:
                 },
             )
         )
-    if a.phases:
+    if a.phases and a.cases == ap.get_default("cases"):
         cases = [
             (
                 f"{kind} c={c}",
@@ -221,7 +227,7 @@ def main() -> None:
             for kind in ("json", "stream")
             for c in (1, 16, 64)
         ]
-    with bench_stack() as st:
+    with bench_stack(a.db_name) as st:
         out = st.tmp / "profile.prof"
         env = {**st.env, "BENCH_PROFILE_OUT": str(out)}
         workers = a.workers if a.phases else 1

@@ -327,7 +327,8 @@ class Admission:
             slot.preempt_max,
         ]
         async with asyncio.timeout(5.0):
-            result = await self._retry(keys=list(keys), args=[orjson.dumps(args)])
+            # With the checkpoints hash: a granted slot marks the request as taken by an engine.
+            result = await self._retry(keys=[*keys, open_keys()[2]], args=[orjson.dumps(args)])
         return [int(x) for x in result]
 
     def wake_local(self, model_id: int) -> None:

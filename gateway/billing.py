@@ -17,6 +17,11 @@ The prompt's tokens come from, in this order:
    request, so the count is the one the engine would have reported);
 3. only where neither exists (the engine went away): an estimate from the request's text,
    recorded with ``prompt_estimated`` so the ledger and the showback CSV say so.
+
+A gateway process killed mid-request cannot count anything: so what counting needs is put
+on the request's open record at admission (``orphan_prompt``: the estimate, and for prompts
+up to ``RECORDED_PROMPT_BYTES`` the counting calls themselves), and the orphan reaper
+(gateway/orphans.py) counts with it (``count_prompt_sync``) in the same order.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -32,10 +37,17 @@ from gateway.relay import Outcome
 from gateway.responses import chat_messages, chat_tools
 from gateway.state import Upstream
 
+if TYPE_CHECKING:
+    import httpx
+
 log = logging.getLogger("tollgate.gateway")
 
 TOKENIZE_TIMEOUT = 5.0  # seconds for all of one request's counting calls
 BYTES_PER_TOKEN = 4  # the estimate: text bytes per token (overestimates for English)
+# Prompts up to this size (the engine body) keep their counting calls on the open record, so
+# a reaper can ask the engine's tokenizer; larger ones keep only the estimate (copying a long
+# prompt into Redis on every request, for the rare crash, would cost more than it saves).
+RECORDED_PROMPT_BYTES = 16 * 1024
 
 # One counting call: (engine path, body, the answer's field holding the count).
 Call = tuple[str, dict[str, Any], str]
@@ -110,6 +122,57 @@ def estimate_prompt(payload: dict) -> int:
     """The last resort: the prompt's text at ``BYTES_PER_TOKEN`` bytes a token."""
     text = orjson.dumps({k: payload[k] for k in PROMPT_FIELDS if k in payload})
     return max(len(text) // BYTES_PER_TOKEN, 1)
+
+
+def orphan_prompt(endpoint: str, payload: dict, body: bytes) -> dict[str, Any] | None:
+    """What the open record keeps for counting the prompt should the gateway die (None: the
+    endpoint's prompt is not billed on its own): the counting calls, or for a long prompt its
+    estimate (made here only then: the common case pays for no estimate)."""
+    counts = PROMPT_COUNTS.get(endpoint)
+    if counts is None:
+        return None
+    if len(body) > RECORDED_PROMPT_BYTES:
+        return {"estimate": estimate_prompt(payload)}
+    calls, known = counts(payload)  # the estimate, should it be needed, is made from these
+    return {"calls": calls, "known": known}
+
+
+def count_prompt_sync(kept: dict[str, Any], upstreams: list[Upstream]) -> tuple[int, bool]:
+    """(prompt tokens, estimated?) of an orphaned request from its ``orphan_prompt``: the
+    engines' tokenizer where the record kept the calls and an engine answers, else the
+    estimate."""
+    import httpx  # the reaper's (Celery) client: the gateway process never loads it
+
+    calls = kept.get("calls")
+    if calls is not None:
+        with httpx.Client(timeout=TOKENIZE_TIMEOUT) as client:
+            for upstream in upstreams:
+                counted = _ask_sync(client, upstream, calls)
+                if counted is not None:
+                    return int(kept.get("known") or 0) + counted, False
+    if "estimate" in kept:
+        return int(kept["estimate"]), True
+    # No engine answers: the estimate, from the very texts the engine would have counted.
+    estimated = sum(estimate_prompt(body) for _, body, _ in calls or ())
+    return int(kept.get("known") or 0) + estimated, True
+
+
+def _ask_sync(client: httpx.Client, upstream: Upstream, calls: list) -> int | None:
+    headers = {"content-type": "application/json"}
+    if upstream.auth_header:
+        headers["authorization"] = upstream.auth_header
+    total = 0
+    try:
+        for path, body, field in calls:
+            resp = client.post(
+                upstream.base_url + path, content=orjson.dumps(body), headers=headers
+            )
+            if resp.status_code != 200:
+                return None
+            total += int(resp.json()[field])
+    except Exception:  # noqa: BLE001 - any failure: try elsewhere, or estimate
+        return None
+    return total
 
 
 async def count_prompt(

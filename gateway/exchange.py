@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -37,6 +39,7 @@ from gateway.relay import (
 )
 from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo, Upstream
+from metering.periods import period_end
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -97,7 +100,15 @@ def ratelimit_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def refusal(decision: Decision) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+def quota_reset_seconds(period: str, now: float) -> int:
+    """Whole seconds until the quota period containing ``now`` ends (at least 1)."""
+    ends = period_end(period, datetime.fromtimestamp(now, UTC)).timestamp()
+    return max(1, math.ceil(ends - now))
+
+
+def refusal(
+    decision: Decision, tenant: TenantInfo, now: float
+) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     """The 429 for a refused admission, with Retry-After where waiting helps."""
     headers = ratelimit_headers(decision)
     reason, scope = decision.reason, decision.scope
@@ -109,6 +120,12 @@ def refusal(decision: Decision) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
             "insufficient_quota",
             code="insufficient_quota",
         )
+        # The honest wait is until the period resets (hours or days): the SDKs should not
+        # retry on their own (x-should-retry, which the openai and anthropic SDKs obey).
+        headers += [
+            (b"retry-after", str(quota_reset_seconds(tenant.quota_period, now)).encode()),
+            (b"x-should-retry", b"false"),
+        ]
         return 429, body, headers
     if reason == "too_large":
         body = error_body(
@@ -299,6 +316,11 @@ class Exchange:
             if price
             else None,
         }
+        # Should this process die once the engine took the request, the reaper bills its
+        # prompt from this (gateway/billing.py): part of the admission write, no extra call.
+        prompt = billing.orphan_prompt(self.endpoint, payload, self.body)
+        if prompt is not None:
+            record["prompt"] = prompt
         tokens = self.tokens = prompt_est + output_est
         try:
             decision = await rt.limiter.admit(
@@ -324,7 +346,7 @@ class Exchange:
             )
         if not decision.admitted:
             metrics.REJECTIONS.labels(tenant.slug, decision.reason).inc()
-            status, err, headers = refusal(decision)
+            status, err, headers = refusal(decision, tenant, occurred)
             return await respond(
                 send, status, err, headers + [(b"x-request-id", request_id.encode())]
             )

@@ -5,6 +5,7 @@
 --       8-14 the model's engine pool (core.keyspace.pool_keys: running, queue, queue expiry,
 --       fair share, ceiling, in-flight tokens, recent demand)
 --       15 open requests zset (request id -> lease deadline)  16 open requests hash (-> record)
+--       17 delivered-token checkpoints hash (an entry: the engine has taken the request)
 -- ARGV  1 now_ms  2 request id  3 estimated tokens  4 window_ms
 --       5 key rpm  6 key tpm  7 tenant rpm  8 tenant tpm  9 key max concurrent  10 tenant max concurrent
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
@@ -223,4 +224,7 @@ local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13],
    giveup = tonumber(A[21]), p0extra = tonumber(A[25]), kv = tonumber(A[26]),
    kvcap = tonumber(A[27]), hwin = tonumber(A[28]), hmax = tonumber(A[29]),
    pmax = tonumber(A[30]), fresh = true})
+-- A slot means the request goes to an engine now: from here its prompt is billed even if its
+-- gateway dies before any usage arrives (gateway/orphans.py).
+if slot[1] == 1 then redis.call('HSET', KEYS[17], rid, '0,0,0,0') end
 return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

@@ -174,7 +174,7 @@ class Limiter:
             slot.preempt_max,
         ]
         result = await self.pipe.evalsha(
-            _ADMIT, (*keys, *slot.pool, *open_keys()[:2]), (orjson.dumps(argv),)
+            _ADMIT, (*keys, *slot.pool, *open_keys()), (orjson.dumps(argv),)
         )
         code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = result
         reason, scope = REASONS.get(code, ("", ""))

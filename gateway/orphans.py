@@ -1,13 +1,16 @@
 """Requests whose gateway died mid-flight: found by their lapsed lease, billed for what they
 delivered, and released.
 
-At admission every request is put on record in Redis (the admit Lua call); streams
-checkpoint their delivered tokens about once a second; settling removes the record. A
-gateway process renews its records' leases while it lives. When a process is killed, its
-records' leases lapse and ``reap`` settles each one exactly as the dead process would have
-(the settle script is idempotent per request id): tokens delivered up to the last
-checkpoint are billed, the reservation and engine slot are released, one usage event is
-written.
+At admission every request is put on record in Redis (the admit Lua call), with what its
+prompt needs to be counted (gateway/billing.py ``orphan_prompt``); taking an engine slot
+opens its checkpoint (the request goes to an engine now); streams checkpoint their
+delivered tokens about once a second; settling removes the record. A gateway process
+renews its records' leases while it lives. When a process is killed, its records' leases
+lapse and ``reap`` settles each one exactly as the dead process would have (the settle
+script is idempotent per request id): a request an engine took pays its prompt (the
+engine's running usage, else its tokenizer, else the estimate marked ``prompt_estimated``)
+and the tokens delivered up to the last checkpoint; one that never reached an engine pays
+nothing. The reservation and engine slot are released, one usage event is written.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from core.pricing import Rates, cost_nano
 from core.redis import get_redis
 from core.usage import UsageRecord
 from gateway.limiter import SETTLE_LUA, Reservation, settle_keys
+from gateway.state import Upstream, load_routes
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -44,6 +48,7 @@ def reap(now: float | None = None, limit: int = 500) -> int:
     zset, records, checkpoints = open_keys()
     lapsed = client.zrangebyscore(zset, "-inf", int(now * 1000), start=0, num=limit)
     settle = client.register_script(SETTLE_LUA)
+    engines: dict[int, list[Upstream]] | None = None
     for raw_id in lapsed:
         request_id = raw_id.decode()
         record, checkpoint = client.hget(records, request_id), client.hget(checkpoints, request_id)
@@ -54,8 +59,22 @@ def reap(now: float | None = None, limit: int = 500) -> int:
         prompt, completion, cached, reasoning = (
             [int(x) for x in checkpoint.decode().split(",")] if checkpoint else [0, 0, 0, 0]
         )
-        if not completion:  # nothing reached the client: nothing is billed
-            prompt = cached = reasoning = 0
+        estimated = False
+        kept = opened.get("prompt")
+        if checkpoint is None or kept is None:
+            # Never taken by an engine (or an endpoint whose prompt is not billed on its own):
+            # what reached the client, if anything, is all that is billed.
+            if not completion:
+                prompt = cached = reasoning = 0
+        elif not prompt:
+            # Imported here: gateway.billing imports gateway.responses, which imports this module.
+            from gateway.billing import count_prompt_sync
+
+            if engines is None:  # only when some orphan needs counting
+                engines = load_routes()
+            prompt, estimated = count_prompt_sync(
+                kept, engines.get(opened["event"]["model_id"], [])
+            )
         tokens, price = prompt + completion, opened.get("price")
         money = cost_nano(Rates(*price), prompt, cached, completion) if price and tokens else 0
         event = UsageRecord(
@@ -68,6 +87,7 @@ def reap(now: float | None = None, limit: int = 500) -> int:
             http_status=502,
             latency_ms=int((now - opened["event"]["occurred_at"]) * 1000),
             ttft_ms=None,
+            prompt_estimated=estimated,
         )
         reservation = Reservation(
             request_id, tuple(opened["keys"]), opened["tokens"], opened["money"]
@@ -76,5 +96,11 @@ def reap(now: float | None = None, limit: int = 500) -> int:
             reservation, tokens, money, event.encode(), opened["event"]["model_id"]
         )
         settle(keys=keys, args=args)
-        log.warning("billed %s after its gateway died: %d tokens delivered", request_id, completion)
+        log.warning(
+            "billed %s after its gateway died: %d prompt tokens%s, %d delivered",
+            request_id,
+            prompt,
+            " (estimated)" if estimated else "",
+            completion,
+        )
     return len(lapsed)

@@ -56,13 +56,16 @@ def encode(args: tuple) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join([_bulk(arg) for arg in args])
 
 
-def encode_script_call(sha: bytes, keys: list | tuple, args: list | tuple) -> bytes:
+def encode_script_call(
+    sha: bytes, keys: list | tuple, args: list | tuple, keep_keys: bool = True
+) -> bytes:
+    key = _key if keep_keys else _bulk
     return b"".join(
         [
             b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(args)),
             _bulk(sha),
             _bulk(len(keys)),
-            *[_key(k) for k in keys],
+            *[key(k) for k in keys],
             *[_bulk(a) for a in args],
         ]
     )
@@ -222,9 +225,13 @@ class RedisPipe:
             conn = await self._connect()
         return await conn.send(command)
 
-    async def evalsha(self, script: Script, keys: list | tuple, args: list | tuple) -> Any:
+    async def evalsha(
+        self, script: Script, keys: list | tuple, args: list | tuple, keep_keys: bool = True
+    ) -> Any:
+        """``keep_keys=False`` for keys used once (a new record's): they would only crowd
+        the encoded keys kept for the ones every request repeats."""
         try:
-            return await self._send(encode_script_call(script.sha, keys, args))
+            return await self._send(encode_script_call(script.sha, keys, args, keep_keys))
         except redis.exceptions.ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise

@@ -171,7 +171,9 @@ class ResponsePlan:
     chain: list[str] = field(default_factory=list)  # earlier turns' ids, oldest first
     input_items: list[dict] = field(default_factory=list)
 
-    def record(self, response: dict) -> dict:
+    def record(self, response: dict, raw: bytes | None = None) -> dict:
+        """The kept record; ``raw``: the response as the engine's JSON (kept as it is, not
+        serialised again)."""
         return {
             "id": self.response_id,
             "tenant_id": self.tenant_id,
@@ -182,7 +184,7 @@ class ResponsePlan:
             "previous_response_id": self.previous_response_id,
             "chain": self.chain,
             "input": self.input_items,
-            "response": response,
+            "response": response if raw is None else orjson.Fragment(raw),
         }
 
     def echo(self, raw: bytes) -> bytes:
@@ -270,11 +272,13 @@ def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
         outcome.reasoning_tokens = int(details.get("reasoning_tokens") or 0)
 
 
-async def keep(store: ResponseStore, plan: ResponsePlan, response: dict) -> None:
+async def keep(
+    store: ResponseStore, plan: ResponsePlan, response: dict, raw: bytes | None = None
+) -> None:
     if not plan.store or response.get("status") not in KEPT_STATUSES:
         return
     try:
-        await store.put(plan.record(response))
+        await store.put(plan.record(response, raw))
     except (redis.exceptions.RedisError, OSError, TimeoutError):
         # The answer was produced and is billed: deliver it; only chaining from it will fail.
         log.error("could not keep response %s: Redis unreachable", plan.response_id)
@@ -307,7 +311,7 @@ async def forward_whole(
         if isinstance(response, dict):
             if isinstance(response.get("usage"), dict):
                 read_usage(outcome, response["usage"])
-            await keep(store, plan, response)
+            await keep(store, plan, response, raw)
         outcome.status = "ok"
     else:
         raw = normalise_upstream_error(resp.status, raw)

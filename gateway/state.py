@@ -133,6 +133,13 @@ def load_snapshot(previous: Snapshot | None = None) -> Snapshot:
     return snap
 
 
+def load_routes() -> dict[int, list[Upstream]]:
+    """Every model's ready replicas, by model id (alone: for the orphan reaper's counting)."""
+    snap = Snapshot(loaded_at=time.time())
+    _load_routes(snap, None)
+    return snap.routes
+
+
 def _load_models(snap: Snapshot) -> None:
     from deployments.models import CatalogModel
 

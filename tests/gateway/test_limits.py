@@ -1,13 +1,18 @@
 """Rate limits and quotas under real concurrency, across the gateway's two worker processes."""
 
 import asyncio
+import time
+from datetime import UTC, datetime
 from decimal import Decimal
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from core.keyspace import quota_key
 from core.redis import get_redis
+from gateway.exchange import quota_reset_seconds
 from metering.periods import period_id
 from tenants import services as tenant_services
 from tests.gateway.conftest import World, wait_until_served
@@ -138,3 +143,47 @@ def test_the_sdk_raises_rate_limit_error_with_retry_after(world: World) -> None:
     assert limited.value.code == "rate_limit_exceeded"
     retry_after = int(limited.value.response.headers["retry-after"])
     assert 50 <= retry_after <= 60  # the first request leaves the window a minute after it came
+
+
+def test_an_exhausted_quota_says_when_the_period_resets_to_both_sdks(world: World) -> None:
+    """The 429 insufficient_quota carries Retry-After: the seconds until the quota period
+    (here daily: midnight UTC) resets, on /v1 in OpenAI's shape and on /v1/messages in
+    Anthropic's; and tells the SDKs not to retry on their own."""
+    tenant_services.update_tenant(None, world.tenant_b, quota_tokens=1, quota_period="daily")
+    client = openai.OpenAI(base_url=f"{world.url}/v1", api_key=world.key_b, max_retries=0)
+    deadline = time.monotonic() + 10
+    while True:  # until both gateway workers have the new quota
+        try:
+            client.chat.completions.create(model="sim-chat", messages=HELLO, max_tokens=4)
+        except openai.RateLimitError as exc:
+            refused = exc
+            break
+        assert time.monotonic() < deadline, "the quota never took effect"
+    until_midnight = quota_reset_seconds("daily", time.time())
+    assert refused.code == "insufficient_quota"
+    assert abs(int(refused.response.headers["retry-after"]) - until_midnight) <= 5
+    assert refused.response.headers["x-should-retry"] == "false"
+
+    claude = anthropic.Anthropic(base_url=world.url, api_key=world.key_b, max_retries=0)
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        claude.messages.create(model="sim-chat", max_tokens=4, messages=HELLO)
+    assert caught.value.body["error"]["type"] == "rate_limit_error"
+    assert "quota" in caught.value.body["error"]["message"]
+    until_midnight = quota_reset_seconds("daily", time.time())
+    assert abs(int(caught.value.response.headers["retry-after"]) - until_midnight) <= 5
+    assert caught.value.response.headers["x-should-retry"] == "false"
+
+
+@pytest.mark.parametrize(
+    ("period", "now", "seconds"),
+    [
+        ("daily", datetime(2026, 11, 26, 23, 59, 30, tzinfo=UTC), 30),
+        ("weekly", datetime(2026, 11, 29, 23, 0, 0, tzinfo=UTC), 3600),  # a Sunday
+        ("monthly", datetime(2026, 12, 31, 0, 0, 0, 500_000, tzinfo=UTC), 86400),
+        ("monthly", datetime(2026, 2, 1, 0, 0, 0, tzinfo=UTC), 28 * 86400),
+    ],
+)
+def test_quota_reset_seconds_count_to_the_end_of_the_period(
+    period: str, now: datetime, seconds: int
+) -> None:
+    assert quota_reset_seconds(period, now.timestamp()) == seconds

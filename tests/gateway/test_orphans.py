@@ -11,6 +11,7 @@ from django.conf import settings
 from core.keyspace import open_keys, pool_keys, quota_key, usage_stream
 from core.redis import get_redis
 from core.usage import UsageRecord
+from gateway.billing import estimate_prompt
 from gateway.limiter import Limiter, SlotRequest
 from gateway.orphans import checkpoint_value, reap
 from gateway.state import KeyInfo, Limits, TenantInfo
@@ -41,7 +42,7 @@ TENANT = TenantInfo(
 MODEL = 7003
 
 
-def admit(request_id: str, now: float) -> object:
+def admit(request_id: str, now: float, prompt: dict | None = None, budget: int = 4) -> object:
     async def go() -> object:
         client = aioredis.Redis.from_url(settings.REDIS_URL)
         try:
@@ -49,7 +50,7 @@ def admit(request_id: str, now: float) -> object:
                 pool=pool_keys(MODEL),
                 priority_index=1,
                 weight=1,
-                budget=4,
+                budget=budget,
                 p2_open=True,
                 give_up_ms=10_000,
                 lease_ms=2000,
@@ -68,6 +69,8 @@ def admit(request_id: str, now: float) -> object:
                 },
                 "price": [1_000_000_000, 500_000_000, 2_000_000_000],
             }
+            if prompt is not None:
+                record["prompt"] = prompt
             return await Limiter(client).admit(
                 request_id, KEY, TENANT, 500, 1_000_000, slot, record, now
             )
@@ -109,6 +112,33 @@ def test_an_orphan_that_delivered_nothing_is_not_billed() -> None:
     assert reap(now + 3) == 1
     (event,) = events("req_orphan_2")
     assert (event.prompt_tokens, event.completion_tokens) == (0, 0)
+
+
+def test_an_orphan_an_engine_took_pays_its_prompt_by_estimate_when_no_engine_can_count(
+    db: None,
+) -> None:
+    """Taken (it got a slot), no usage yet, and the model has no ready engine: the counting
+    calls were kept but nobody answers them, so the estimate made from them, marked."""
+    now = time.time()
+    messages = [{"role": "user", "content": "x" * 400}]
+    calls = [["/tokenize", {"model": "m", "messages": messages}, "count"]]
+    assert admit("req_orphan_3", now, {"calls": calls, "known": 3}).slot
+    assert reap(now + 3) == 1
+    (event,) = events("req_orphan_3")
+    expected = 3 + estimate_prompt({"messages": messages})
+    assert (event.prompt_tokens, event.completion_tokens) == (expected, 0)
+    assert event.prompt_estimated
+
+
+def test_an_orphan_still_queued_for_a_slot_pays_nothing(db: None) -> None:
+    now = time.time()
+    assert admit("req_orphan_4", now, {"estimate": 50}, budget=1).slot
+    queued = admit("req_orphan_5", now, {"estimate": 70}, budget=1)
+    assert queued.admitted and not queued.slot
+    assert reap(now + 3) == 2
+    assert events("req_orphan_4")[0].prompt_tokens == 50
+    (event,) = events("req_orphan_5")
+    assert (event.prompt_tokens, event.prompt_estimated) == (0, False)
 
 
 @pytest.fixture(autouse=True)

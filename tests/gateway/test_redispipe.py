@@ -14,6 +14,7 @@ import pytest
 import redis
 import redis.exceptions
 
+from gateway import redispipe
 from gateway.redispipe import RedisPipe, Script
 
 
@@ -106,6 +107,24 @@ def test_a_script_is_loaded_again_after_the_script_cache_is_flushed(server: Serv
             await pipe.aclose()
 
     assert run(scenario()) == ([42, b"a"], [8, b"b"])
+
+
+def test_keys_used_once_are_not_kept_among_the_encoded_keys(server: Server) -> None:
+    script = Script("redis.call('SET', KEYS[1], ARGV[1]) return redis.call('GET', KEYS[1])")
+
+    async def scenario() -> tuple:
+        pipe = RedisPipe(port=server.port)
+        try:
+            kept = await pipe.evalsha(script, ["every-request"], [1])
+            once = await pipe.evalsha(script, ["resp:one-record"], [2], keep_keys=False)
+            return kept, once
+        finally:
+            await pipe.aclose()
+
+    assert run(scenario()) == (b"1", b"2")
+    assert "every-request" in redispipe._KEY_CACHE
+    assert "resp:one-record" not in redispipe._KEY_CACHE
+    assert server.client().get("resp:one-record") == b"2"
 
 
 def test_an_error_reply_raises_and_the_connection_stays_in_step(server: Server) -> None:
