@@ -156,16 +156,22 @@ def test_the_preempted_request_is_counted_as_waiting(start_sim):
 
 
 def test_equal_or_worse_priority_does_not_preempt(start_sim):
-    sim = start_sim(*PRIORITY)
+    """--sim-hold: while the first request holds the slot (generating nothing until SIGUSR1),
+    requests of equal and worse priority wait behind it instead of taking it."""
+    sim = start_sim(*PRIORITY, "--sim-hold")
     first = Stream(sim.url, 20, 0, "a")
     first.start()
-    wait_until(lambda: first.times, what="the first stream to start")
+    wait_until(lambda: sim.metric("vllm:num_requests_running") == 1, what="the first to run")
     same, worse = Stream(sim.url, 2, 0, "b"), Stream(sim.url, 2, 3, "c")
     same.start()
     worse.start()
+    wait_until(lambda: sim.metric("vllm:num_requests_waiting") == 2, what="both to queue")
+    assert sim.metric("vllm:num_requests_running") == 1
+    assert sim.metric("vllm:num_preemptions_total") == 0
+    os.kill(sim.proc.pid, signal.SIGUSR1)
     for t in (first, same, worse):
         t.join()
-    assert same.times[0] > first.times[-1] and worse.times[0] > first.times[-1]
+    assert (len(first.times), len(same.times), len(worse.times)) == (20, 2, 2)
     assert sim.metric("vllm:num_preemptions_total") == 0
 
 
