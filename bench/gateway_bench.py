@@ -1050,9 +1050,6 @@ def main() -> None:
         "--hold-litellm", action="store_true", help="also hold the streams through LiteLLM"
     )
     ap.add_argument(
-        "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
-    )
-    ap.add_argument(
         "--section",
         default=SECTION,
         help="the bench/RESULTS.md section --write fills (a partial run: give it its own)",
