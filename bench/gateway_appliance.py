@@ -91,6 +91,19 @@ def empty_broker_db() -> int:
     raise RuntimeError(f"no empty Redis database among {list(BROKER_DBS)} for Celery's broker")
 
 
+def key_pepper(env: dict) -> str:
+    """The API-key pepper the bench stack's settings derive (the appliance gets a secret key
+    of its own, and its own derived pepper would refuse the bench's key)."""
+    code = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(settings.TOLLGATE_KEY_PEPPER)"
+    )
+    env = {**env, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    out = subprocess.run([PY, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    out.check_returncode()
+    return out.stdout.strip().splitlines()[-1]
+
+
 def start_appliance(workers: int, env: dict, key: str, tmp: Path) -> tuple[str, Appliance]:
     db = empty_broker_db()
     broker = redis.Redis.from_url(f"redis://127.0.0.1:6379/{db}")
@@ -98,6 +111,8 @@ def start_appliance(workers: int, env: dict, key: str, tmp: Path) -> tuple[str, 
         **env,
         "TOLLGATE_ENV": "production",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
+        # The bench key was issued under the bench stack's settings: hash with its pepper.
+        "TOLLGATE_KEY_PEPPER": key_pepper(env),
         "DJANGO_DEBUG": "false",
         "REDIS_URL": "redis://127.0.0.1:6379/0",
         "CELERY_BROKER_URL": f"redis://127.0.0.1:6379/{db}",
