@@ -167,6 +167,13 @@ class UserSerializer(ModelSerializer):
         ]
         read_only_fields = ["date_joined", "last_login"]
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A new user needs a password (an empty form field arrives as no field at all);
+        # an update may leave it as it is.
+        if self.instance is None and not attrs.get("password"):
+            raise serializers.ValidationError({"password": "A new user needs a password."})
+        return super().validate(attrs)
+
     def get_tenants(self, user: Any) -> list[dict[str, str]]:
         return [
             {"tenant": m.tenant.slug, "role": m.role}
