@@ -462,6 +462,12 @@ class Exchange:
             )
             if endpoint == "messages":
                 st.transform, st.error_frames = messages.transform_event, messages.stream_error
+        answer = None
+        if self.plan is not None:
+            dialect = responses.ResponseRelay(self.plan, rt.responses)
+            if st is not None:
+                dialect.attach(st)
+            answer = dialect.answer
         read = messages.read_usage if endpoint == "messages" else read_usage
         path = UPSTREAM_PATHS[endpoint]
         up_headers = {"content-type": "application/json", "x-request-id": self.request_id}
@@ -486,20 +492,7 @@ class Exchange:
                     sent_headers = up_headers
                     if upstream.auth_header:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
-                    if self.plan is not None:
-                        relay = responses.forward_stream if stream else responses.forward_whole
-                        await relay(
-                            rt.session,
-                            url,
-                            self.body,
-                            sent_headers,
-                            send,
-                            headers,
-                            *((st, rt.max_frame) if stream else (outcome,)),
-                            self.plan,
-                            rt.responses,
-                        )
-                    elif stream:
+                    if stream:
                         await forward_stream(
                             rt.session,
                             url,
@@ -512,7 +505,15 @@ class Exchange:
                         )
                     else:
                         await forward_whole(
-                            rt.session, url, self.body, sent_headers, send, headers, outcome, read
+                            rt.session,
+                            url,
+                            self.body,
+                            sent_headers,
+                            send,
+                            headers,
+                            outcome,
+                            read,
+                            answer,
                         )
                     break
                 except UpstreamRefused:

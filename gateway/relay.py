@@ -4,13 +4,15 @@ SSE streams passed through frame by frame.
 Streams ask the engine for ``include_usage`` + ``continuous_usage_stats`` so the gateway
 knows the tokens delivered after every frame; what the client did not ask for is stripped,
 so the client sees exactly the OpenAI shape. Per-frame work is one orjson parse (and a
-dump only when a frame has to change).
+dump only when a frame has to change). The other dialects pass through the same relay,
+plugging their frame handling into ``StreamState`` (gateway/messages.py, and
+gateway/responses.py's ``ResponseRelay``, which also reads a whole answer).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,9 +107,11 @@ async def forward_whole(
     extra_headers: list[tuple[bytes, bytes]],
     outcome: Outcome,
     read: Callable[[Outcome, dict[str, Any]], None] = read_usage,
+    answer: Callable[[Outcome, bytes], Awaitable[bytes]] | None = None,
 ) -> None:
     """Non-streaming: wait for the engine's answer and pass it on unchanged (``read``: how
-    its ``usage`` is read)."""
+    its ``usage`` is read; ``answer``: another dialect's reading of a 200 answer, which
+    may also change it)."""
     resp = await _post(session, url, body, headers)
     try:
         raw = await resp.read()
@@ -115,12 +119,15 @@ async def forward_whole(
         resp.close()
     outcome.http_status = resp.status
     if resp.status == 200:
-        try:
-            usage = orjson.loads(raw).get("usage")
-        except (orjson.JSONDecodeError, AttributeError):
-            usage = None
-        if isinstance(usage, dict):
-            read(outcome, usage)
+        if answer is not None:
+            raw = await answer(outcome, raw)
+        else:
+            try:
+                usage = orjson.loads(raw).get("usage")
+            except (orjson.JSONDecodeError, AttributeError):
+                usage = None
+            if isinstance(usage, dict):
+                read(outcome, usage)
         outcome.status = "ok"
     else:
         raw = normalise_upstream_error(resp.status, raw)
@@ -150,6 +157,8 @@ class StreamState:
     last_checkpoint: float = 0.0
     transform: Any = None  # callable(frame, st) for another dialect's events (default: OpenAI's)
     error_frames: Any = None  # callable(message) -> the frames that end a stream with an error
+    before_send: Any = None  # async callable() a transform sets: run once, before its frame is sent
+    unfinished: Any = None  # callable() -> why a stream the engine ended is incomplete, or None
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started_at) * 1000)
@@ -282,6 +291,7 @@ async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
     outcome = st.outcome
     transform = st.transform or transform_frame
     buffer = b""
+    failure = None
     async for chunk in resp.content.iter_any():
         buffer += chunk
         out = []
@@ -292,17 +302,24 @@ async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
                 if shown is not None:
                     out.append(shown)
         if len(buffer) > max_frame:
-            outcome.status = "error"
-            out.append(st.failure("The engine sent an oversized event."))
-            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-            break
+            failure = "The engine sent an oversized event."
+        if st.before_send is not None:
+            before_send, st.before_send = st.before_send, None
+            await before_send()
         if out:
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
         # Only tokens in frames handed to the client count as delivered.
         outcome.completion_tokens = st.pending_completion if st.saw_usage else st.content_frames
+        if failure:
+            break
         if st.checkpoint is not None and outcome.completion_tokens:
             now = time.monotonic()
             if now - st.last_checkpoint >= CHECKPOINT_SECONDS:
                 st.last_checkpoint = now
                 await st.checkpoint(outcome)
+    if failure is None and st.unfinished is not None:
+        failure = st.unfinished()
+    if failure is not None:
+        outcome.status = "error"
+        await send({"type": "http.response.body", "body": st.failure(failure), "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -8,7 +8,7 @@ particular to it lives here:
   earlier turns' input and output items followed by the new input, and the engine is asked
   not to store (``store: false``) under an id the gateway chose (vLLM's ``request_id``).
   Any replica can therefore serve any turn.
-- ``forward_stream`` / ``forward_whole``: the engine's typed events pass through as they
+- ``ResponseRelay``: through gateway/relay.py, the engine's typed events pass as they
   arrive; the usage comes from ``response.completed`` (input, cached, output tokens;
   reasoning tokens are output tokens), each ``*.delta`` event delivered is one token if the
   stream is cut before that. A kept response is written before its final event goes out,
@@ -25,13 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-import aiohttp
 import orjson
 import redis.exceptions
 
-from gateway.errors import error_body, normalise_upstream_error
-from gateway.orphans import CHECKPOINT_SECONDS
-from gateway.relay import JSON_HEADERS, SSE_HEADERS, Outcome, StreamState, _post, respond
+from gateway.errors import error_body
+from gateway.relay import Outcome, StreamState, respond
 from gateway.response_store import ResponseStore
 
 log = logging.getLogger("tollgate.gateway")
@@ -284,48 +282,6 @@ async def keep(
         log.error("could not keep response %s: Redis unreachable", plan.response_id)
 
 
-async def forward_whole(
-    session: Any,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    send: Any,
-    extra_headers: list[tuple[bytes, bytes]],
-    outcome: Outcome,
-    plan: ResponsePlan,
-    store: ResponseStore,
-) -> None:
-    """Non-streaming: the engine's Response object, kept (if asked) before it goes out."""
-    resp = await _post(session, url, body, headers)
-    try:
-        raw = await resp.read()
-    finally:
-        resp.close()
-    outcome.http_status = resp.status
-    if resp.status == 200:
-        raw = plan.echo(raw)
-        try:
-            response = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            response = None
-        if isinstance(response, dict):
-            if isinstance(response.get("usage"), dict):
-                read_usage(outcome, response["usage"])
-            await keep(store, plan, response, raw)
-        outcome.status = "ok"
-    else:
-        raw = normalise_upstream_error(resp.status, raw)
-    outcome.started = True
-    await send(
-        {
-            "type": "http.response.start",
-            "status": resp.status,
-            "headers": JSON_HEADERS + extra_headers,
-        }
-    )
-    await send({"type": "http.response.body", "body": raw})
-
-
 def error_event(message: str, sequence_number: int) -> bytes:
     """OpenAI's ``error`` event, for a stream the gateway has to end."""
     data = orjson.dumps(
@@ -338,16 +294,6 @@ def error_event(message: str, sequence_number: int) -> bytes:
         }
     )
     return b"event: error\ndata: " + data + b"\n\n"
-
-
-@dataclass(slots=True)
-class EventRelay:
-    """Per-stream state beside the shared StreamState: what the typed events said."""
-
-    plan: ResponsePlan
-    frames: int = 0  # events passed on (the next sequence_number)
-    final: dict | None = None  # the response object of the final event
-    finished: bool = False
 
 
 def event_kind(frame: bytes) -> tuple[bytes, int]:
@@ -370,127 +316,84 @@ def event_kind(frame: bytes) -> tuple[bytes, int]:
     return b"", len(frame)
 
 
-def transform_event(frame: bytes, st: StreamState, ev: EventRelay) -> bytes:
-    """One typed event as the client sees it (the same bytes, but for the echoed
-    previous_response_id), noting the tokens it delivers."""
-    kind, at = event_kind(frame)
-    outcome = st.outcome
-    if kind.endswith(b".delta"):
-        if outcome.ttft_ms is None:
-            outcome.ttft_ms = int((time.perf_counter() - st.started_at) * 1000)
-        st.content_frames += 1
-    elif kind in ECHO_EVENTS:
-        frame = ev.plan.echo(frame)
-        if kind in FINAL_EVENTS:
-            ev.finished = True
-            try:
-                response = orjson.loads(frame[at:]).get("response")
-            except (orjson.JSONDecodeError, AttributeError):
-                response = None
-            if isinstance(response, dict):
-                ev.final = response
-                if isinstance(response.get("usage"), dict):
-                    st.saw_usage = True
-                    read_usage(outcome, response["usage"])
-                    st.pending_completion = outcome.completion_tokens
-            if kind == b"response.failed":
-                outcome.status = "error"
-    elif kind == b"error":
-        outcome.status = "error"
-    ev.frames += 1
-    return frame + b"\n\n"
+@dataclass(slots=True)
+class ResponseRelay:
+    """A Responses answer through gateway/relay.py (the relay Chat and Messages use): the
+    typed events pass as they arrive, the previous_response_id is echoed, and a kept
+    response is written before its final event (or the whole answer) goes out."""
 
+    plan: ResponsePlan
+    store: ResponseStore
+    frames: int = 0  # events passed on (the next sequence_number)
+    final: dict | None = None  # the final event's response object, not yet kept
+    finished: bool = False
 
-async def forward_stream(
-    session: Any,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    send: Any,
-    extra_headers: list[tuple[bytes, bytes]],
-    st: StreamState,
-    max_frame: int,
-    plan: ResponsePlan,
-    store: ResponseStore,
-) -> None:
-    """Streaming: the typed events as they arrive; a kept response is written before the
-    final event is sent."""
-    outcome = st.outcome
-    resp = await _post(session, url, body, headers)
-    try:
-        outcome.http_status = resp.status
-        if resp.status != 200:
-            raw = normalise_upstream_error(resp.status, await resp.read())
-            outcome.started = True
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": resp.status,
-                    "headers": JSON_HEADERS + extra_headers,
-                }
-            )
-            await send({"type": "http.response.body", "body": raw})
+    async def answer(self, outcome: Outcome, raw: bytes) -> bytes:
+        """A whole (non-streaming) answer: its usage read, kept, the previous id echoed."""
+        raw = self.plan.echo(raw)
+        try:
+            response = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            response = None
+        if isinstance(response, dict):
+            if isinstance(response.get("usage"), dict):
+                read_usage(outcome, response["usage"])
+            await keep(self.store, self.plan, response, raw)
+        return raw
+
+    def attach(self, st: StreamState) -> None:
+        """Relay this stream's events; should the gateway itself fail mid-stream, it ends
+        with this dialect's error event (gateway/exchange.py sends st.failure())."""
+        st.transform = self.transform
+        st.error_frames = self.error_frames
+        st.unfinished = self.unfinished
+
+    def transform(self, frame: bytes, st: StreamState) -> bytes:
+        """One typed event as the client sees it (the same bytes, but for the echoed
+        previous_response_id), noting the tokens it delivers."""
+        kind, at = event_kind(frame)
+        outcome = st.outcome
+        if kind.endswith(b".delta"):
+            if outcome.ttft_ms is None:
+                outcome.ttft_ms = st.elapsed_ms()
+            st.content_frames += 1
+        elif kind in ECHO_EVENTS:
+            frame = self.plan.echo(frame)
+            if kind in FINAL_EVENTS:
+                self.finished = True
+                self._final(frame[at:], st)
+                if kind == b"response.failed":
+                    outcome.status = "error"
+        elif kind == b"error":
+            outcome.status = "error"
+        self.frames += 1
+        return frame + b"\n\n"
+
+    def _final(self, data: bytes, st: StreamState) -> None:
+        try:
+            response = orjson.loads(data).get("response")
+        except (orjson.JSONDecodeError, AttributeError):
             return
-        outcome.status = "ok"
-        outcome.started = True
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers}
-        )
-        ev = EventRelay(plan)
-        # Should the gateway itself fail mid-stream, the stream ends with this dialect's
-        # error event (gateway/exchange.py sends st.failure()).
-        st.error_frames = lambda message: error_event(message, ev.frames)
-        await _relay(resp, send, st, max_frame, ev, store)
-    finally:
-        resp.close()
+        if isinstance(response, dict):
+            self.final = response
+            st.before_send = self.keep_final  # kept before this event goes out
+            if isinstance(response.get("usage"), dict):
+                st.saw_usage = True
+                read_usage(st.outcome, response["usage"])
+                st.pending_completion = st.outcome.completion_tokens
 
+    async def keep_final(self) -> None:
+        final, self.final = self.final, None
+        if final is not None:
+            await keep(self.store, self.plan, final)
 
-async def _relay(
-    resp: Any, send: Any, st: StreamState, max_frame: int, ev: EventRelay, store: ResponseStore
-) -> None:
-    outcome = st.outcome
-    buffer = b""
-    failure = None
-    try:
-        async for chunk in resp.content.iter_any():
-            buffer += chunk
-            out = []
-            while (end := buffer.find(b"\n\n")) >= 0:
-                frame, buffer = buffer[:end], buffer[end + 2 :]
-                if frame:
-                    out.append(transform_event(frame, st, ev))
-                    if ev.final is not None:
-                        await keep(store, ev.plan, ev.final)
-                        ev.final = None
-            if len(buffer) > max_frame:
-                failure = "The engine sent an oversized event."
-                buffer = b""
-            if out:
-                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-            # Only tokens in events handed to the client count as delivered.
-            outcome.completion_tokens = st.pending_completion if st.saw_usage else st.content_frames
-            if failure:
-                break
-            if st.checkpoint is not None and outcome.completion_tokens:
-                now = time.monotonic()
-                if now - st.last_checkpoint >= CHECKPOINT_SECONDS:
-                    st.last_checkpoint = now
-                    await st.checkpoint(outcome)
-    except (aiohttp.ClientError, ConnectionError, TimeoutError):
-        failure = "The engine failed while answering."
-    if failure is None and not ev.finished:
-        failure = "The engine ended the stream before the response was complete."
-    if failure is not None:
-        outcome.status = "error"
-        outcome.completion_tokens = st.pending_completion if st.saw_usage else st.content_frames
-        await send(
-            {
-                "type": "http.response.body",
-                "body": error_event(failure, ev.frames),
-                "more_body": True,
-            }
-        )
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    def unfinished(self) -> str | None:
+        if self.finished:
+            return None
+        return "The engine ended the stream before the response was complete."
+
+    def error_frames(self, message: str) -> bytes:
+        return error_event(message, self.frames)
 
 
 # --- Kept responses: GET / DELETE /v1/responses/{id}, …/cancel, …/input_items -------------------
