@@ -132,14 +132,7 @@ async def forward_whole(
     else:
         raw = normalise_upstream_error(resp.status, raw)
     outcome.started = True
-    await send(
-        {
-            "type": "http.response.start",
-            "status": resp.status,
-            "headers": JSON_HEADERS + extra_headers,
-        }
-    )
-    await send({"type": "http.response.body", "body": raw})
+    await respond(send, resp.status, raw, extra_headers)
 
 
 @dataclass(slots=True)
@@ -268,14 +261,7 @@ async def forward_stream(
         if resp.status != 200:
             raw = normalise_upstream_error(resp.status, await resp.read())
             outcome.started = True
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": resp.status,
-                    "headers": JSON_HEADERS + extra_headers,
-                }
-            )
-            await send({"type": "http.response.body", "body": raw})
+            await respond(send, resp.status, raw, extra_headers)
             return
         outcome.status = "ok"
         outcome.started = True
