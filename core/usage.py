@@ -13,7 +13,7 @@ import orjson
 FIELD = b"e"  # the stream entry's one field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: see gateway/limiter.py (the gateway makes one a request)
 class UsageRecord:
     """One request's usage as the gateway saw it. Times are Unix seconds (UTC)."""
 
