@@ -266,7 +266,48 @@ async def serve_many(app: Any, spec: dict, count: int) -> int:
     return chunks
 
 
-async def measure(helper: str, keys: dict[str, str], counts: dict[str, int], warm: int) -> dict:
+class Bytecodes:
+    """Bytecodes each Python function executes (its own, not its callees'): like callgrind's
+    counts, exact and repeatable, but by Python function (callgrind sees only the
+    interpreter's C functions)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, int] = {}
+
+    def __enter__(self) -> Bytecodes:
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+    def _call(self, frame: Any, event: str, arg: object) -> Any:
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        return self._opcode
+
+    def _opcode(self, frame: Any, event: str, arg: object) -> Any:
+        if event == "opcode":
+            self.counts[frame.f_code] = self.counts.get(frame.f_code, 0) + 1
+        return self._opcode
+
+    def per_request(self, requests: int, tree: str) -> dict[str, float]:
+        site = str(Path(os.__file__).parent)
+        counts = {}
+        for code, n in self.counts.items():
+            path = code.co_filename.replace(tree + "/", "").split("site-packages/")[-1]
+            name = f"{path.replace(site, 'lib')}:{code.co_firstlineno}({code.co_name})"
+            counts[name] = counts.get(name, 0) + n / requests
+        return counts
+
+
+async def measure(
+    helper: str,
+    keys: dict[str, str],
+    counts: dict[str, int],
+    warm: int,
+    bytecodes: bool,
+    only: list[str],
+) -> dict:
     import django
 
     django.setup()
@@ -279,9 +320,11 @@ async def measure(helper: str, keys: dict[str, str], counts: dict[str, int], war
     rt = app.gateway.rt
     served = set(gateway_app.ENDPOINTS)
     specs = [s for s in scenarios(keys) if PATHS[s["api"]] in served]
+    if only:
+        specs = [s for s in specs if s["name"] in only]
     cg.cg_start()
-    limited = next(s for s in specs if s["status"] == 429)
-    await serve_one(app, limited, request_body("chat", "bench-model", 16, False))  # the one allowed
+    for limited in (s for s in specs if s["status"] == 429):  # its one allowed request
+        await serve_one(app, limited, request_body("chat", "bench-model", 16, False))
     for spec in specs:  # every code path loaded and every connection open before counting
         await serve_many(app, spec, warm)
     # Per-second timers, not per-request work (see the module docstring).
@@ -293,11 +336,14 @@ async def measure(helper: str, keys: dict[str, str], counts: dict[str, int], war
     for spec in specs:
         count = counts["stream"] if spec["stream"] else counts["plain"]
         await serve_many(app, spec, warm)
-        cg.cg_zero()
-        chunks = await serve_many(app, spec, count)
-        metrics.flush()  # what these requests left for the next per-second flush
+        cg.cg_zero()  # (not under valgrind: does nothing)
+        with Bytecodes() if bytecodes else contextlib.nullcontext() as counter:
+            chunks = await serve_many(app, spec, count)
+            metrics.flush()  # what these requests left for the next per-second flush
         cg.cg_dump(spec["name"].encode())
         results[spec["name"]] = {"requests": count, "chunks": chunks}
+        if counter:
+            results[spec["name"]]["bytecodes"] = counter.per_request(count, os.getcwd())
     rt._tasks = []
     await app.gateway.shutdown()
     return results
@@ -309,9 +355,7 @@ def child_measure(args: argparse.Namespace) -> None:
     spec = json.loads(args.child_measure)
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    result = loop.run_until_complete(
-        measure(spec["helper"], spec["keys"], spec["counts"], spec["warm"])
-    )
+    result = loop.run_until_complete(measure(**spec))
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # threads of the ORM's pool: do not wait for them under valgrind
 
@@ -418,12 +462,13 @@ def run_tree(
         "keys": keys,
         "counts": {"plain": args.requests, "stream": args.streams},
         "warm": args.warm,
+        "bytecodes": args.bytecodes,
+        "only": [n.strip() for n in args.scenarios.split(",")] if args.scenarios else [],
     }
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    valgrind.append(f"--callgrind-out-file={out_dir / stem}")
     cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        f"--callgrind-out-file={out_dir / stem}",
+        *([] if args.bytecodes else valgrind),
         str(tree / ".venv" / "bin" / "python"),
         str(Path(__file__).resolve()),
         "--child-measure",
@@ -441,6 +486,8 @@ def run_tree(
             f"{label}: measuring failed\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     counts = json.loads(line.removeprefix("RESULT "))
+    if args.bytecodes:
+        return counts
     totals = callgrind_totals(out_dir, stem)
     return {name: {**c, "instructions": totals[name]} for name, c in counts.items()}
 
@@ -481,6 +528,33 @@ def table(labels: list[str], runs: dict[str, list[dict[str, float]]], base: str)
     return "\n".join(lines)
 
 
+def by_name(counts: dict[str, float]) -> dict[str, float]:
+    """Counts by module and function name: a function that moved lines is still itself."""
+    named: dict[str, float] = {}
+    for where, n in counts.items():
+        path, _, rest = where.rpartition(":")
+        key = f"{path}:{rest.split('(', 1)[1].rstrip(')')}"
+        named[key] = named.get(key, 0) + n
+    return named
+
+
+def bytecodes_diff(labels: list[str], raw: dict[str, list[dict]], base: str, top: int = 30) -> str:
+    """Per scenario: the Python functions whose bytecodes per request differ from ``base``'s."""
+    lines = []
+    for name, res in raw[base][0].items():
+        for label in labels:
+            if label == base or name not in raw[label][0]:
+                continue
+            mine, theirs = by_name(raw[label][0][name]["bytecodes"]), by_name(res["bytecodes"])
+            diff = {f: mine.get(f, 0) - theirs.get(f, 0) for f in {*mine, *theirs}}
+            diff = {f: d for f, d in diff.items() if abs(d) >= 1}
+            total = sum(mine.values()) - sum(theirs.values())
+            lines.append(f"\n{name}: {label} - {base}: {total:+.0f} bytecodes a request")
+            for f, d in sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:top]:
+                lines.append(f"  {d:+7.1f}  {f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -489,9 +563,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="rounds over all trees")
     ap.add_argument("--requests", type=int, default=100, help="per non-streaming scenario")
     ap.add_argument("--streams", type=int, default=20, help="per streaming scenario")
+    ap.add_argument("--scenarios", default="", help="only these (comma-separated names)")
     ap.add_argument("--warm", type=int, default=5, help="requests before each count")
     ap.add_argument("--base", default=None, help="the label ratios are taken against")
+    ap.add_argument("--db-prefix", default="bench_i17", help="throw-away databases: PREFIX_<label>")
     ap.add_argument("--keep", default=None, help="keep the callgrind files in this folder")
+    ap.add_argument(
+        "--bytecodes",
+        action="store_true",
+        help="no valgrind: list the Python functions whose bytecodes per request differ "
+        "from --base's, per scenario (where the extra instructions come from)",
+    )
     ap.add_argument("--child-measure", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-setup", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -515,7 +597,7 @@ def main() -> None:
     try:
         keys = {}
         for label, tree in trees.items():
-            db = f"bench_i17_{label.replace('-', '_')}"
+            db = f"{args.db_prefix}_{label.replace('-', '_')}"
             psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
             psql(f"CREATE DATABASE {db}")
             made.append(db)
@@ -530,11 +612,12 @@ def main() -> None:
             keys[label] = json.loads(out.split("KEYS ", 1)[1])
         for run in range(args.repeat):
             for label, tree in trees.items():
-                db = f"bench_i17_{label.replace('-', '_')}"
+                db = f"{args.db_prefix}_{label.replace('-', '_')}"
                 print(f"run {run + 1}: {label} …", file=sys.stderr, flush=True)
                 res = run_tree(label, tree, db, keys[label], args, tmp, run)
                 raw[label].append(res)
-                runs[label].append(per_request(res))
+                if not args.bytecodes:
+                    runs[label].append(per_request(res))
     finally:
         for proc in sims:
             proc.terminate()
@@ -547,6 +630,9 @@ def main() -> None:
         label: sh(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]).strip()
         for label, tree in trees.items()
     }
+    if args.bytecodes:
+        print(bytecodes_diff(labels, raw, base))
+        return
     print(json.dumps(raw), file=sys.stderr)
     print(
         f"\n$ .venv/bin/python bench/gateway_instructions.py {' '.join(sys.argv[1:])}\n"
