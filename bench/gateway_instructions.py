@@ -27,7 +27,10 @@ Scenarios: chat (16 tokens, no delay), completions, embeddings, chat streamed (1
 tokens, 10 ms apart: per request and per extra chunk), a 429 (a key limited to one request
 a minute), a 401 (a wrong secret for a real key prefix), a 404 (unknown model), and on
 trees that serve them /v1/responses (kept, as the SDK's default) and /v1/messages.
-``--keep DIR`` keeps the callgrind files for ``callgrind_annotate --inclusive=yes``.
+``--keep DIR`` keeps the callgrind files for ``callgrind_annotate --inclusive=yes``;
+``--bytecodes`` (no valgrind) lists, per scenario, the Python functions whose bytecodes per
+request differ from ``--base``'s: where a tree's extra instructions are. Results and method:
+bench/RESULTS.md, "Issue 17".
 """
 
 from __future__ import annotations
