@@ -20,7 +20,8 @@
 --      preempt  1: this P0/P1 request may take the slot of a preemptible lower-class one
 --               (engines that serve first come, first served; the gateway preempts)
 --      victim   1: this request may be preempted (it then ignores the headroom)
---      head     1: a preempted request queueing again: at the head of its class
+--      head     1: a preempted request queueing again: at the head of its class (it ignores
+--               the headroom, and is the last of its class to be preempted again)
 --      chan     the channel that tells the victim's gateway process to let go of its slot
 --
 -- Rank = class * 1e13 + virtual start time: P0 before P1 before P2; inside a class, start-
@@ -158,7 +159,10 @@ local function try_slot(K, o)
   if class >= 1 then higher = higher + tonumber(held[2] or '0') end
   if class == 2 then higher = higher + tonumber(held[3] or '0') end
   local reserved = 0
-  if class > 0 and o.hwin > 0 and o.victim ~= 1 and not (preempting and o.kv <= o.pmax) then
+  -- Preemptible requests ignore the headroom (P0 takes their slot when it needs one), and so
+  -- does a preempted one coming back: it heads its class, so waiting would hold up the class.
+  local exempt = o.victim == 1 or o.head == 1 or (preempting and o.kv <= o.pmax)
+  if class > 0 and o.hwin > 0 and not exempt then
     reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
   end
   local kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
@@ -208,7 +212,9 @@ local function try_slot(K, o)
     redis.call('HINCRBY', kt, '_c' .. class, 1)
     redis.call('PEXPIRE', kt, lease)
     if o.victim == 1 then
-      redis.call('ZADD', kp, class * CLASS + now, o.rid)
+      -- The youngest is preempted first (it has the least to recompute); one already
+      -- preempted and resumed comes last in its class (it has the most).
+      redis.call('ZADD', kp, class * CLASS + (o.head == 1 and 0 or now), o.rid)
       redis.call('PEXPIRE', kp, lease)
     end
     -- The class's virtual time moves to the start tag of what it last served.
