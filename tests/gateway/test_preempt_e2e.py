@@ -254,3 +254,51 @@ def test_preemption_can_be_turned_off(world: World, fcfs_model: Engine) -> None:
         assert p0_done > p2_done
     finally:
         stop(proc)
+
+
+def test_a_preempted_whole_answer_is_restarted_and_billed_once(
+    world: World, fcfs_model: Engine
+) -> None:
+    """A non-streaming P2 request has received nothing when preempted: it starts again, and
+    its client gets one whole answer, billed for it alone."""
+    _, body, tokenize = CASES["chat"]
+
+    async def engine_running() -> float:
+        async with httpx.AsyncClient(timeout=10) as client:
+            page = (await client.get(f"{fcfs_model.url}/metrics")).text
+        return sum(
+            float(line.split()[-1])
+            for line in page.splitlines()
+            if line.startswith("vllm:num_requests_running{")
+        )
+
+    async def scenario() -> tuple[httpx.Response, float, float]:
+        async def batch() -> tuple[httpx.Response, float]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                r = await client.post(
+                    f"{world.v1}/chat/completions",
+                    headers={"Authorization": f"Bearer {world.key_a}", "X-Tollgate-Priority": "P2"},
+                    json=body,
+                )
+            return r, time.monotonic()
+
+        task = asyncio.create_task(batch())
+        deadline = time.monotonic() + 30
+        while await engine_running() < 1:
+            assert time.monotonic() < deadline, "the P2 request never reached the engine"
+            await asyncio.sleep(0.02)
+        p0_done = await ask_p0(world.url, world.key_b)
+        answer, p2_done = await task
+        return answer, p0_done, p2_done
+
+    before = preemptions(world.url)
+    answer, p0_done, p2_done = asyncio.run(scenario())
+    assert p0_done < p2_done and preemptions(world.url) - before == 1
+    assert answer.status_code == 200, answer.text
+    reply = answer.json()
+    prompt = prompt_tokens(fcfs_model, tokenize)
+    assert reply["usage"]["prompt_tokens"] == prompt
+    assert reply["usage"]["completion_tokens"] == REPLY
+    assert reply["choices"][0]["finish_reason"] == "length"
+    billed = usage_event(answer.headers["x-request-id"])
+    assert (billed.prompt_tokens, billed.completion_tokens, billed.status) == (prompt, REPLY, "ok")
