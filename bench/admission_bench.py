@@ -51,7 +51,8 @@ from pathlib import Path
 
 from gateway_bench import PG, PY, ROOT, Server, fmt, free_port, load_avg, psql, sh, wait_listening
 
-DB_NAME = "tollgate_admbench"
+# Its own throw-away database; TOLLGATE_ADMBENCH_DB names another (benches run side by side).
+DB_NAME = os.environ.get("TOLLGATE_ADMBENCH_DB", "tollgate_admbench")
 MODEL = "bench-model"
 SLOTS = 4
 SECTION = "## Admission and priority"
@@ -228,7 +229,8 @@ class Sampler(threading.Thread):
 
 
 def gateway_queue_wait(url: str, token: str) -> dict[tuple[str, str], tuple[float, float]]:
-    """(priority, tenant id) -> (seconds waited in all, requests) from the gateway's histogram."""
+    """(priority, tenant id) -> (seconds waited in all, requests) from the gateway's histogram;
+    ("preempted", priority) -> (0, requests the gateway preempted)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {token}"})
@@ -236,6 +238,12 @@ def gateway_queue_wait(url: str, token: str) -> dict[tuple[str, str], tuple[floa
         text = r.read().decode()
     out: dict[tuple[str, str], list[float]] = {}
     for family in text_string_to_metric_families(text):
+        if family.name == "tollgate_preemptions":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    key = ("preempted", s.labels.get("priority", ""))
+                    out.setdefault(key, [0.0, 0.0])[1] += s.value
+            continue
         if family.name != "tollgate_queue_wait_seconds":
             continue
         for s in family.samples:
@@ -383,6 +391,15 @@ def tokens_between(result: dict, group: str, start: int, end: int) -> int:
     return sum(v for k, v in per.items() if start <= int(k) < end)
 
 
+def preempted(result: dict) -> str:
+    parts = [
+        f"{label.split('/')[1]} × {count:.0f}"
+        for label, (_, count) in sorted(result["queue_wait"].items())
+        if label.startswith("preempted/") and count
+    ]
+    return ", ".join(parts) or "none"
+
+
 def mean_wait(result: dict, tenant_id: int) -> str:
     parts = []
     for label, (total, count) in sorted(result["queue_wait"].items()):
@@ -476,7 +493,8 @@ def report(
                     f"- run {name}: the gateway put the P0 tenant's requests in "
                     f"{', '.join(st['classes'])}, "
                     f"the flood's in {', '.join(ttft_stats(res[name], 'batch')['classes'])}; "
-                    f"flood queue wait {mean_wait(res[name], ids['batch'])}"
+                    f"flood queue wait {mean_wait(res[name], ids['batch'])}; "
+                    f"requests the gateway preempted: {preempted(res[name])}"
                 )
     verdict = []
     if "priorities" in facts:

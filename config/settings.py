@@ -420,6 +420,15 @@ TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE = env_float("TOLLGATE_ADMISSION_HEADROOM_M
 # On engines that preempt by priority, a lower-class request predicted at no more than this
 # many tokens ignores the headroom: P0 preempts it, and recomputing it is cheap.
 TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS = env_int("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS", 2048)
+# On engines that serve first come, first served (no --scheduling-policy priority), a P0/P1
+# request that finds every slot taken preempts the youngest lower-class chat/completions
+# request: the gateway aborts it upstream and resumes it when a slot frees, continuing from
+# what its client already received (one uninterrupted stream, billed once). It costs the
+# recompute of the preempted request's prompt and partial output (the operator's, not the
+# tenant's); off, P0 relies on the headroom alone and may wait for a lower-class reply.
+TOLLGATE_ADMISSION_PREEMPT_FCFS = env_bool("TOLLGATE_ADMISSION_PREEMPT_FCFS", True)
+# A request is preempted at most this many times; then it runs to its end.
+TOLLGATE_ADMISSION_PREEMPT_MAX_TIMES = env_int("TOLLGATE_ADMISSION_PREEMPT_MAX_TIMES", 2)
 # Requests' predicted tokens (prompt + expected output) in flight may fill this share of the
 # engines' KV cache (from their /metrics); 0: admit by request count only.
 TOLLGATE_ADMISSION_KV_SHARE = env_float("TOLLGATE_ADMISSION_KV_SHARE", 0.95)

@@ -120,14 +120,14 @@ def responses_log() -> str:
     return rkey("responses", "log")
 
 
-def pool_keys(model_id: int) -> tuple[str, str, str, str, str, str, str]:
-    """(running, queue, queue expiry, fair share, ceiling, in-flight tokens, recent demand)
-    of a model's engine pool: the order of acquire.lua's pool."""
+def pool_keys(model_id: int) -> tuple[str, str, str, str, str, str, str, str]:
+    """(running, queue, queue expiry, fair share, ceiling, in-flight tokens, recent demand,
+    preemptible slot holders) of a model's engine pool: the order of acquire.lua's pool."""
     return _pool_keys(setting(PREFIX_SETTING), model_id)
 
 
 @lru_cache(maxsize=4096)
-def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str, str]:
+def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str, str, str]:
     base = ("adm", model_id)
     return (
         rkey(*base, "run"),
@@ -137,6 +137,7 @@ def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str
         rkey(*base, "ceiling"),
         rkey(*base, "tok"),
         rkey(*base, "hi"),
+        rkey(*base, "pre"),
     )
 
 
@@ -168,6 +169,12 @@ def wake_channel() -> str:
 def engine_metrics_key(replica_id: int) -> str:
     """An engine replica's scraped telemetry (JSON)."""
     return rkey("engine", replica_id, "metrics")
+
+
+def preempt_channel() -> str:
+    """Channel: the gateway took this request's engine slot for a higher class (the payload,
+    its id): the process serving it aborts it upstream and resumes it later."""
+    return rkey("adm", "preempt")
 
 
 def invalidation_channel() -> str:

@@ -225,7 +225,10 @@ class App:
             if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
                 raise bad_request("messages: Input should be a valid list", "messages")
             text = tokenizer.chat_prompt(
-                msgs, body.get("tools"), body.get("add_generation_prompt", True)
+                msgs,
+                body.get("tools"),
+                body.get("add_generation_prompt", True),
+                body.get("continue_final_message") is True,
             )
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]

@@ -231,7 +231,13 @@ class Generator:
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise bad_request("tools: Input should be a valid list", "tools")
-        return tokenizer.chat_prompt(msgs, tools)
+        add_generation = body.get("add_generation_prompt", True) is not False
+        continue_final = body.get("continue_final_message") is True
+        if add_generation and continue_final:
+            raise bad_request(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        return tokenizer.chat_prompt(msgs, tools, add_generation, continue_final)
 
     def _chat_tool(self, body: dict) -> dict | None:
         tools = body.get("tools") or []

@@ -70,9 +70,14 @@ def _content_text(content: object) -> str:
 
 
 def chat_prompt(
-    messages: list[dict], tools: list | None = None, add_generation_prompt: bool = True
+    messages: list[dict],
+    tools: list | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> str:
-    """A ChatML-style template: what the engine 'sees' for a chat request."""
+    """A ChatML-style template: what the engine 'sees' for a chat request. With
+    ``continue_final_message`` the last message stays open (no end marker), so the model
+    continues it, as vLLM does."""
     out = []
     if tools:
         out.append(
@@ -83,6 +88,8 @@ def chat_prompt(
         if m.get("tool_calls"):
             text += json.dumps(m["tool_calls"], sort_keys=True)
         out.append(f"<|im_start|>{m.get('role', 'user')}\n{text}<|im_end|>\n")
+    if continue_final_message and out:
+        out[-1] = out[-1].removesuffix("<|im_end|>\n")
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)

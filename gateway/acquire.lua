@@ -5,7 +5,8 @@
 --      deadline ms), kq queue zset (request id -> rank), kx queue expiry zset (request id ->
 --      give-up ms), kf fair-share hash, kc ceiling, kt in-flight hash (request id -> predicted
 --      tokens * 4 + class; _tok their total, _c0/_c1/_c2 slot holders by class), kh recent
---      higher-class demand (see headroom below)
+--      higher-class demand (see headroom below), kp preemptible slot holders (request id ->
+--      class * 1e13 + admission ms; see preemption below)
 --   o  rid, class (0 P0, 1 P1, 2 P2), tenant, weight, cost (tokens, for fair share), now,
 --      lease, budget, p2 ('1' when engines have spare capacity), giveup (ms), fresh (true
 --      when called by admission: the request is not queued yet),
@@ -16,6 +17,12 @@
 --      hwin     headroom window (ms, 0: no headroom), hmax most slots the headroom keeps,
 --      pmax     on engines that preempt, a lower-class request predicted at no more than
 --               this many tokens ignores the headroom (preempting it is cheap)
+--      preempt  1: this P0/P1 request may take the slot of a preemptible lower-class one
+--               (engines that serve first come, first served; the gateway preempts)
+--      victim   1: this request may be preempted (it then ignores the headroom)
+--      head     1: a preempted request queueing again: at the head of its class (it ignores
+--               the headroom, and is the last of its class to be preempted again)
+--      chan     the channel that tells the victim's gateway process to let go of its slot
 --
 -- Rank = class * 1e13 + virtual start time: P0 before P1 before P2; inside a class, start-
 -- time fair queueing by tokens (a tenant's virtual time advances by cost / weight), so one
@@ -29,13 +36,21 @@
 -- once (holding a slot or asking for one) in the last one to two windows (0 once they stop
 -- coming), at most hmax and never every slot. A lower-class request takes a slot only while
 -- running + max(0, k - higher-class slot holders now) < limit.
+--
+-- Preemption (first-come-first-served engines, where the headroom alone costs throughput
+-- and still leaves P0 behind a P2 reply now and then): a P0/P1 request that finds every
+-- slot taken, with nothing better queued, takes the slot of the youngest preemptible
+-- request of the lowest class below it. The slot changes hands here, atomically; the
+-- victim's gateway process hears it on `chan`, aborts the engine request (the engine frees
+-- the slot at once) and queues the request again at the head of its class to resume it.
 -- Returns {1, running, ceiling} when admitted, {0, ahead, ceiling} when queued.
 
 -- Slot holders whose gateway died (lease lapsed) leave the running set and the token count.
-local function reap(kr, kt, now)
+local function reap(kr, kt, kp, now)
   local gone = redis.call('ZRANGEBYSCORE', kr, '-inf', now, 'LIMIT', 0, 200)
   if #gone == 0 then return end
   redis.call('ZREM', kr, unpack(gone))
+  redis.call('ZREM', kp, unpack(gone))
   local held = redis.call('HMGET', kt, unpack(gone))
   local tokens, by_class = 0, {0, 0, 0}
   for _, v in ipairs(held) do
@@ -51,6 +66,32 @@ local function reap(kr, kt, now)
   for c = 1, 3 do
     if by_class[c] ~= 0 then redis.call('HINCRBY', kt, '_c' .. (c - 1), -by_class[c]) end
   end
+end
+
+-- Take a slot from a holder: out of the running set, its tokens out of the in-flight count.
+local function unhold(kr, kt, kp, rid)
+  redis.call('ZREM', kp, rid)
+  if redis.call('ZREM', kr, rid) == 0 then return false end
+  local held = redis.call('HGET', kt, rid)
+  if held then
+    local n = tonumber(held)
+    local c = n % 4
+    redis.call('HDEL', kt, rid)
+    if n - c ~= 0 then redis.call('HINCRBY', kt, '_tok', -(n - c) / 4) end
+    redis.call('HINCRBY', kt, '_c' .. c, -1)
+  end
+  return true
+end
+
+-- The youngest preemptible slot holder of the lowest class below `class` (nil: none).
+local function victim_of(kr, kp, class, CLASS)
+  for _ = 1, 3 do
+    local v = redis.call('ZREVRANGEBYSCORE', kp, '+inf', (class + 1) * CLASS, 'LIMIT', 0, 1)
+    if #v == 0 then return nil end
+    if redis.call('ZSCORE', kr, v[1]) then return v[1] end
+    redis.call('ZREM', kp, v[1])  -- its lease lapsed: not running any more
+  end
+  return nil
 end
 
 -- Recent demand of the classes above a class, kept per series s (1: P0; 2: P0 and P1) as
@@ -79,7 +120,7 @@ local function note_demand(kh, s, n, now, win)
 end
 
 local function try_slot(K, o)
-  local kr, kq, kx, kf, kc, kt, kh = K[1], K[2], K[3], K[4], K[5], K[6], K[7]
+  local kr, kq, kx, kf, kc, kt, kh, kp = K[1], K[2], K[3], K[4], K[5], K[6], K[7], K[8]
   local class, now, lease = o.class, o.now, o.lease
   local CLASS = 1e13
   local ceiling = tonumber(redis.call('GET', kc) or o.budget)
@@ -91,7 +132,11 @@ local function try_slot(K, o)
   -- A fresh request (from admission) cannot be queued yet; a retry has its rank.
   local rank, tag = -1, nil
   if not o.fresh then rank = tonumber(redis.call('ZSCORE', kq, o.rid) or '-1') end
-  if rank < 0 then
+  if rank < 0 and o.head == 1 then
+    -- Preempted: ahead of every request of its class still waiting (their ranks are at
+    -- least the class's virtual time), its tenant's fair-share tag unchanged.
+    rank = class * CLASS + tonumber(redis.call('HGET', kf, '_v' .. class) or '0') - 1
+  elseif rank < 0 then
     local vt = redis.call('HMGET', kf, '_v' .. class, o.tenant .. ':' .. class)
     local start = math.max(tonumber(vt[1] or '0'), tonumber(vt[2] or '0'))
     tag = start + o.cost / o.weight
@@ -114,13 +159,16 @@ local function try_slot(K, o)
   if class >= 1 then higher = higher + tonumber(held[2] or '0') end
   if class == 2 then higher = higher + tonumber(held[3] or '0') end
   local reserved = 0
-  if class > 0 and o.hwin > 0 and not (preempting and o.kv <= o.pmax) then
+  -- Preemptible requests ignore the headroom (P0 takes their slot when it needs one), and so
+  -- does a preempted one coming back: it heads its class, so waiting would hold up the class.
+  local exempt = o.victim == 1 or o.head == 1 or (preempting and o.kv <= o.pmax)
+  if class > 0 and o.hwin > 0 and not exempt then
     reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
   end
   local kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
       or in_flight + o.kv <= o.kvcap
   if running + reserved >= limit or not kv_ok then
-    reap(kr, kt, now)
+    reap(kr, kt, kp, now)
     running = redis.call('ZCARD', kr)
     if running == 0 then redis.call('DEL', kt) end  -- nothing runs: nothing is in flight
     held = redis.call('HMGET', kt, '_tok', '_c0', '_c1')
@@ -143,6 +191,15 @@ local function try_slot(K, o)
       ahead = redis.call('ZCOUNT', kq, '-inf', '(' .. rank)
     end
   end
+  if running + reserved >= limit and running <= limit and o.preempt == 1 and class < 2 and kv_ok
+      and ahead == 0 then
+    local v = victim_of(kr, kp, class, CLASS)
+    if v and unhold(kr, kt, kp, v) then
+      redis.call('PUBLISH', o.chan, v)
+      running = running - 1
+      reserved = 0
+    end
+  end
   if running + reserved < limit and kv_ok and (class < 2 or o.p2 == '1') and ahead == 0 then
     if not o.fresh then
       redis.call('ZREM', kq, o.rid)
@@ -154,6 +211,12 @@ local function try_slot(K, o)
     redis.call('HINCRBY', kt, '_tok', o.kv)
     redis.call('HINCRBY', kt, '_c' .. class, 1)
     redis.call('PEXPIRE', kt, lease)
+    if o.victim == 1 then
+      -- The youngest is preempted first (it has the least to recompute); one already
+      -- preempted and resumed comes last in its class (it has the most).
+      redis.call('ZADD', kp, class * CLASS + (o.head == 1 and 0 or now), o.rid)
+      redis.call('PEXPIRE', kp, lease)
+    end
     -- The class's virtual time moves to the start tag of what it last served.
     if tag then
       redis.call('HSET', kf, '_v' .. class, rank - class * CLASS, o.tenant .. ':' .. class, tag)

@@ -23,7 +23,13 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from core.hot import setting
-from core.keyspace import engine_metrics_key, open_keys, pool_keys, wait_stats_key
+from core.keyspace import (
+    engine_metrics_key,
+    open_keys,
+    pool_keys,
+    preempt_channel,
+    wait_stats_key,
+)
 from core.redis import get_redis
 from gateway import metrics
 from gateway.limiter import SlotRequest
@@ -76,7 +82,7 @@ class PoolStatus:
 
 def pool_status(model_id: int, budget: int) -> PoolStatus:
     """The pool of a model whose engines' static budget is ``budget`` (for the console)."""
-    running, queue, _, _, ceiling, _, _ = pool_keys(model_id)
+    running, queue, _, _, ceiling, *_ = pool_keys(model_id)
     pipe = get_redis().pipeline(transaction=False)
     pipe.get(ceiling)
     pipe.zcard(running)
@@ -166,8 +172,11 @@ class Admission:
         weight: int,
         p0_extra: int = 0,
         kv: int = 0,
+        preempt: bool = False,
+        victim: bool = False,
     ) -> SlotRequest:
-        """What the admission call needs to also take (or queue for) an engine slot."""
+        """What the admission call needs to also take (or queue for) an engine slot
+        (``preempt``: it may take a preemptible lower-class slot; ``victim``: it is one)."""
         headroom = setting("TOLLGATE_ADMISSION_HEADROOM_SECONDS")
         return SlotRequest(
             pool=pool_keys(model_id),
@@ -183,6 +192,8 @@ class Admission:
             headroom_ms=int(headroom * 1000),
             headroom_max=headroom_slots(budget),
             preempt_max=setting("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS"),
+            preempt=preempt,
+            victim=victim,
         )
 
     def holding(self, request_id: str, model_id: int) -> None:
@@ -201,8 +212,11 @@ class Admission:
         disconnected: asyncio.Event,
         p0_extra: int = 0,
         kv: int = 0,
+        flags: tuple[bool, bool, bool] = (False, False, False),
     ) -> Ticket:
-        """Wait in the queue (where admission put the request) up to the class's timeout."""
+        """Wait in the queue (where admission put the request) up to the class's timeout.
+        ``flags``: (may preempt, may be preempted, preempted: queue again at the head of its
+        class and try at once)."""
         started = time.monotonic()
         deadline = started + queue_timeout(priority)
         keys = pool_keys(model_id)
@@ -225,6 +239,7 @@ class Admission:
                 disconnected,
                 p0_extra,
                 kv,
+                flags,
             )
         finally:
             waited = time.monotonic() - started
@@ -262,8 +277,11 @@ class Admission:
         disconnected: asyncio.Event,
         p0_extra: int = 0,
         kv: int = 0,
+        flags: tuple[bool, bool, bool] = (False, False, False),
     ) -> Ticket:
         ahead, ceiling = 1, budget
+        if flags[2]:  # preempted: take the head of the class now (a slot may be free)
+            waiter.event.set()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or disconnected.is_set():
@@ -272,11 +290,12 @@ class Admission:
                 return Ticket(
                     False, time.monotonic() - started, self.retry_after(model_id, ahead, ceiling)
                 )
+            if not waiter.event.is_set():
+                try:
+                    await asyncio.wait_for(waiter.event.wait(), min(remaining, RETRY_SECONDS))
+                except TimeoutError:
+                    pass
             waiter.event.clear()
-            try:
-                await asyncio.wait_for(waiter.event.wait(), min(remaining, RETRY_SECONDS))
-            except TimeoutError:
-                pass
             got, ahead, ceiling = await self._try(
                 keys,
                 waiter.request_id,
@@ -288,6 +307,7 @@ class Admission:
                 model_id,
                 p0_extra,
                 kv,
+                flags,
             )
             if got == 1:
                 self.running[waiter.request_id] = model_id
@@ -306,6 +326,7 @@ class Admission:
         model_id: int,
         p0_extra: int = 0,
         kv: int = 0,
+        flags: tuple[bool, bool, bool] = (False, False, False),
     ) -> list[int]:
         slot = self.slot_request(model_id, budget, priority, weight, p0_extra, kv)
         args = [
@@ -325,6 +346,10 @@ class Admission:
             slot.headroom_ms,
             slot.headroom_max,
             slot.preempt_max,
+            1 if flags[0] else 0,
+            1 if flags[1] else 0,
+            1 if flags[2] else 0,
+            preempt_channel(),
         ]
         async with asyncio.timeout(5.0):
             # With the checkpoints hash: a granted slot marks the request as taken by an engine.
@@ -370,6 +395,7 @@ class Admission:
                 pool = pool_keys(model_id)
                 pipe.pexpire(pool[0], lease_ms())
                 pipe.pexpire(pool[5], lease_ms())
+                pipe.pexpire(pool[7], lease_ms())
             if open_requests:
                 pipe.zadd(open_keys()[0], dict.fromkeys(open_requests, deadline), xx=True)
             try:

@@ -23,19 +23,21 @@ import redis.exceptions
 from core.keyspace import open_keys
 from core.pricing import cost_nano
 from core.usage import UsageRecord
-from gateway import billing, messages, metrics, responses
+from gateway import billing, messages, metrics, preempt, responses
 from gateway.admission import CLASS_INDEX, lowered
 from gateway.errors import error_body
 from gateway.limiter import Decision, Reservation
 from gateway.orphans import checkpoint_value
 from gateway.relay import (
     Outcome,
+    Preempted,
     StreamState,
     UpstreamRefused,
     forward_stream,
     forward_whole,
     read_usage,
     respond,
+    resume_stream,
 )
 from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo, Upstream
@@ -229,6 +231,13 @@ class Exchange:
         "headers",
         "disconnect",
         "plan",
+        "preempts",
+        "victim",
+        "preemptions",
+        "preempted",
+        "relay_task",
+        "st",
+        "outcome",
     )
 
     def __init__(
@@ -256,6 +265,9 @@ class Exchange:
         self.upstreams = upstreams
         self.started = started  # perf_counter() when the request arrived
         self.plan = plan  # /v1/responses: the id it gets and what to keep of it
+        self.preempts = False  # it may take a lower class's slot (gateway/preempt.py)
+        self.victim = False  # the gateway may preempt it
+        self.relay_task: asyncio.Task | None = None  # set while a preemptible one is relayed
 
     async def admit_and_forward(self, scope: dict, receive: Any) -> None:
         """Admit the request (or answer why not), then serve it and clean up after it."""
@@ -287,6 +299,13 @@ class Exchange:
         p0_extra = self.p0_extra = budget if preempts else 0
         if preempts:
             payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
+        # On engines that serve first come, first served the gateway preempts instead.
+        self.preempts = priority != "P2" and not preempts and preempt.enabled()
+        victim = self.victim = (
+            priority != "P0"
+            and self.plan is None
+            and preempt.preemptible(self.endpoint, payload, preempts)
+        )
         changed = preempts or client_priority is not None
         stream_options = payload.get("stream") is True and self.endpoint in STREAM_OPTIONS
         self.body = upstream_body(payload, self.body, stream_options, changed)
@@ -294,7 +313,9 @@ class Exchange:
         kv = self.kv = admission.predicted_tokens(
             model.id, prompt_est, output_est, model.context_length
         )
-        slot = admission.slot_request(model.id, budget, priority, tenant.weight, p0_extra, kv)
+        slot = admission.slot_request(
+            model.id, budget, priority, tenant.weight, p0_extra, kv, self.preempts, victim
+        )
         key = self.key
         record = {
             "event": {
@@ -357,9 +378,14 @@ class Exchange:
             (b"x-tollgate-priority", priority.encode()),
         ]
         disconnect = self.disconnect = Disconnect(receive)
+        if victim:
+            self.preemptions, self.preempted, self.st = 0, False, None
+            rt.preemptible[request_id] = self
         try:
             await self.serve(decision)
         finally:
+            if victim:
+                rt.preemptible.pop(request_id, None)
             disconnect.close()
             # Settled, or else left on record for the reaper (its lease lapses once we stop
             # renewing it).
@@ -400,6 +426,7 @@ class Exchange:
                 disconnect.event,
                 self.p0_extra,
                 self.kv,
+                (self.preempts, self.victim, False),
             )
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             await respond(
@@ -492,7 +519,11 @@ class Exchange:
                     sent_headers = up_headers
                     if upstream.auth_header:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
-                    if stream:
+                    if self.victim:
+                        await self.relay_preemptible(
+                            upstream, url, sent_headers, stream, st, outcome, read
+                        )
+                    elif stream:
                         await forward_stream(
                             rt.session,
                             url,
@@ -559,6 +590,136 @@ class Exchange:
         finally:
             disconnect.cancel_on = None
         return outcome, chosen
+
+    def on_preempt(self) -> None:
+        """Admission gave this request's slot to a higher class: abort it upstream (closing
+        the connection frees the engine's slot), unless a send to the client is under way
+        (the relay stops after it) or the answer is already complete."""
+        self.preempted = True
+        task, st = self.relay_task, self.st
+        if task is None:
+            return  # not relaying: relay_preemptible sees the flag before it forwards
+        if st is not None:
+            if st.sending:
+                st.preempt = True
+                return
+        elif self.outcome.started:
+            return  # the whole answer is in hand: it goes to the client
+        task.cancel()
+
+    async def relay_preemptible(
+        self,
+        upstream: Upstream,
+        url: str,
+        up_headers: dict[str, str],
+        stream: bool,
+        st: StreamState | None,
+        outcome: Outcome,
+        read: Any,
+    ) -> None:
+        """Relay a request the gateway may preempt; when it is, queue it again at the head
+        of its class and resume it once readmitted (gateway/preempt.py)."""
+        rt, send, body = self.rt, self.send, self.body
+        task = asyncio.current_task()
+        self.st, self.outcome = st, outcome
+        if st is not None:
+            st.sent = []
+        resumed = False
+        while True:
+            if not self.preempted:
+                self.relay_task = task
+                try:
+                    if resumed:
+                        await resume_stream(
+                            rt.session, url, body, up_headers, send, st, rt.max_frame
+                        )
+                    elif stream:
+                        await forward_stream(
+                            rt.session, url, body, up_headers, send, self.headers, st, rt.max_frame
+                        )
+                    else:
+                        await forward_whole(
+                            rt.session, url, body, up_headers, send, self.headers, outcome, read
+                        )
+                    return
+                except asyncio.CancelledError:
+                    if not self.preempted or self.disconnect.event.is_set():
+                        raise
+                    task.uncancel()
+                except Preempted:
+                    pass
+                except UpstreamRefused as exc:
+                    if not resumed:
+                        raise  # nothing was sent yet: forward tries the next replica
+                    raise RuntimeError("the engine refused the resumed request") from exc
+                finally:
+                    self.relay_task = None
+            self.preempted = False
+            self.preemptions += 1
+            metrics.PREEMPTIONS.labels(self.model.served_name, self.priority).inc()
+            if stream and outcome.started:
+                st.preempt = False
+                text, ident, created = preempt.delivered(st, self.endpoint)
+                emitted = outcome.completion_tokens
+                if text and not outcome.prompt_known:  # the engine sends usage only at the end
+                    await billing.count_prompt(
+                        rt.session, self.endpoint, self.payload, outcome, upstream, self.upstreams
+                    )
+                prompt = outcome.prompt_tokens if outcome.prompt_tokens else None
+                again = preempt.resumed_payload(self.payload, self.endpoint, text, emitted)
+                body = upstream_body(again, b"", True, True)
+                st.transform = preempt.resumed_transform(
+                    st, self.endpoint, ident, created, prompt, emitted
+                )
+                resumed = True
+            if not await self.readmit(stream, outcome):
+                return
+
+    async def readmit(self, stream: bool, outcome: Outcome) -> bool:
+        """Queue a preempted request at the head of its class until a slot frees; False
+        (and the client told, unless it left) when it may not wait any longer."""
+        disconnect, task = self.disconnect, self.disconnect.cancel_on
+        disconnect.cancel_on = None  # a client leaving now ends the wait (which cleans up)
+        try:
+            ticket = await self.rt.admission.wait(
+                self.model.id,
+                self.budget,
+                self.request_id,
+                self.priority,
+                self.tenant.id,
+                self.tenant.weight,
+                self.tokens,
+                disconnect.event,
+                self.p0_extra,
+                self.kv,
+                (self.preempts, preempt.may_be_victim(self.preemptions), True),
+            )
+        finally:
+            disconnect.cancel_on = task
+        if ticket.admitted:
+            return True
+        if disconnect.event.is_set():
+            outcome.status = "client_closed"
+            if not stream:
+                outcome.completion_tokens = 0
+            return False
+        message = (
+            f"The model `{self.model.served_name}` is busy: this {self.priority} request was "
+            f"paused for a higher class and waited {ticket.waited:.0f}s to resume."
+        )
+        outcome.status = "error"
+        if stream and outcome.started:
+            failed = self.st.failure(message)
+            await self.send({"type": "http.response.body", "body": failed, "more_body": False})
+        else:
+            outcome.http_status = 429
+            await respond(
+                self.send,
+                429,
+                error_body(message, "requests", code="rate_limit_exceeded"),
+                self.headers + [(b"retry-after", str(ticket.retry_after).encode())],
+            )
+        return False
 
     async def checkpoint(self, o: Outcome) -> None:
         """Record a stream's delivered tokens (about once a second) for the orphan reaper."""

@@ -2,10 +2,10 @@
 --
 -- KEYS  1 key requests zset   2 key tokens hash    3 tenant requests zset  4 tenant tokens hash
 --       5 key in-flight zset   6 tenant in-flight zset   7 quota hash
---       8-14 the model's engine pool (core.keyspace.pool_keys: running, queue, queue expiry,
---       fair share, ceiling, in-flight tokens, recent demand)
---       15 open requests zset (request id -> lease deadline)  16 open requests hash (-> record)
---       17 delivered-token checkpoints hash (an entry: the engine has taken the request)
+--       8-15 the model's engine pool (core.keyspace.pool_keys: running, queue, queue expiry,
+--       fair share, ceiling, in-flight tokens, recent demand, preemptible holders)
+--       16 open requests zset (request id -> lease deadline)  17 open requests hash (-> record)
+--       18 delivered-token checkpoints hash (an entry: the engine has taken the request)
 -- ARGV  1 now_ms  2 request id  3 estimated tokens  4 window_ms
 --       5 key rpm  6 key tpm  7 tenant rpm  8 tenant tpm  9 key max concurrent  10 tenant max concurrent
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
@@ -13,7 +13,8 @@
 --       20 slot lease ms  21 queue give-up ms  22 tenant id  23 open-request record (JSON)
 --       24 open-request lease deadline ms  25 extra slots for P0  26 predicted in-flight tokens
 --       27 KV-cache capacity (tokens, 0: unknown)  28 headroom window ms  29 headroom max slots
---       30 preempt max tokens (see acquire.lua)
+--       30 preempt max tokens  31 may preempt (0/1)  32 may be preempted (0/1)
+--       33 preemption channel (see acquire.lua)
 -- Limits of 0 are off. A window is a zset (request id -> admission time) plus a hash
 -- (request id -> tokens, "_sum" -> total); entries older than the window are pruned here,
 -- each exactly once and a bounded number per call (see prune), and never counted once
@@ -216,15 +217,17 @@ redis.call('HINCRBY', KEYS[7], 'money_reserved', est_money)
 redis.call('EXPIRE', KEYS[7], tonumber(A[15]))
 -- Until it settles, the request is on record: if its gateway dies, a reaper bills what it
 -- delivered (see gateway/orphans.py).
-redis.call('ZADD', KEYS[15], tonumber(A[24]), rid)
-redis.call('HSET', KEYS[16], rid, A[23])
-local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]},
+redis.call('ZADD', KEYS[16], tonumber(A[24]), rid)
+redis.call('HSET', KEYS[17], rid, A[23])
+local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14],
+  KEYS[15]},
   {rid = rid, class = tonumber(A[16]), tenant = A[22], weight = tonumber(A[17]), cost = est,
    now = now, lease = tonumber(A[20]), budget = tonumber(A[18]), p2 = A[19],
    giveup = tonumber(A[21]), p0extra = tonumber(A[25]), kv = tonumber(A[26]),
    kvcap = tonumber(A[27]), hwin = tonumber(A[28]), hmax = tonumber(A[29]),
-   pmax = tonumber(A[30]), fresh = true})
+   pmax = tonumber(A[30]), preempt = tonumber(A[31]), victim = tonumber(A[32]), head = 0,
+   chan = A[33], fresh = true})
 -- A slot means the request goes to an engine now: from here its prompt is billed even if its
 -- gateway dies before any usage arrives (gateway/orphans.py).
-if slot[1] == 1 then redis.call('HSET', KEYS[17], rid, '0,0,0,0') end
+if slot[1] == 1 then redis.call('HSET', KEYS[18], rid, '0,0,0,0') end
 return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

@@ -18,6 +18,7 @@ from core.keyspace import (
     QUOTA_TTL_SECONDS,
     open_keys,
     pool_keys,
+    preempt_channel,
     quota_key,
     rate_keys,
     settled_stem,
@@ -100,6 +101,8 @@ class SlotRequest:
     headroom_ms: int = 0  # window of recent higher-class demand (0: no headroom)
     headroom_max: int = 0  # most slots lower classes leave free
     preempt_max: int = 0  # engines that preempt: cheaper requests ignore the headroom
+    preempt: bool = False  # a P0/P1 request may take a preemptible lower-class slot
+    victim: bool = False  # this request may be preempted (the gateway resumes it)
 
 
 @lru_cache(maxsize=65536)
@@ -177,6 +180,9 @@ class Limiter:
             slot.headroom_ms,
             slot.headroom_max,
             slot.preempt_max,
+            1 if slot.preempt else 0,
+            1 if slot.victim else 0,
+            preempt_channel(),
         ]
         result = await self.pipe.evalsha(
             _ADMIT, (*keys, *slot.pool, *open_keys()), (orjson.dumps(argv),)
@@ -215,7 +221,7 @@ def settle_keys(
     stream, wake, opened, settled = _settle_names(setting(PREFIX_SETTING))
     k = reservation.keys
     pool = pool_keys(model_id)
-    running, queue, in_flight = pool[0], pool[1], pool[5]
+    running, queue, in_flight, preemptible = pool[0], pool[1], pool[5], pool[7]
     keys = [
         k[1],
         k[3],
@@ -228,6 +234,7 @@ def settle_keys(
         queue,
         *opened,
         in_flight,
+        preemptible,
     ]
     args = [
         reservation.request_id,

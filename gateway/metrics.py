@@ -34,6 +34,11 @@ TOKENS = Counter("tollgate_tokens_total", "Tokens billed.", ["tenant", "model", 
 REJECTIONS = Counter(
     "tollgate_rejections_total", "Requests refused before reaching an engine.", ["tenant", "reason"]
 )
+PREEMPTIONS = Counter(
+    "tollgate_preemptions_total",
+    "Requests whose engine slot the gateway gave to a higher class (resumed later).",
+    ["model", "priority"],
+)
 LATENCY = Histogram(
     "tollgate_request_duration_seconds",
     "Time from request to last byte.",

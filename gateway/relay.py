@@ -152,6 +152,11 @@ class StreamState:
     error_frames: Any = None  # callable(message) -> the frames that end a stream with an error
     before_send: Any = None  # async callable() a transform sets: run once, before its frame is sent
     unfinished: Any = None  # callable() -> why a stream the engine ended is incomplete, or None
+    # Preemptible streams (gateway/preempt.py) keep what the client got, to resume from it;
+    # a preemption that comes while a send is under way waits for the send to end.
+    sent: list[bytes] | None = None
+    sending: bool = False
+    preempt: bool = False
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started_at) * 1000)
@@ -164,6 +169,10 @@ class StreamState:
 
 
 USAGE_MARK = b',"usage":'
+
+
+class Preempted(Exception):
+    """The gateway gave this stream's engine slot to a higher class (gateway/preempt.py)."""
 
 
 def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
@@ -265,9 +274,36 @@ async def forward_stream(
             return
         outcome.status = "ok"
         outcome.started = True
+        st.sending = True
         await send(
             {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers}
         )
+        st.sending = False
+        await _relay(resp, send, st, max_frame)
+    finally:
+        resp.close()
+
+
+async def resume_stream(
+    session: Any,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    send: Any,
+    st: StreamState,
+    max_frame: int,
+) -> None:
+    """The rest of a preempted stream: the client already has its start and first frames,
+    so only the engine's further frames follow (``st.transform`` makes them continue the
+    client's stream); an engine error ends the stream with an error event."""
+    resp = await _post(session, url, body, headers)
+    try:
+        if resp.status != 200:
+            st.outcome.status = "error"
+            raw = normalise_upstream_error(resp.status, await resp.read())
+            failed = b"data: " + raw + b"\n\ndata: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": failed, "more_body": False})
+            return
         await _relay(resp, send, st, max_frame)
     finally:
         resp.close()
@@ -293,7 +329,14 @@ async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
             before_send, st.before_send = st.before_send, None
             await before_send()
         if out:
-            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            body = b"".join(out)
+            st.sending = True
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            st.sending = False
+            if st.sent is not None:
+                st.sent.append(body)
+                if st.preempt and failure is None:
+                    raise Preempted
         # Only tokens in frames handed to the client count as delivered.
         outcome.completion_tokens = st.pending_completion if st.saw_usage else st.content_frames
         if failure:
@@ -302,7 +345,12 @@ async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
             now = time.monotonic()
             if now - st.last_checkpoint >= CHECKPOINT_SECONDS:
                 st.last_checkpoint = now
+                st.sending = True  # not cancelled inside a Redis call: preempted after it
                 await st.checkpoint(outcome)
+                st.sending = False
+                if st.preempt:
+                    raise Preempted
+    st.sending = True  # done: a preemption now changes nothing
     if failure is None and st.unfinished is not None:
         failure = st.unfinished()
     if failure is not None:

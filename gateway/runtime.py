@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -18,7 +19,7 @@ import redis.exceptions
 from django.conf import settings
 from django.db import close_old_connections
 
-from core.keyspace import invalidation_channel, wake_channel
+from core.keyspace import invalidation_channel, preempt_channel, wake_channel
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.limiter import Limiter, Reservation
@@ -74,6 +75,8 @@ class Runtime:
         self.admission: Admission | None = None
         self.responses: ResponseStore | None = None  # kept /v1/responses answers
         self.open_requests: set[str] = set()  # admitted, not yet settled
+        # Preemptible requests of this process (request id -> its Exchange, gateway/preempt.py)
+        self.preemptible: dict[str, Any] = {}
         self._tasks: list[asyncio.Task] = []
         self._reload_requested = asyncio.Event()
 
@@ -207,12 +210,16 @@ class Runtime:
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(invalidation_channel(), wake_channel())
+                await pubsub.subscribe(invalidation_channel(), wake_channel(), preempt_channel())
                 self.request_reload()  # changes made while we were not listening
-                wake = wake_channel().encode()
+                wake, preempt = wake_channel().encode(), preempt_channel().encode()
                 async for message in pubsub.listen():
                     if message["channel"] == wake:
                         self.admission.wake_local(int(message["data"]))
+                    elif message["channel"] == preempt:
+                        victim = self.preemptible.get(message["data"].decode())
+                        if victim is not None:  # else another process serves it
+                            victim.on_preempt()
                     else:
                         self.request_reload()
             except asyncio.CancelledError:

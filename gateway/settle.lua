@@ -6,7 +6,7 @@
 --       5 quota hash  6 usage stream  7 settled marker (makes a retried settle a no-op)
 --       8 the model's running-slots zset  9 the model's admission queue zset
 --       10 open requests zset  11 open requests hash  12 delivered-token checkpoints hash
---       13 the model's in-flight tokens hash (see acquire.lua)
+--       13 the model's in-flight tokens hash (see acquire.lua)  14 its preemptible holders
 -- ARGV  1 request id  2 estimated tokens  3 actual tokens  4 estimated money (nano)
 --       5 actual money (nano)  6 usage event (JSON, empty: none)  7 wake channel  8 model id
 -- The arguments arrive as ONE JSON array in ARGV[1] (A below): one argument to encode
@@ -44,6 +44,7 @@ redis.call('HDEL', KEYS[11], rid)
 redis.call('HDEL', KEYS[12], rid)
 -- Free the engine slot; a waiting request (in any gateway process) can take it now.
 local freed = redis.call('ZREM', KEYS[8], rid) == 1
+if KEYS[14] then redis.call('ZREM', KEYS[14], rid) end
 local held = redis.call('HGET', KEYS[13], rid)
 if held then
   local n = tonumber(held)

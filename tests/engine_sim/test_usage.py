@@ -313,3 +313,35 @@ def test_client_disconnect_aborts(module_sims, path, body):
         what="the request to be aborted",
     )
     assert s.metric("vllm:num_requests_running") == 0
+
+
+def test_continue_final_message_continues_the_assistant_message(sim):
+    """vLLM's continue_final_message: the last (assistant) message stays open, so the engine
+    continues it; its text counts as prompt. With add_generation_prompt too it is a 400."""
+    messages = [
+        {"role": "user", "content": "Tell me a story."},
+        {"role": "assistant", "content": "Once upon a time"},
+    ]
+    reply = post(
+        sim,
+        "/v1/chat/completions",
+        messages=messages,
+        continue_final_message=True,
+        add_generation_prompt=False,
+        max_tokens=2,
+    ).json()
+    open_ended = (
+        "<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\nOnce upon a time"
+    )
+    assert reply["usage"]["prompt_tokens"] == tokenize(sim, prompt=open_ended)
+    assert reply["usage"]["prompt_tokens"] == tokenize(
+        sim, messages=messages, continue_final_message=True, add_generation_prompt=False
+    )
+    closed = post(sim, "/v1/chat/completions", messages=messages, max_tokens=2).json()
+    assert closed["usage"]["prompt_tokens"] > reply["usage"]["prompt_tokens"]
+    both = httpx.post(
+        sim.url + "/v1/chat/completions",
+        json={"model": "qwen3-8b", "messages": messages, "continue_final_message": True},
+        timeout=30,
+    )
+    assert both.status_code == 400 and "continue_final_message" in both.text

@@ -12,6 +12,7 @@ from gateway.limiter import SETTLE_LUA
 MODEL = 880001
 T0 = 1_800_000_000_000  # ms; every call passes its own clock
 WINDOW = 5000
+CHANNEL = "test-preempt-channel"
 CLASSES = {"P0": 0, "P1": 1, "P2": 2}
 
 
@@ -43,13 +44,16 @@ def take(
     p0extra: int = 0,
     pmax: int = 2048,
     lease: int = 60_000,
+    preempt: int = 0,
+    victim: int = 0,
+    head: int = 0,
 ) -> bool:
     """One try for a slot, as a queued request makes it; True when it got one. A request
     that did not get one leaves the queue again, so the next try ranks on its own."""
     args = [rid, CLASSES[cls], "7", 1, 10, now, lease, budget, "1", 60_000, p0extra, kv, kvcap]
-    args += [hwin, hmax, pmax]
+    args += [hwin, hmax, pmax, preempt, victim, head, CHANNEL]
     client = get_redis()
-    got = client.eval(RETRY_LUA, 7, *pool_keys(MODEL), orjson.dumps(args))[0] == 1
+    got = client.eval(RETRY_LUA, 8, *pool_keys(MODEL), orjson.dumps(args))[0] == 1
     if not got:
         client.zrem(pool_keys(MODEL)[1], rid)
         client.zrem(pool_keys(MODEL)[2], rid)
@@ -61,7 +65,7 @@ def release(rid: str) -> None:
     pool = pool_keys(MODEL)
     own = [f"{pool[0]}:x:{name}" for name in ("k", "t", "kc", "tc", "q", "s", "settled-" + rid)]
     keys = [*own, pool[0], pool[1]]
-    keys += [f"{pool[0]}:x:{name}" for name in ("open", "rec", "cp")] + [pool[5]]
+    keys += [f"{pool[0]}:x:{name}" for name in ("open", "rec", "cp")] + [pool[5], pool[7]]
     args = [rid, 0, 0, 0, 0, "", "wake", MODEL]
     get_redis().eval(SETTLE_LUA, len(keys), *keys, orjson.dumps(args))
 
@@ -183,3 +187,41 @@ def test_the_headroom_never_keeps_every_slot() -> None:
     assert take("p0-a", "P0", T0, budget=2)
     release("p0-a")
     assert fill("P2", T0 + 10, 2, budget=2, hmax=2) == 1
+
+
+def running() -> set[str]:
+    return {m.decode() for m in get_redis().zrange(pool_keys(MODEL)[0], 0, -1)}
+
+
+def test_p0_takes_the_youngest_preemptible_p2_slot_at_once() -> None:
+    for i in range(4):
+        assert take(f"p2-{i}", "P2", T0 + i, victim=1)
+    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(CHANNEL)
+    assert not take("p0-late", "P0", T0 + 10)  # a P0 that may not preempt waits
+    assert take("p0", "P0", T0 + 10, preempt=1)
+    assert running() == {"p2-0", "p2-1", "p2-2", "p0"}
+    assert held()["_c2"] == 3 and held()["_c0"] == 1 and held()["_tok"] == 400
+    told = [pubsub.get_message(timeout=0.2) for _ in range(10)]  # the first: subscribed
+    assert [m["data"] for m in told if m] == [b"p2-3"]  # its gateway process is told
+    pubsub.close()
+
+
+def test_a_preempted_request_comes_back_ahead_of_its_class_and_is_the_last_victim() -> None:
+    for i in range(4):
+        assert take(f"p2-{i}", "P2", T0 + i, victim=1)
+    assert take("p0", "P0", T0 + 10, preempt=1)  # p2-3 preempted
+    assert not take("p2-new", "P2", T0 + 11, victim=1)
+    release("p0")
+    # p2-3 comes back though P0 came a moment ago (no headroom for it), before p2-new.
+    assert take("p2-3", "P2", T0 + 12, victim=1, head=1)
+    assert not take("p2-new", "P2", T0 + 13, victim=1)
+    assert take("p0-2", "P0", T0 + 14, preempt=1)
+    assert "p2-3" in running() and "p2-2" not in running()  # the youngest not yet resumed
+
+
+def test_a_request_that_may_not_be_preempted_keeps_its_slot() -> None:
+    for i in range(4):
+        assert take(f"p2-{i}", "P2", T0 + i)  # not preemptible (Responses, Messages, ...)
+    assert not take("p0", "P0", T0 + 10, preempt=1)
+    assert running() == {"p2-0", "p2-1", "p2-2", "p2-3"}

@@ -123,7 +123,8 @@ def test_waiting_requests_are_served_p0_then_p1_then_p2(one_slot_model: OneSlot)
     async def scenario() -> dict[str, float]:
         # The holder takes the only slot; the others arrive worst class first and wait at the
         # gateway; only then does the engine start generating.
-        holder = asyncio.create_task(ask(world, world.key_a, 40))
+        # The holder is P0 too: a P0 arriving behind it cannot preempt it.
+        holder = asyncio.create_task(ask(world, world.key_b, 40))
         await until(lambda: slot.engine_running_is(1), "the holder in the slot")
         batch = asyncio.create_task(ask(world, world.key_a, 5, "P2"))
         await until(lambda: slot.queued_is(1), "P2 to queue")
