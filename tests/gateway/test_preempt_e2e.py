@@ -93,6 +93,13 @@ async def stream(
 
 async def ask_p0(url: str, key: str) -> float:
     """A short P0 chat request; when it finished."""
+    return (await timed_p0(url, key))[1]
+
+
+async def timed_p0(url: str, key: str) -> tuple[float, float]:
+    """A short P0 chat request; how long it took, and when it finished. One that waits for
+    the P2 reply takes at least the engine's time for that reply's remaining tokens."""
+    sent = time.monotonic()
     async with httpx.AsyncClient(timeout=60) as client:
         r = await client.post(
             f"{url}/v1/chat/completions",
@@ -100,7 +107,7 @@ async def ask_p0(url: str, key: str) -> float:
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
         )
     assert r.status_code == 200 and r.headers["x-tollgate-priority"] == "P0", r.text
-    return time.monotonic()
+    return time.monotonic() - sent, time.monotonic()
 
 
 async def until_tokens(s: Stream, n: int, timeout: float = 30) -> None:
@@ -206,19 +213,20 @@ def test_a_request_is_preempted_at_most_twice(world: World, fcfs_model: Engine) 
         done = []
         for got in (5, 15, 25):
             await until_tokens(p2, got)  # resumed: it streams again
-            done.append(await ask_p0(world.url, world.key_b))
+            done.append(await timed_p0(world.url, world.key_b))
         await task
         return p2, done
 
     p2, done = asyncio.run(scenario())
-    # Twice the P0 answer came first; the third time the P2 stream was no longer a victim.
-    assert done[0] < p2.finished_at and done[1] < p2.finished_at
-    assert done[2] > p2.finished_at
+    # Twice the P0 answer came first; the third time the P2 stream was no longer a victim:
+    # the P0 request waited for its remaining 20+ tokens (0.8 s at 25 tokens/s).
+    assert done[0][1] < p2.finished_at and done[1][1] < p2.finished_at
+    assert done[2][0] > 0.6
     assert_one_whole_stream(p2, prompt_tokens(fcfs_model, tokenize), "chat")
 
 
 def test_responses_streams_are_never_preempted(world: World, fcfs_model: Engine) -> None:
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> float:
         p2 = Stream()
         body = {"model": MODEL, "input": "A long story", "max_output_tokens": REPLY}
         task = asyncio.create_task(
@@ -228,12 +236,12 @@ def test_responses_streams_are_never_preempted(world: World, fcfs_model: Engine)
         while sum(e.get("type") == "response.output_text.delta" for e in p2.events) < 10:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
-        p0_done = await ask_p0(world.url, world.key_b)
+        took, _ = await timed_p0(world.url, world.key_b)
         await task
-        return p0_done, p2.finished_at
+        return took
 
-    p0_done, p2_done = asyncio.run(scenario())
-    assert p0_done > p2_done  # the P0 request waited for the P2 reply to end
+    # The P0 request waited for the P2 reply's remaining 35+ tokens (1.4 s at 25 tokens/s).
+    assert asyncio.run(scenario()) > 1.0
 
 
 def test_preemption_can_be_turned_off(world: World, fcfs_model: Engine) -> None:
@@ -242,16 +250,15 @@ def test_preemption_can_be_turned_off(world: World, fcfs_model: Engine) -> None:
         wait_until_served(url, world.key_b, MODEL, timeout=30)
         path, body, _ = CASES["chat"]
 
-        async def scenario() -> tuple[float, float]:
+        async def scenario() -> float:
             p2 = Stream()
             task = asyncio.create_task(stream(url, world.key_a, path, {**body, "stream": True}, p2))
             await until_tokens(p2, 10)
-            p0_done = await ask_p0(url, world.key_b)
+            took, _ = await timed_p0(url, world.key_b)
             await task
-            return p0_done, p2.finished_at
+            return took
 
-        p0_done, p2_done = asyncio.run(scenario())
-        assert p0_done > p2_done
+        assert asyncio.run(scenario()) > 1.0  # it waited for the P2 reply, as above
     finally:
         stop(proc)
 
