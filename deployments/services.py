@@ -191,7 +191,10 @@ def register_node(actor: Actor, name: str, **fields: Any) -> Node:
 
 @transaction.atomic
 def update_node(actor: Actor, node: Node, **changes: Any) -> Node:
-    """Change a node's settings or status."""
+    """Change a node's settings or status (revocation is one way: ``credentials.revoke_node``)."""
+    status = changes.get("status", node.status)
+    if status != node.status and NodeStatus.REVOKED in (status, node.status):
+        raise Conflict({"status": "Revoke a node with its revoke action; a revoked node stays so."})
     before = snapshot(node, NODE_FIELDS)
     for name, value in changes.items():
         setattr(node, name, value)
