@@ -7,12 +7,15 @@ format: nodeagent/protocol.py). Every rule and every database write stays here o
 control plane; the agent only carries requests to its box's Docker API policy.
 """
 
+import functools
 import json
 import secrets
 import time
 from typing import Any
 
 import docker
+import redis
+from django.conf import settings
 from docker.errors import DockerException
 from requests import PreparedRequest, Response
 from requests.adapters import BaseAdapter
@@ -31,6 +34,13 @@ DEFAULT_WAIT_SECONDS = 60.0
 
 class AgentUnavailable(DockerException):
     """The node's agent did not answer in time (down, cut off or revoked)."""
+
+
+@functools.cache
+def _waiting_redis() -> redis.Redis:
+    """A client for the blocking pops: the shared one times out reads after 5 s, a reply
+    may take as long as the Docker call (Redis ends each pop at its own timeout)."""
+    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=None)
 
 
 def is_relayed(docker_url: str) -> bool:
@@ -129,7 +139,7 @@ class RelayBody:
         self._fp = self
 
     def next_message(self) -> dict[str, Any]:
-        item = get_redis().blpop([self.key], timeout=self.wait)
+        item = _waiting_redis().blpop([self.key], timeout=self.wait)
         if item is None:
             raise AgentUnavailable(
                 f"node {self.name}: its agent did not answer within {self.wait:g} s"
