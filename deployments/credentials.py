@@ -79,12 +79,17 @@ def sync_acl_users() -> int:
     delete revoked ones; returns how many users were applied."""
     applied = 0
     try:
-        for node in Node.objects.exclude(credential_hash="").exclude(status=NodeStatus.REVOKED):
+        live = Node.objects.exclude(credential_hash="").exclude(status=NodeStatus.REVOKED)
+        for node in live:
             if not _has_user(node):
                 apply_acl_user(node)
                 applied += 1
-        for name in Node.objects.filter(status=NodeStatus.REVOKED).values_list("name", flat=True):
-            delete_acl_user(name)
+        # Users of revoked or deleted nodes go (this installation's prefix only).
+        keep = {acl_user(node.name) for node in live}
+        for user in get_redis().acl_users():
+            name = user.decode() if isinstance(user, bytes) else user
+            if name.startswith(acl_user("")) and name not in keep:
+                get_redis().acl_deluser(name)
     except ResponseError as exc:
         log.warning("cannot manage joined nodes' Redis users: %s", exc)
     return applied

@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 from config.permissions import member_tenant_ids
 from core.changes import publish_change
 from core.errors import Conflict
-from deployments import placement, planner, runtime
+from deployments import credentials, placement, planner, relay, runtime
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -213,6 +213,9 @@ def delete_node(actor: Actor, node: Node) -> None:
         )
     record(actor, AuditAction.DELETE, node)
     node.delete()
+    if relay.is_relayed(node.docker_url):
+        # Its credential goes with it (the periodic pass would also remove it).
+        credentials.delete_acl_user(node.name)
 
 
 # --- Deployments ----------------------------------------------------------------------------

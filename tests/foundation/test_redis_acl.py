@@ -104,6 +104,7 @@ def test_the_control_plane_user_manages_node_users_but_no_other_admin_command() 
         control_plane = redis.Redis(host="127.0.0.1", port=6379, username=user, password=password)
         control_plane.execute_command("ACL", "SETUSER", node_user, "reset", "on", "nopass")
         assert control_plane.acl_getuser(node_user)["enabled"]
+        assert node_user in control_plane.acl_users()
         control_plane.execute_command("ACL", "DELUSER", node_user)
         assert admin.acl_getuser(node_user) is None
         for command in [("CONFIG", "GET", "*"), ("ACL", "LIST"), ("SHUTDOWN",), ("MONITOR",)]:

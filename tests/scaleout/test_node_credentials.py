@@ -220,3 +220,17 @@ def test_the_periodic_pass_restores_node_users_a_redis_restart_lost(
         as_node(joined).ping()
     assert credentials.sync_acl_users() == 1
     assert as_node(joined).ping()
+
+
+def test_deleting_a_joined_node_deletes_its_credential(client_for: object, root: object) -> None:
+    admin = client_for(root)
+    kept, gone = join(admin, unique("spark")), join(admin, unique("spark"))
+    assert admin.delete(f"/api/v1/nodes/{gone['name']}/").status_code == 204
+    with pytest.raises(AuthenticationError):
+        as_node(gone).ping()
+    # A user left behind (e.g. deleted while Redis was away) goes at the next pass; the
+    # live node's stays.
+    get_redis().execute_command("ACL", "SETUSER", gone["redis_user"], "on", "nopass")
+    credentials.sync_acl_users()
+    assert get_redis().acl_getuser(gone["redis_user"]) is None
+    assert as_node(kept).ping()
