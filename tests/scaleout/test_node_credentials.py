@@ -14,7 +14,7 @@ from django.utils import timezone
 from redis.exceptions import AuthenticationError, NoPermissionError
 
 from core.redis import get_redis
-from deployments import credentials, joining, relay, services, tasks
+from deployments import credentials, joining, reconcile, relay, services, tasks
 from deployments.choices import NodeStatus
 from deployments.models import Deployment, JoinToken, Node, Replica
 from gateway.state import load_snapshot
@@ -188,6 +188,10 @@ def test_revoking_cuts_the_node_off_and_drains_its_replicas(
     replica = Replica.objects.get()
     assert not replica.healthy and "revoked" in replica.last_error
     assert not load_snapshot().routes.get(small_model.pk)
+    # A reconcile pass that began before the revocation (its engine still answers) does
+    # not route it back in.
+    reconcile._set_health(replica, True)
+    assert not Replica.objects.get().healthy
     # It stays revoked: no heartbeat, periodic pass or edit brings it back.
     tasks.reconcile_all()
     assert Node.objects.get(pk=node.pk).status == NodeStatus.REVOKED
