@@ -129,7 +129,9 @@ def test_a_joined_node_holds_no_secret_deploys_serves_reports_and_is_cut_off_by_
     names = {item.split(b"=", 1)[0].decode() for item in environ if item}
     assert names.isdisjoint(FORBIDDEN_NAMES), names
     credential_file = tmp_path / "state" / "credential.json"
-    credential = json.loads(wait_for(credential_file.read_text, timeout=10))
+    credential = json.loads(
+        wait_for(lambda: credential_file.exists() and credential_file.read_text(), timeout=10)
+    )
     assert credential_file.stat().st_mode & 0o777 == 0o600
     given = b"\0".join(environ) + credential_file.read_bytes()
     for secret in secrets_of_the_control_plane():
