@@ -5,6 +5,8 @@ Anthropic-shaped errors."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import anthropic
 import httpx
@@ -232,20 +234,21 @@ def test_count_tokens_follows_vllms_conversion(sim):
 
 
 def test_engine_death_mid_stream_is_an_error_event(start_sim):
+    """The engine dies (SIGUSR2, as --sim-crash-after-* would) once the stream has started,
+    however long the request took to get there."""
     s = start_sim(
-        "m",
-        "--served-model-name",
-        "qwen3-8b",
-        "--sim-crash-after-seconds",
-        "0.3",
-        *FAST,
-        "--sim-decode-tps",
-        "20",
-        "--sim-crash-grace-seconds",
-        "1",
-    )
-    r = post(s, max_tokens=100, messages=MSGS, stream=True)
-    events = sse_events(r)
+        "m", "--served-model-name", "qwen3-8b", *FAST, "--sim-decode-tps", "20",
+        "--sim-crash-grace-seconds", "1",
+    )  # fmt: skip
+    body = {"model": "qwen3-8b", "max_tokens": 100, "messages": MSGS, "stream": True}
+    text, killed = "", False
+    with httpx.stream("POST", s.url + "/v1/messages", json=body, timeout=30) as r:
+        for chunk in r.iter_text():
+            text += chunk
+            if not killed and "event: content_block_delta" in text:
+                os.kill(s.proc.pid, signal.SIGUSR2)
+                killed = True
+    events = sse_events(httpx.Response(200, text=text))
     assert events[0][0] == "message_start" and events[-1][0] == "error"
     assert events[-1][1]["error"]["type"] == "internal_error"
     assert "message_stop" not in [n for n, _ in events]

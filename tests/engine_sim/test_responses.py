@@ -5,6 +5,8 @@ VLLM_ENABLE_RESPONSES_API_STORE=1, in the engine's memory), background mode and 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import httpx
 import openai
@@ -379,17 +381,9 @@ def test_bad_bodies_are_400(sim):
 
 
 def test_engine_death_mid_stream_drops_the_connection(start_sim):
-    """vLLM has no error event on this path: the exception ends the response mid-body."""
-    s = start_sim(
-        "m",
-        "--sim-crash-after-seconds",
-        "0.3",
-        *FAST,
-        "--sim-decode-tps",
-        "20",
-        "--sim-crash-grace-seconds",
-        "1",
-    )
+    """vLLM has no error event on this path: the exception ends the response mid-body. The
+    engine dies (SIGUSR2, as --sim-crash-after-* would) once the stream has started."""
+    s = start_sim("m", *FAST, "--sim-decode-tps", "20", "--sim-crash-grace-seconds", "1")
     names = []
     with pytest.raises(httpx.RemoteProtocolError):
         with httpx.stream(
@@ -398,6 +392,8 @@ def test_engine_death_mid_stream_drops_the_connection(start_sim):
             for line in r.iter_lines():
                 if line.startswith("event: "):
                     names.append(line[7:])
+                    if names[-1] == "response.output_text.delta" and names.count(names[-1]) == 1:
+                        os.kill(s.proc.pid, signal.SIGUSR2)
     assert (
         names[:2] == ["response.created", "response.in_progress"]
         and "response.completed" not in names

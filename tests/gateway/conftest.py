@@ -242,8 +242,16 @@ def wait_until_refused(url: str, key: str, timeout: float = 30.0) -> None:
     """Poll until every gateway worker answers the key with 401 (a revocation has arrived)."""
     deadline, streak = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
-        r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
-        streak = streak + 1 if r.status_code == 401 else 0
+        try:
+            r = httpx.get(
+                f"{url}/v1/models",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+            refused = r.status_code == 401
+        except httpx.TransportError:
+            refused = False
+        streak = streak + 1 if refused else 0
         if streak >= 6:  # several refusals in a row: both workers have reloaded
             return
         time.sleep(0.05)
@@ -254,8 +262,16 @@ def wait_until_served(url: str, key: str, model: str, timeout: float = 5.0) -> N
     """Poll until every gateway worker knows the key and the model (pub/sub reload)."""
     deadline, streak = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
-        r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
-        ok = r.status_code == 200 and model in [m["id"] for m in r.json()["data"]]
+        try:
+            # A gateway still starting, or slow on a loaded machine, is "not yet", not a failure.
+            r = httpx.get(
+                f"{url}/v1/models",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+            ok = r.status_code == 200 and model in [m["id"] for m in r.json()["data"]]
+        except httpx.TransportError:
+            ok = False
         streak = streak + 1 if ok else 0
         if streak >= 6:  # several hits in a row: both workers have reloaded
             return
