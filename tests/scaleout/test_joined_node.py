@@ -188,4 +188,8 @@ def test_a_joined_node_holds_no_secret_deploys_serves_reports_and_is_cut_off_by_
     assert not Replica.objects.get(pk=replica_b.pk).healthy
 
     services.set_desired_state(None, Deployment.objects.get(name="tiny"), "stopped")
-    drive(lambda: not containers(stack, **{runtime.LABEL_NODE: "node-a"}), timeout=60)
+    try:
+        drive(lambda: not containers(stack, **{runtime.LABEL_NODE: "node-a"}), timeout=60)
+    except AssertionError:
+        ops = Operation.objects.values_list("kind", "node__name", "status", "error", "progress")
+        raise AssertionError(f"node-a's engine still there; operations: {list(ops)}") from None

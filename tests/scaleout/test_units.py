@@ -55,6 +55,19 @@ def unpinned(model: object, replicas: int = 1, **fields: object) -> Deployment:
     )
 
 
+def test_a_moved_replica_counts_the_replicas_staying_on_its_new_node(model: object) -> None:
+    """~3.1 GB each: a (4 GB) holds replica 1 already, so replica 0, leaving a revoked or
+    unreachable b, does not fit there (it once did: staying replicas were not counted)."""
+    a, b = node("a", 4 * GB), node("b", 7 * GB)
+    deployment = unpinned(model, replicas=2)
+    Replica.objects.create(deployment=deployment, index=0, node=b)
+    Replica.objects.create(deployment=deployment, index=1, node=a)
+    Node.objects.filter(pk=b.pk).update(status=NodeStatus.REVOKED)
+    with pytest.raises(placement.NoRoom, match="a: needs"):
+        placement.place(deployment)
+    assert Replica.objects.get(index=0).node == b
+
+
 def test_placement_picks_the_node_with_most_free_memory_that_fits(model: object) -> None:
     small, large = node("small", 4 * GB), node("large", 7 * GB)
     node("silent", 100 * GB, last_seen_at=timezone.now() - timedelta(minutes=5))
