@@ -174,7 +174,7 @@ role_web() {
 role_worker() {
   load_secrets
   exec celery -A config worker \
-    --queues "${TOLLGATE_WORKER_QUEUES:-control,node.${TOLLGATE_LOCAL_NODE_NAME:-local}}" \
+    --queues "${TOLLGATE_WORKER_QUEUES:-control,nodes,node.${TOLLGATE_LOCAL_NODE_NAME:-local}}" \
     --concurrency "${TOLLGATE_WORKER_CONCURRENCY:-4}" \
     --hostname "worker@%h" --without-gossip --without-mingle \
     --loglevel "${TOLLGATE_LOG_LEVEL:-INFO}"

@@ -3,7 +3,12 @@
 
 - ``default`` (no password): PING only, for health checks. No key, no other command.
 - ``tollgate``: the control plane (web, worker, beat, usage consumer, batch runner): every
-  key and channel, no administrative command (CONFIG, ACL, DEBUG, MONITOR, SHUTDOWN, …).
+  key and channel, no administrative command (CONFIG, DEBUG, MONITOR, SHUTDOWN, …) but the
+  ACL subcommands that manage joined nodes' users (SETUSER, DELUSER, GETUSER, USERS).
+- ``<prefix>-node-<name>``: one per joined node, not in this file: the control plane
+  creates it at join and deletes it on revocation (deployments/credentials.py), and
+  restores it after a Redis restart (which loads only this file) on its next pass. It may
+  touch only ``<prefix>:node:<name>:*`` with the few commands the node agent needs.
 - ``gateway``: the tenant-facing gateway service. Only Tollgate's own keys and channels —
   everything core/keyspace.py names lives under ``<TOLLGATE_REDIS_PREFIX>:`` (so do
   Django's cache entries) — plus what queuing a Batch API job takes (the batch queue and
@@ -21,7 +26,8 @@ from pathlib import Path
 
 # Redis ACL categories: everything but server administration, and for the gateway also
 # nothing flagged dangerous.
-CONTROL_PLANE = "+@all -@admin"
+# Joined nodes' users are made and removed by the control plane (deployments/credentials.py).
+CONTROL_PLANE = "+@all -@admin +acl|setuser +acl|deluser +acl|getuser +acl|users"
 GATEWAY = "+@all -@admin -@dangerous"
 # kombu.transport.redis: the separator between a queue's name and its priority.
 PRIORITY_SEP = "\x06\x16"

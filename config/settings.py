@@ -330,6 +330,10 @@ TOLLGATE_NODE_HEARTBEAT_TIMEOUT = env_float("TOLLGATE_NODE_HEARTBEAT_TIMEOUT", 3
 TOLLGATE_RAY_JOIN_TIMEOUT = env_float("TOLLGATE_RAY_JOIN_TIMEOUT", 300.0)
 # Join tokens for new nodes expire after this long.
 TOLLGATE_JOIN_TOKEN_HOURS = env_float("TOLLGATE_JOIN_TOKEN_HOURS", 24.0)
+# The control plane's worker queue that runs joined nodes' work (their Docker calls go
+# through each node's agent); the worker role consumes it (compose/entrypoint.sh). Fixed:
+# tests give it a name of their own.
+TOLLGATE_JOINED_NODE_QUEUE = "nodes"
 TOLLGATE_TELEMETRY_TTL_SECONDS = env_int("TOLLGATE_TELEMETRY_TTL_SECONDS", 30)
 TOLLGATE_LOG_TAIL_LINES = env_int("TOLLGATE_LOG_TAIL_LINES", 40)
 # Size of each engine's private /dev/shm (Docker's --shm-size; used only as filled).

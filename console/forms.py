@@ -385,9 +385,10 @@ class JoinNodeForm(forms.Form):
     control_plane = forms.CharField(
         max_length=255,
         required=False,
-        label="Control plane address",
+        label="Control plane URL",
         help_text=(
-            "The address the new box reaches this box's PostgreSQL and Redis at (its private link)."
+            "The URL the new box reaches this console at on the private link, e.g. "
+            "http://192.168.100.10 (its Redis is reached on the same host)."
         ),
     )
 

@@ -72,6 +72,7 @@ urlpatterns = [
     path("nodes/new/", catalog.node_new, name="node-new"),
     path("nodes/join/", catalog.node_join, name="node-join"),
     path("nodes/<int:pk>/", catalog.node_detail, name="node-detail"),
+    path("nodes/<int:pk>/revoke/", catalog.node_revoke, name="node-revoke"),
     path("deployments/", deployments.deployment_list, name="deployment-list"),
     path("deployments/new/", deployments.deployment_new, name="deployment-new"),
     path("deployments/fit/", deployments.deployment_fit, name="deployment-fit"),

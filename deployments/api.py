@@ -1,17 +1,20 @@
 """Admin API views for the model catalogue, nodes, deployments and operations."""
 
+from django.contrib.auth.models import AnonymousUser
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.decorators import action
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from config.api import AdminViewSetMixin, UserScopedMixin
 from config.permissions import IsPlatformAdmin, PlatformAdminWrites
-from deployments import joining, services, staging
+from deployments import credentials, joining, services, staging
 from deployments.choices import DesiredState
 from deployments.models import (
     AllowedImage,
@@ -34,6 +37,8 @@ from deployments.serializers import (
     LogsQuerySerializer,
     LogsSerializer,
     MemoryFitSerializer,
+    NodeCredentialSerializer,
+    NodeJoinSerializer,
     NodeSerializer,
     OperationSerializer,
     StagedModelSerializer,
@@ -111,6 +116,25 @@ class CatalogModelViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelView
         return self.paginated(rows, StagedModelSerializer)
 
 
+class JoinTokenAuthentication(BaseAuthentication):
+    """``Authorization: Bearer tgj-…``: a node agent joining. The token is checked (and
+    spent) by ``joining.exchange_join_token``; here it is only carried to the view."""
+
+    def authenticate(self, request: Request) -> tuple[AnonymousUser, str] | None:
+        scheme, _, token = get_authorization_header(request).decode(errors="replace").partition(" ")
+        if scheme.lower() != "bearer" or not token.startswith(f"{joining.KIND}-"):
+            return None
+        return AnonymousUser(), token.strip()
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+class HasJoinToken(BasePermission):
+    def has_permission(self, request: Request, view: object) -> bool:
+        return isinstance(request.auth, str)
+
+
 class NodeViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
     """Docker hosts that run engines. Platform admins only."""
 
@@ -146,6 +170,35 @@ class NodeViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
             "command": issued.command,
         }
         return Response(JoinTokenSerializer(data).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=NodeJoinSerializer, responses={201: NodeCredentialSerializer})
+    @action(
+        detail=False,
+        methods=["post"],
+        permission_classes=[HasJoinToken],
+        authentication_classes=[JoinTokenAuthentication],
+    )
+    def join(self, request: Request) -> Response:
+        """A node agent spends its one-time join token (``Authorization: Bearer tgj-…``)
+        for the node's own credential."""
+        body = NodeJoinSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        fields = dict(body.validated_data)
+        joined = joining.exchange_join_token(request.auth, fields.pop("name"), **fields)
+        data = {
+            "name": joined.node.name,
+            "redis_user": joined.redis_user,
+            "redis_password": joined.redis_password,
+            "key_base": joined.key_base,
+        }
+        return Response(NodeCredentialSerializer(data).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, name: str) -> Response:
+        """Cut a joined node off: its credential stops working and its replicas leave routing."""
+        node = credentials.revoke_node(request.user, self.get_object())
+        return Response(self.get_serializer(node).data)
 
 
 class DeploymentViewSet(AdminViewSetMixin, viewsets.ModelViewSet):

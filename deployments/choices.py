@@ -37,6 +37,7 @@ class NodeStatus(models.TextChoices):
     UNREACHABLE = "unreachable", "Unreachable"
     DRAINING = "draining", "Draining"
     DISABLED = "disabled", "Disabled"
+    REVOKED = "revoked", "Revoked"
 
 
 class ContainerRole(models.TextChoices):

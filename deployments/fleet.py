@@ -3,7 +3,6 @@
 import logging
 import platform
 from datetime import timedelta
-from pathlib import Path
 
 import orjson
 from django.conf import settings
@@ -13,7 +12,7 @@ from django.utils import timezone
 from core.changes import publish_change
 from core.keyspace import engine_metrics_key, rkey
 from core.redis import get_redis
-from deployments import engine, nodes, runtime
+from deployments import engine, nodes, relay, runtime
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -21,6 +20,7 @@ from deployments.choices import (
     ReplicaState,
 )
 from deployments.models import Deployment, Node, Replica
+from nodeagent.facts import available_memory_bytes, gpu_facts
 
 log = logging.getLogger(__name__)
 
@@ -28,37 +28,22 @@ log = logging.getLogger(__name__)
 # --- Nodes --------------------------------------------------------------------------------
 
 
-def gpu_facts(proc: Path = Path("/proc/driver/nvidia/gpus")) -> tuple[int, str]:
-    """(GPU count, description) from the NVIDIA driver's /proc entries, (0, "") without."""
-    models = []
-    for entry in sorted(proc.glob("*/information")) if proc.exists() else []:
-        for line in entry.read_text(errors="replace").splitlines():
-            if line.startswith("Model:"):
-                models.append(line.split(":", 1)[1].strip())
-    if not models:
-        return 0, ""
-    return len(models), ", ".join(sorted(set(models)))
-
-
-def available_memory_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def heartbeat(node: Node) -> Node:
-    """Record what the node is (arch, memory, GPUs, Docker version); run on that node."""
+    """Record what the node is (arch, memory, GPUs, Docker version).
+
+    A node with its own worker reads its /proc itself; a joined node's agent reports its
+    box's figures (relay.read_facts), and its silence simply leaves ``last_seen_at`` to age."""
+    box = relay.read_facts(node.name) if relay.is_relayed(node.docker_url) else None
+    if relay.is_relayed(node.docker_url) and box is None:
+        return node
     try:
         facts = runtime.info(runtime.client(node.docker_url))
     except runtime.RuntimeFailure as exc:
         log.warning("node %s: %s", node.name, exc)
         mark_unreachable(node, f"its Docker Engine does not answer: {exc}")
         return node
-    gpus, description = gpu_facts()
+    gpus, description = (box["gpu_count"], box["gpu_description"]) if box else gpu_facts()
+    available = box["available_memory_bytes"] if box else available_memory_bytes()
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(
         facts.get("Architecture", ""), nodes.local_arch()
     )
@@ -66,7 +51,7 @@ def heartbeat(node: Node) -> Node:
         "arch": arch,
         "cpu_count": facts.get("NCPU") or 0,
         "total_memory_bytes": facts.get("MemTotal") or nodes.local_memory_bytes(),
-        "available_memory_bytes": available_memory_bytes(),
+        "available_memory_bytes": available,
         "docker_version": str(facts.get("ServerVersion", ""))[:64],
         "last_seen_at": timezone.now(),
     }
@@ -99,24 +84,30 @@ def mark_unreachable(node: Node, reason: str) -> int:
     """
     flipped = (
         Node.objects.filter(pk=node.pk)
-        .exclude(status__in=[NodeStatus.DISABLED, NodeStatus.UNREACHABLE])
+        .exclude(status__in=[NodeStatus.DISABLED, NodeStatus.UNREACHABLE, NodeStatus.REVOKED])
         .update(status=NodeStatus.UNREACHABLE)
     )
     if not flipped:
         return 0
     log.warning("node %s is unreachable: %s", node.name, reason)
+    drain_node(node, f"node {node.name} unreachable: {reason}")
+    return 1
+
+
+def drain_node(node: Node, reason: str) -> None:
+    """Take every replica on the node out of routing at once and mark its deployments
+    degraded; placement then puts unpinned replicas on other nodes."""
     affected = Replica.objects.filter(Q(node=node) | Q(worker_node=node))
     for replica in affected.filter(healthy=True):
         if Replica.objects.filter(pk=replica.pk, healthy=True).update(
-            healthy=False, last_error=f"node {node.name} unreachable: {reason}"
+            healthy=False, last_error=reason
         ):
             publish_change("replica", replica.pk)
     for deployment_id in set(affected.values_list("deployment_id", flat=True)):
         Deployment.objects.filter(pk=deployment_id, state=DeploymentState.READY).update(
-            state=DeploymentState.DEGRADED, state_message=f"node {node.name} unreachable: {reason}"
+            state=DeploymentState.DEGRADED, state_message=reason
         )
         publish_change("deployment", deployment_id)
-    return 1
 
 
 # --- External engines ---------------------------------------------------------------------

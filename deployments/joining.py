@@ -1,12 +1,11 @@
-"""Adding a node: a one-time join token the admin creates, and the node agent's claim.
+"""Adding a node: a one-time join token the admin creates, and the node agent's exchange.
 
 The admin creates a token for a node name (console or API) and gets it back once, with
-the command to run on the new box. The node agent (``compose/node-agent.yml``) runs
-``manage.py join_node`` before its Celery worker starts: it presents the token, which
-creates (or claims) the Node row with its queue ``node.<name>`` and sends a first
-heartbeat. Only the token's HMAC (with the key pepper, as for API keys) is stored. A token
-expires unless used; once used it stays bound to its node, so the agent can restart with
-the same environment, and it stops working when the node is deleted.
+the command to run on the new box. The node agent (``nodeagent``, ``compose/node-agent.yml``)
+spends it once at ``POST /api/v1/nodes/join/`` for the node's own credential
+(``deployments.credentials``): the node row is created, driven by the control plane's
+worker through the agent (``deployments.relay``). Only the token's HMAC (with the key
+pepper, as for API keys) is stored; a token expires unless used and works once.
 """
 
 import hmac
@@ -24,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.errors import Conflict
+from deployments import credentials, relay
 from deployments.choices import NodeStatus
 from deployments.models import JoinToken, Node
 from tenants.audit import Actor, record
@@ -50,10 +50,13 @@ def join_command(token: str, node_name: str, control_plane: str) -> str:
     env = {
         "TOLLGATE_JOIN_TOKEN": token,
         "TOLLGATE_NODE_NAME": node_name,
-        "TOLLGATE_CONTROL_PLANE": control_plane or "<control-plane address>",
+        "TOLLGATE_CONTROL_PLANE_URL": control_plane or "<control-plane URL>",
     }
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    return f"{assignments} docker compose -f compose/node-agent.yml --env-file node-agent.env up -d"
+    return (
+        f"{assignments} TOLLGATE_NODE_ENGINE_HOST=<this box's address> "
+        "docker compose -f compose/node-agent.yml up -d"
+    )
 
 
 @transaction.atomic
@@ -93,36 +96,43 @@ def _verify(token: str) -> JoinToken | None:
     return row if ok and row is not None else None
 
 
-@transaction.atomic
-def claim_node(token: str, name: str, **fields: Any) -> Node:
-    """The node agent's join: check the token, create or update the Node row, mark it online.
+@dataclass(frozen=True)
+class JoinedNode:
+    """A node that just joined, and its credential: the password exists only here."""
 
-    ``fields``: docker_url, engine_host, high_speed_interface, high_speed_address,
-    unified_memory. Refuses (ValidationError) an unknown, expired or foreign token.
-    """
+    node: Node
+    redis_user: str
+    redis_password: str
+    key_base: str
+
+
+@transaction.atomic
+def exchange_join_token(token: str, name: str, **fields: Any) -> JoinedNode:
+    """A node agent's join: spend the one-time token, create the node (driven through its
+    agent), and issue its credential. The token works once: an agent keeps its credential,
+    and a node whose credential was revoked must be deleted before its name is reused."""
     row = _verify(token)
-    refused = ValidationError({"token": "The join token is unknown, expired or for another node."})
-    if row is None or row.node_name != name:
+    refused = ValidationError(
+        {"token": "The join token is unknown, expired, used or for another node."}
+    )
+    if row is None or row.node_name != name or row.used_at is not None:
         raise refused
-    if row.used_at is None and row.expires_at < timezone.now():
+    if row.expires_at < timezone.now():
         raise refused
-    if row.used_at is not None and row.node_id is None:
-        raise refused  # its node was deleted: the token went with it
     node = Node.objects.filter(name=name).first()
+    if node is not None and node.status == NodeStatus.REVOKED:
+        raise Conflict({"name": f"{name} was revoked: delete the node before it joins again."})
     fields = {k: v for k, v in fields.items() if v is not None}
-    if node is None:
-        node = Node(name=name, queue=f"node.{name}", **fields)
-    else:
-        for key, value in fields.items():
-            setattr(node, key, value)
-        if node.status == NodeStatus.UNREACHABLE:
-            node.status = NodeStatus.ONLINE
+    fields.update(docker_url=relay.node_url(name), queue=settings.TOLLGATE_JOINED_NODE_QUEUE)
+    node = node or Node(name=name)
+    for key, value in fields.items():
+        setattr(node, key, value)
     node.full_clean()
     node.save()
-    JoinToken.objects.filter(pk=row.pk).update(used_at=row.used_at or timezone.now(), node=node)
-    if row.used_at is None:
-        record(None, AuditAction.UPDATE, node, changes={"joined_with": row.prefix})
-    return node
+    JoinToken.objects.filter(pk=row.pk).update(used_at=timezone.now(), node=node)
+    password = credentials.issue_credential(node)
+    record(None, AuditAction.UPDATE, node, changes={"joined_with": row.prefix})
+    return JoinedNode(node, credentials.acl_user(name), password, relay.key_base(name))
 
 
 def revoke_join_token(actor: Actor, row: JoinToken) -> None:

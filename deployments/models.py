@@ -100,7 +100,9 @@ class Node(models.Model):
 
     name = models.SlugField(max_length=64, unique=True)
     docker_url = models.CharField(max_length=255, help_text="e.g. tcp://docker-proxy:2375")
-    queue = models.CharField(max_length=100, unique=True)
+    # The Celery queue whose worker drives this node's Docker: node.<name> for a box with
+    # its own worker, the control plane's joined-node queue (shared) for a joined node.
+    queue = models.CharField(max_length=100)
     engine_host = models.CharField(
         max_length=255, blank=True, help_text="Address the gateway reaches this node's engines at."
     )
@@ -135,6 +137,14 @@ class Node(models.Model):
     docker_version = models.CharField(max_length=64, blank=True)
     status = models.CharField(max_length=16, choices=NodeStatus, default=NodeStatus.ONLINE)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    credential_hash = models.CharField(
+        max_length=64,
+        blank=True,
+        editable=False,
+        help_text="SHA-256 of the joined node's Redis password (what Redis itself keeps).",
+    )
+    credential_issued_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -163,8 +163,8 @@ def place(deployment: Deployment) -> list[Replica]:
     while that node is online; otherwise they move to the node with the most free memory
     that fits (the old node's container is an orphan once it comes back, and is removed).
     """
-    moved, planned = [], {}
-    group = spans_nodes(deployment)
+    moved, group = [], spans_nodes(deployment)
+    planned = _staying(deployment)
     for index in range(deployment.replicas):
         replica = _replica(deployment, index)
         old = (replica.node_id, replica.worker_node_id)
@@ -193,6 +193,20 @@ def place(deployment: Deployment) -> list[Replica]:
             moved.append(replica)
             log.info("placed %s on %s%s", replica, head, f" + {worker}" if worker else "")
     return moved
+
+
+def _staying(deployment: Deployment) -> dict[int, int]:
+    """Memory the deployment's replicas that stay where they are hold per node, so a replica
+    moved there counts them (free_bytes leaves the deployment itself out)."""
+    planned: dict[int, int] = {}
+    rows = deployment.replica_set.filter(index__lt=deployment.replicas).select_related(
+        "node", "worker_node"
+    )
+    for replica in rows:
+        for node in (replica.node, replica.worker_node):
+            if _usable(node):
+                planned[node.pk] = planned.get(node.pk, 0) + rank_bytes(deployment, node)
+    return planned
 
 
 def _target(

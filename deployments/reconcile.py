@@ -146,11 +146,14 @@ def _observe(
 
 
 def _set_health(replica: Replica, healthy: bool) -> None:
-    updated = (
-        Replica.objects.filter(pk=replica.pk, state=ReplicaState.READY)
-        .exclude(healthy=healthy)
-        .update(healthy=healthy)
-    )
+    rows = Replica.objects.filter(pk=replica.pk, state=ReplicaState.READY).exclude(healthy=healthy)
+    if healthy:
+        # Checked again at the write: a pass that began before its node was revoked or
+        # found unreachable must not route the replica back in.
+        rows = rows.filter(node__status=NodeStatus.ONLINE).exclude(
+            worker_node__status__in=[s for s in NodeStatus if s != NodeStatus.ONLINE]
+        )
+    updated = rows.update(healthy=healthy)
     Replica.objects.filter(pk=replica.pk).update(last_health_at=timezone.now())
     if updated:
         publish_change("replica", replica.pk)

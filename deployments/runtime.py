@@ -17,6 +17,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
+from deployments import relay
 from deployments.choices import ReplicaState
 
 ENGINE_PORT = 8000
@@ -46,7 +47,10 @@ def wrapped(doing: str) -> Iterator[None]:
 
 
 def client(docker_url: str) -> docker.DockerClient:
+    """A Docker client for a node: its Docker API policy, or a joined node's agent."""
     with wrapped(f"connecting to Docker at {docker_url}"):
+        if relay.is_relayed(docker_url):
+            return relay.client(docker_url)
         return docker.DockerClient(base_url=docker_url, timeout=60)
 
 

@@ -82,9 +82,13 @@ class NodeSerializer(ModelSerializer):
             "high_speed_address",
             "status",
             "last_seen_at",
+            "credential_issued_at",
+            "revoked_at",
             "created_at",
         ]
         read_only_fields = [
+            "credential_issued_at",
+            "revoked_at",
             "available_memory_bytes",
             "cpu_count",
             "docker_version",
@@ -281,7 +285,27 @@ class JoinTokenRequestSerializer(Serializer):
         max_length=255,
         required=False,
         allow_blank=True,
-        help_text="Address the node reaches PostgreSQL and Redis at (shown in the command).",
+        help_text="URL the node reaches this control plane's console and API at, e.g. "
+        "http://10.0.0.1 (shown in the command; its Redis is reached on the same host).",
+    )
+
+
+class NodeJoinSerializer(Serializer):
+    """What a node agent presents when it joins (its join token is the Authorization)."""
+
+    name = serializers.CharField(max_length=63)
+    engine_host = serializers.CharField(max_length=255)
+    high_speed_interface = serializers.CharField(max_length=32, required=False, allow_blank=True)
+    high_speed_address = serializers.IPAddressField(required=False, allow_null=True)
+    unified_memory = serializers.BooleanField(required=False, default=False)
+
+
+class NodeCredentialSerializer(Serializer):
+    name = serializers.CharField()
+    redis_user = serializers.CharField()
+    redis_password = serializers.CharField(help_text="Shown only in this response.")
+    key_base = serializers.CharField(
+        help_text="The only Redis keys this node may touch: <key_base>:*."
     )
 
 

@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 from config.permissions import member_tenant_ids
 from core.changes import publish_change
 from core.errors import Conflict
-from deployments import placement, planner, runtime
+from deployments import credentials, placement, planner, relay, runtime
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -191,7 +191,10 @@ def register_node(actor: Actor, name: str, **fields: Any) -> Node:
 
 @transaction.atomic
 def update_node(actor: Actor, node: Node, **changes: Any) -> Node:
-    """Change a node's settings or status."""
+    """Change a node's settings or status (revocation is one way: ``credentials.revoke_node``)."""
+    status = changes.get("status", node.status)
+    if status != node.status and NodeStatus.REVOKED in (status, node.status):
+        raise Conflict({"status": "Revoke a node with its revoke action; a revoked node stays so."})
     before = snapshot(node, NODE_FIELDS)
     for name, value in changes.items():
         setattr(node, name, value)
@@ -210,6 +213,9 @@ def delete_node(actor: Actor, node: Node) -> None:
         )
     record(actor, AuditAction.DELETE, node)
     node.delete()
+    if relay.is_relayed(node.docker_url):
+        # Its credential goes with it (the periodic pass would also remove it).
+        credentials.delete_acl_user(node.name)
 
 
 # --- Deployments ----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Celery tasks of the deployments app: thin wrappers that take ids and call services.
 
-Lifecycle tasks run on the queue of the node they act on (``Node.queue``), so Docker is
-always driven by the worker on that box; fleet-wide passes run on the default queue.
+Lifecycle tasks run on the queue of the node they act on (``Node.queue``): the worker on
+that box, or for a joined node the control plane's worker, which reaches the node's Docker
+through its agent (deployments/relay.py); fleet-wide passes run on the default queue.
 """
 
 from celery import shared_task
@@ -9,7 +10,7 @@ from django.conf import settings
 
 from core.keyspace import rkey
 from core.redis import get_redis
-from deployments import cluster, fleet, lifecycle, operations, reconcile, staging
+from deployments import cluster, credentials, fleet, lifecycle, operations, reconcile, staging
 from deployments.choices import NodeStatus, OperationKind
 from deployments.models import Node
 from deployments.operations import TASKS
@@ -65,7 +66,7 @@ def reconcile_node(node_id: int) -> None:
         return
     try:
         node = Node.objects.filter(pk=node_id).first()
-        if node is not None and node.status != NodeStatus.DISABLED:
+        if node is not None and node.status not in (NodeStatus.DISABLED, NodeStatus.REVOKED):
             reconcile.reconcile_node(node)
             fleet.publish_log_tails(node)
     finally:
@@ -83,7 +84,8 @@ def node_heartbeat(node_id: int) -> None:
 def reconcile_all() -> None:
     """Fan out: each node's reconcile and heartbeat on its own queue; externals here."""
     interval = settings.TOLLGATE_RECONCILE_SECONDS
-    for node in Node.objects.exclude(status=NodeStatus.DISABLED):
+    credentials.sync_acl_users()
+    for node in Node.objects.exclude(status__in=[NodeStatus.DISABLED, NodeStatus.REVOKED]):
         # Expire rather than pile up on the queue of a node whose worker is down.
         reconcile_node.apply_async(args=[node.pk], queue=node.queue, expires=interval * 3)
         node_heartbeat.apply_async(args=[node.pk], queue=node.queue, expires=interval * 3)

@@ -15,7 +15,7 @@ from console.access import models_visible_to, staff_required, tenants_of
 from console.forms import CatalogModelForm, GrantForm, JoinNodeForm, NodeForm, PriceForm
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import ago, badge, bar, gb, per_mtok, tokens
-from deployments import joining, services
+from deployments import credentials, joining, relay, services
 from deployments.choices import NodeStatus, Task, Visibility
 from deployments.models import CatalogModel, ModelGrant, Node
 from metering import services as metering_services
@@ -253,8 +253,8 @@ def node_list(request: HttpRequest) -> HttpResponse:
         filterset_class=NodeFilter,
         default_sort="name",
         intro=(
-            "Docker hosts that run engines. Each runs a Celery worker on its own queue and "
-            "reports a heartbeat."
+            "Docker hosts that run engines: this box, and boxes joined with a node agent "
+            "(no control-plane secret on them; revoke one from its page)."
         ),
         columns=[
             Column("Name", lambda n: n.name, sort="name", href=detail),
@@ -326,6 +326,19 @@ def node_join(request: HttpRequest) -> HttpResponse:
 
 
 @staff_required
+@require_POST
+def node_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    """Cut a joined node off: its credential stops working, its replicas leave routing."""
+    node = get_object_or_404(Node, pk=pk)
+    return service_action(
+        request,
+        lambda: credentials.revoke_node(request.user, node),
+        f"Node {node} is revoked: its agent is cut off and its engines left routing.",
+        redirect("console:node-detail", pk=pk),
+    )
+
+
+@staff_required
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(Node, pk=pk)
     return render(
@@ -335,6 +348,7 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "node": node,
             "nav": "nodes",
             "memory": _memory(node),
+            "joined": relay.is_relayed(node.docker_url),
             "deployments": node.deployments.select_related("model"),
             "replicas": node.replicas.select_related("deployment"),
         },

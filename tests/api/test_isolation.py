@@ -66,6 +66,14 @@ PLATFORM_ONLY = [
     Call("engineprofile-detail", "PATCH", FORBIDDEN, lambda w: PROFILE, lambda w: {"name": "x"}),
     Call("engineprofile-detail", "DELETE", FORBIDDEN, lambda w: PROFILE),
     Call("node-join-token", "POST", FORBIDDEN, body=lambda w: {"node_name": "spark-9"}),
+    Call("node-revoke", "POST", FORBIDDEN, lambda w: w.node.name),
+    # Only a join token (Authorization: Bearer tgj-…) may call it; a user's login may not.
+    Call(
+        "node-join",
+        "POST",
+        (401, 403),
+        body=lambda w: {"name": "spark-9", "engine_host": "h"},
+    ),
     Call("allowedimage-list", "GET", FORBIDDEN),
     Call("allowedimage-list", "POST", FORBIDDEN, body=lambda w: {"pattern": "evil/miner:*"}),
     Call("allowedimage-detail", "GET", FORBIDDEN, lambda w: 1),

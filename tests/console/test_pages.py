@@ -15,8 +15,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from deployments import joining
 from deployments import services as deployment_services
-from deployments.models import Deployment, Operation
+from deployments.models import Deployment, Node, Operation
 from metering import services as metering_services
 from metering.models import UsageRollup
 from tenants import services
@@ -504,9 +505,25 @@ def test_join_token_is_shown_once_and_a_joined_name_is_refused(web: object, root
     response = client.post(u("node-join"), {"node_name": "spark-2", "control_plane": "10.0.0.1"})
     page = response.content.decode()
     assert response.status_code == 200 and response["Cache-Control"] == "no-store"
-    assert "TOLLGATE_JOIN_TOKEN=tgj-" in page and "TOLLGATE_CONTROL_PLANE=10.0.0.1" in page
+    assert "TOLLGATE_JOIN_TOKEN=tgj-" in page and "TOLLGATE_CONTROL_PLANE_URL=10.0.0.1" in page
+    assert "SECRET_KEY" not in page and "DB_PASSWORD" not in page
     bad = client.post(u("node-join"), {"node_name": "Spark 2"})
     assert bad.status_code == 400 and "Lower-case letters, digits and -" in bad.content.decode()
+
+
+def test_a_joined_node_is_revoked_from_its_page(web: object, root: object, alice: object) -> None:
+    issued = joining.create_join_token(None, "spark-2")
+    node = joining.exchange_join_token(issued.token, "spark-2", engine_host="10.0.0.2").node
+    client = web(root)
+    page = client.get(u("node-detail", node.pk)).content.decode()
+    assert "Revoke credential" in page and "only this node's keys" in page
+    assert web(alice).post(u("node-revoke", node.pk)).status_code in (302, 403, 404)
+    assert Node.objects.get(pk=node.pk).status == "online"
+    response = client.post(u("node-revoke", node.pk))
+    assert response.status_code == 302
+    page = client.get(response["Location"]).content.decode()
+    assert "is revoked" in page and "Revoke credential" not in page
+    assert Node.objects.get(pk=node.pk).status == "revoked"
 
 
 # --- Deployments --------------------------------------------------------------------------------

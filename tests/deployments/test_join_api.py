@@ -2,7 +2,7 @@
 
 import pytest
 
-from deployments.joining import claim_node
+from deployments.joining import exchange_join_token
 from deployments.models import JoinToken
 
 pytestmark = pytest.mark.django_db
@@ -23,7 +23,7 @@ def test_a_join_token_is_shown_once_and_lets_that_node_join(
     assert "spark-2" in body["command"]
     row = JoinToken.objects.get()
     assert body["token"] not in row.secret_hash
-    node = claim_node(body["token"], "spark-2", docker_url="tcp://docker-proxy:2375")
+    node = exchange_join_token(body["token"], "spark-2", engine_host="10.0.0.2").node
     assert node.name == "spark-2" and node.status == "online"
 
 

@@ -89,3 +89,26 @@ def test_acl_file_holds_hashes_not_passwords(tmp_path: Path) -> None:
     assert "secret" not in text
     assert text.startswith("user default on nopass resetkeys resetchannels -@all +ping\n")
     assert "user gateway on #" in text and "~tollgate:*" in text
+
+
+def test_the_control_plane_user_manages_node_users_but_no_other_admin_command() -> None:
+    """It makes and removes joined nodes' users (deployments/credentials.py) and still
+    cannot reconfigure or stop Redis."""
+    admin = redis.Redis(host="127.0.0.1", port=6379)
+    user, password, node_user = f"{PREFIX}-cp", secrets.token_hex(16), f"{PREFIX}-node-x"
+    admin.execute_command(
+        "ACL", "SETUSER", user, "reset", "on", f">{password}", "~*", "&*",
+        *redisacl.CONTROL_PLANE.split(),
+    )  # fmt: skip
+    try:
+        control_plane = redis.Redis(host="127.0.0.1", port=6379, username=user, password=password)
+        control_plane.execute_command("ACL", "SETUSER", node_user, "reset", "on", "nopass")
+        assert control_plane.acl_getuser(node_user)["enabled"]
+        assert node_user in control_plane.acl_users()
+        control_plane.execute_command("ACL", "DELUSER", node_user)
+        assert admin.acl_getuser(node_user) is None
+        for command in [("CONFIG", "GET", "*"), ("ACL", "LIST"), ("SHUTDOWN",), ("MONITOR",)]:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                control_plane.execute_command(*command)
+    finally:
+        admin.acl_deluser(user, node_user)

@@ -32,6 +32,17 @@ def redis_namespace(settings: object) -> str:
     return REDIS_PREFIX
 
 
+@pytest.fixture(autouse=True)
+def no_node_users_left(redis_namespace: str) -> Iterator[None]:
+    """Joined nodes' Redis ACL users of this test are deleted after it (Redis is shared)."""
+    yield
+    client = get_redis()
+    for user in client.execute_command("ACL", "USERS"):
+        name = user.decode() if isinstance(user, bytes) else user
+        if name.startswith(f"{redis_namespace}-node-"):
+            client.execute_command("ACL", "DELUSER", name)
+
+
 @pytest.fixture
 def fast(settings: object, stack: str) -> Iterator[dict[str, str]]:  # noqa: F811
     """Short timeouts for this test and the same values for the node workers' environment."""
@@ -80,7 +91,7 @@ def nodes(transactional_db: None, stack: str, fast: dict) -> Iterator[tuple[Node
 
 @pytest.fixture
 def node_workers(
-    nodes: tuple[Node, Node],
+    transactional_db: None,
     stack: str,
     fast: dict,  # noqa: F811
     redis_namespace: str,

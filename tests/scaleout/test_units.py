@@ -7,8 +7,6 @@ from decimal import Decimal
 import pytest
 import time_machine
 from django.core.exceptions import ValidationError
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.utils import timezone
 
 from deployments import cluster, fleet, joining, placement, services
@@ -55,6 +53,19 @@ def unpinned(model: object, replicas: int = 1, **fields: object) -> Deployment:
         replicas=replicas,
         **fields,
     )
+
+
+def test_a_moved_replica_counts_the_replicas_staying_on_its_new_node(model: object) -> None:
+    """~3.1 GB each: a (4 GB) holds replica 1 already, so replica 0, leaving a revoked or
+    unreachable b, does not fit there (it once did: staying replicas were not counted)."""
+    a, b = node("a", 4 * GB), node("b", 7 * GB)
+    deployment = unpinned(model, replicas=2)
+    Replica.objects.create(deployment=deployment, index=0, node=b)
+    Replica.objects.create(deployment=deployment, index=1, node=a)
+    Node.objects.filter(pk=b.pk).update(status=NodeStatus.REVOKED)
+    with pytest.raises(placement.NoRoom, match="a: needs"):
+        placement.place(deployment)
+    assert Replica.objects.get(index=0).node == b
 
 
 def test_placement_picks_the_node_with_most_free_memory_that_fits(model: object) -> None:
@@ -123,34 +134,32 @@ def test_pinned_replicas_stay_on_their_node_when_it_is_unreachable(model: object
     assert placement.place(deployment) == []
 
 
-def test_join_token_claims_the_node_once_and_survives_agent_restarts(settings: object) -> None:
-    issued = joining.create_join_token(None, "spark-2", control_plane="10.0.0.1")
+def test_join_token_is_spent_once_for_a_node_driven_through_its_agent(settings: object) -> None:
+    issued = joining.create_join_token(None, "spark-2", control_plane="http://10.0.0.1")
     assert issued.token.startswith("tgj-") and "TOLLGATE_NODE_NAME=spark-2" in issued.command
-    assert "TOLLGATE_CONTROL_PLANE=10.0.0.1" in issued.command and issued.token in issued.command
+    assert "TOLLGATE_CONTROL_PLANE_URL=http://10.0.0.1" in issued.command
+    assert issued.token in issued.command
+    assert "SECRET_KEY" not in issued.command and "DB_PASSWORD" not in issued.command
     row = JoinToken.objects.get()
     assert issued.token not in row.secret_hash and row.prefix in issued.token
     with pytest.raises(ValidationError):
-        joining.claim_node(issued.token, "spark-3", docker_url="tcp://docker-proxy:2375")
+        joining.exchange_join_token(issued.token, "spark-3", engine_host="10.0.0.2")
     with pytest.raises(ValidationError):
         wrong = issued.token[:-1] + ("y" if issued.token.endswith("x") else "x")
-        joining.claim_node(wrong, "spark-2", docker_url="tcp://docker-proxy:2375")
-    joined = joining.claim_node(
-        issued.token,
-        "spark-2",
-        docker_url="tcp://docker-proxy:2375",
-        engine_host="10.0.0.2",
-        high_speed_interface="enp1s0f1np1",
+        joining.exchange_join_token(wrong, "spark-2", engine_host="10.0.0.2")
+    joined = joining.exchange_join_token(
+        issued.token, "spark-2", engine_host="10.0.0.2", high_speed_interface="enp1s0f1np1"
     )
-    assert (joined.queue, joined.engine_host, joined.high_speed_interface) == (
-        "node.spark-2",
+    node = joined.node
+    assert (node.queue, node.docker_url, node.engine_host, node.high_speed_interface) == (
+        settings.TOLLGATE_JOINED_NODE_QUEUE,
+        "tollgate-node://spark-2",
         "10.0.0.2",
         "enp1s0f1np1",
     )
-    # The agent restarts a month later with the same environment: still its node.
-    with time_machine.travel(timezone.now() + timedelta(days=30)):
-        assert (
-            joining.claim_node(issued.token, "spark-2", docker_url="tcp://x:2375").pk == joined.pk
-        )
+    # Spent: the same token never gives out a second credential.
+    with pytest.raises(ValidationError, match="used"):
+        joining.exchange_join_token(issued.token, "spark-2", engine_host="10.0.0.2")
     with pytest.raises(ValidationError, match="joined already"):
         joining.create_join_token(None, "spark-2")
 
@@ -159,17 +168,8 @@ def test_join_token_expires_unused() -> None:
     issued = joining.create_join_token(None, "spark-9")
     with time_machine.travel(timezone.now() + timedelta(hours=25)):
         with pytest.raises(ValidationError):
-            joining.claim_node(issued.token, "spark-9", docker_url="tcp://docker-proxy:2375")
+            joining.exchange_join_token(issued.token, "spark-9", engine_host="10.0.0.3")
     assert not Node.objects.filter(name="spark-9").exists()
-
-
-def test_join_node_command_needs_token_and_engine_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TOLLGATE_JOIN_TOKEN", raising=False)
-    with pytest.raises(CommandError, match="TOLLGATE_JOIN_TOKEN"):
-        call_command("join_node", "--name", "x")
-    monkeypatch.setenv("TOLLGATE_JOIN_TOKEN", "tgj-aaaaaaaa-" + "b" * 40)
-    with pytest.raises(CommandError, match="unknown, expired"):
-        call_command("join_node", "--name", "x", "--engine-host", "10.0.0.3")
 
 
 def test_two_box_tensor_parallel_needs_a_ray_profile_and_two_nodes(model: object) -> None:
