@@ -370,9 +370,15 @@ def start_litellm(
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
     print(f"  (LiteLLM log: {log})", file=sys.stderr)
     server = Server(proc)
-    wait_listening(port, proc, timeout=120)
-    url = f"http://127.0.0.1:{port}"
-    wait_serving(url, master, proc)
+    try:
+        # Its supervisor restarts a worker that imports slower than its health check allows,
+        # so on a loaded machine LiteLLM can take minutes to listen (over 10 at load 12-14).
+        wait_listening(port, proc, timeout=300)
+        url = f"http://127.0.0.1:{port}"
+        wait_serving(url, master, proc)
+    except BaseException:
+        server.stop()  # not yet among the stack's servers: nothing else would stop it
+        raise
     return url, master, server
 
 

@@ -7,6 +7,8 @@ Each phase's duration is recorded in the operation's ``detail`` as the cold-star
 """
 
 import contextlib
+import functools
+import ssl
 import time
 from typing import Any
 
@@ -24,6 +26,15 @@ from deployments.models import Deployment, Operation, Replica
 from deployments.operations import EngineFailed, update_op
 
 PROBE_TIMEOUT = 3.0
+
+
+@functools.cache
+def _trust() -> ssl.SSLContext:
+    """The TLS trust httpx builds for every ``httpx.get`` (certifi's roots, or
+    ``SSL_CERT_FILE``/``SSL_CERT_DIR``), built once per process: building it costs ~24 ms
+    of CPU, and beat scrapes every replica's /metrics every 5 s (3 replicas: 1.4 % of a
+    core for nothing, on the cores the gateway serves from)."""
+    return httpx.create_ssl_context()
 
 
 class Starter:
@@ -277,7 +288,7 @@ def probe_health(base_url: str, key: str = "") -> int | None:
     """``/health``'s status code, or None when nothing answers (still loading, or gone)."""
     try:
         return httpx.get(
-            f"{base_url}/health", timeout=PROBE_TIMEOUT, headers=_headers(key)
+            f"{base_url}/health", timeout=PROBE_TIMEOUT, headers=_headers(key), verify=_trust()
         ).status_code
     except httpx.HTTPError:
         return None
@@ -285,7 +296,9 @@ def probe_health(base_url: str, key: str = "") -> int | None:
 
 def served_models(base_url: str, key: str = "") -> list[str]:
     try:
-        answer = httpx.get(f"{base_url}/v1/models", timeout=PROBE_TIMEOUT, headers=_headers(key))
+        answer = httpx.get(
+            f"{base_url}/v1/models", timeout=PROBE_TIMEOUT, headers=_headers(key), verify=_trust()
+        )
         return [card["id"] for card in answer.json().get("data", [])] if answer.is_success else []
     except (httpx.HTTPError, ValueError, KeyError, AttributeError):
         return []
@@ -312,6 +325,7 @@ def warm_up(base_url: str, deployment: Deployment) -> None:
         json=body,
         timeout=settings.TOLLGATE_WARMUP_TIMEOUT,
         headers={"X-Request-Id": "tollgate-warmup"},
+        verify=_trust(),
     )
     answer.raise_for_status()
 
@@ -355,7 +369,9 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 def scrape(base_url: str, key: str = "") -> dict[str, float] | None:
     try:
-        answer = httpx.get(f"{base_url}/metrics", timeout=PROBE_TIMEOUT, headers=_headers(key))
+        answer = httpx.get(
+            f"{base_url}/metrics", timeout=PROBE_TIMEOUT, headers=_headers(key), verify=_trust()
+        )
     except httpx.HTTPError:
         return None
     return parse_metrics(answer.text) if answer.is_success else None

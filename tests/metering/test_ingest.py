@@ -163,6 +163,22 @@ def test_malformed_entries_go_to_dead_letters_and_do_not_block_the_stream(
     assert pending() == 0
 
 
+def test_an_unknown_endpoint_or_status_is_a_dead_letter_naming_it(
+    tenant_a, key_a, public_model, price
+) -> None:
+    emit(record(tenant_a, public_model, key_a, endpoint="teleport"))
+    emit(record(tenant_a, public_model, key_a, status="vanished"))
+    good = record(tenant_a, public_model, key_a, endpoint="responses")
+    emit(good)
+
+    drain()
+
+    assert list(UsageEvent.objects.values_list("request_id", flat=True)) == [good.request_id]
+    reasons = sorted(DeadLetter.objects.values_list("reason", flat=True))
+    assert any("unknown endpoint 'teleport'" in r for r in reasons)
+    assert any("unknown status 'vanished'" in r for r in reasons)
+
+
 def test_entries_of_a_dead_consumer_are_claimed_by_another(
     tenant_a, key_a, public_model, price
 ) -> None:
