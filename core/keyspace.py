@@ -174,7 +174,12 @@ def engine_metrics_key(replica_id: int) -> str:
 def preempt_channel() -> str:
     """Channel: the gateway took this request's engine slot for a higher class (the payload,
     its id): the process serving it aborts it upstream and resumes it later."""
-    return rkey("adm", "preempt")
+    return _preempt_channel(setting(PREFIX_SETTING))
+
+
+@lru_cache(maxsize=16)
+def _preempt_channel(prefix: str) -> str:  # every admission passes it: cached per prefix
+    return f"{prefix}:adm:preempt"
 
 
 def invalidation_channel() -> str:

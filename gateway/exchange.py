@@ -300,11 +300,13 @@ class Exchange:
         if preempts:
             payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
         # On engines that serve first come, first served the gateway preempts instead.
-        self.preempts = priority != "P2" and not preempts and preempt.enabled()
+        gateway_preempts = not preempts and preempt.enabled()
+        self.preempts = gateway_preempts and priority != "P2"
         victim = self.victim = (
-            priority != "P0"
+            gateway_preempts
+            and priority != "P0"
             and self.plan is None
-            and preempt.preemptible(self.endpoint, payload, preempts)
+            and preempt.preemptible(self.endpoint, payload)
         )
         changed = preempts or client_priority is not None
         stream_options = payload.get("stream") is True and self.endpoint in STREAM_OPTIONS

@@ -34,10 +34,18 @@ def enabled() -> bool:
     return bool(setting("TOLLGATE_ADMISSION_PREEMPT_FCFS"))
 
 
-def preemptible(endpoint: str, payload: dict, engines_preempt: bool) -> bool:
-    """Whether the gateway may preempt this request (and resume it exactly)."""
-    if engines_preempt or endpoint not in ENDPOINTS or not enabled():
+# Fields that can make a request impossible to resume exactly. Most requests carry none of
+# them, and one set intersection (in C) answers for those: every admission asks.
+_MAYBE_NOT = frozenset(("n", "best_of", "tools", "functions", "echo"))
+
+
+def preemptible(endpoint: str, payload: dict) -> bool:
+    """Whether the gateway could preempt this request and resume it exactly (the caller
+    knows whether preemption is on and the engines leave it to the gateway)."""
+    if endpoint not in ENDPOINTS:
         return False
+    if not _MAYBE_NOT.intersection(payload):
+        return endpoint == "chat" or isinstance(payload.get("prompt"), str)
     if (payload.get("n") or 1) != 1 or (payload.get("best_of") or 1) != 1:
         return False
     if endpoint == "chat":
