@@ -11,6 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from console.access import (
@@ -24,6 +25,7 @@ from console.access import (
 from console.forms import KeyForm
 from console.generic import Action, Column, ListPage, saved, service_form
 from console.templatetags.console import ago, badge
+from core.credentials import unexpired_filter
 from tenants import services
 from tenants.models import ApiKey, Tenant
 
@@ -34,7 +36,7 @@ class KeyFilter(django_filters.FilterSet):
         queryset=Tenant.objects.none(), to_field_name="slug", empty_label="All tenants"
     )
     state = django_filters.ChoiceFilter(
-        choices=[("active", "Not revoked"), ("revoked", "Revoked")],
+        choices=[("active", "Active"), ("expired", "Expired"), ("revoked", "Revoked")],
         method="by_state",
         empty_label="Any state",
         label="State",
@@ -49,7 +51,11 @@ class KeyFilter(django_filters.FilterSet):
         self.filters["tenant"].queryset = tenants_of(request.user)
 
     def by_state(self, queryset: object, name: str, value: str) -> object:
-        return queryset.filter(revoked_at__isnull=value == "active")
+        # The states the list's status column shows (ApiKey.status): revoked wins over expired.
+        if value == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        live = unexpired_filter(timezone.now())
+        return queryset.filter(revoked_at__isnull=True).filter(live if value == "active" else ~live)
 
 
 @login_required

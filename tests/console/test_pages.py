@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import time_machine
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -357,6 +358,29 @@ def test_key_list_filters_sorts_and_paginates(web: object, root: object, tenant_
     assert names(client.get(u("key-list") + "?name=k07").content.decode()) == {"k07"}
     empty = client.get(u("key-list") + "?name=nothing-like-this").content.decode()
     assert "Nothing matches these filters" in empty
+
+
+def test_key_list_state_filter_matches_the_status_column(
+    web: object, root: object, tenant_a: Tenant
+) -> None:
+    """ "Active" leaves out keys that have expired, as the status column shows them."""
+    services.issue_api_key(None, tenant_a, name="k-live")
+    services.issue_api_key(
+        None, tenant_a, name="k-old", expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    gone = services.issue_api_key(None, tenant_a, name="k-gone")
+    services.revoke_api_key(None, gone.key)
+    client = web(root)
+
+    def listed(state: str) -> set[str]:
+        page = client.get(u("key-list") + f"?state={state}").content.decode()
+        return set(re.findall(r'<a href="/keys/\d+/">(k-[a-z]+)</a>', page))
+
+    assert listed("active") == {"k-live", "k-old"}
+    with time_machine.travel(timezone.now() + timedelta(hours=1)):
+        assert listed("active") == {"k-live"}
+        assert listed("expired") == {"k-old"}
+        assert listed("revoked") == {"k-gone"}
 
 
 def test_empty_key_list_says_what_to_do(web: object, alice: object) -> None:
