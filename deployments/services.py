@@ -307,16 +307,32 @@ def _queue(kind: str, deployment: Deployment, actor: Actor) -> Operation | None:
     node_ids = set(deployment.replica_set.exclude(node=None).values_list("node_id", flat=True))
     if deployment.node_id:
         node_ids.add(deployment.node_id)
-    ops = [
-        queue_operation(kind, deployment, actor, node=node)
-        for node in Node.objects.filter(pk__in=node_ids).order_by("name")
-    ]
+    nodes = list(Node.objects.filter(pk__in=node_ids).order_by("name"))
+    if kind in (OperationKind.STOP, OperationKind.REMOVE):
+        nodes = _release_revoked(deployment, kind, nodes)
+    ops = [queue_operation(kind, deployment, actor, node=node) for node in nodes]
     if not ops and kind == OperationKind.STOP:
         # Nothing placed anywhere: nothing to drain, so it is stopped already.
         Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
             state=DeploymentState.STOPPED, state_message=""
         )
     return ops[0] if ops else None
+
+
+def _release_revoked(deployment: Deployment, kind: str, nodes: list[Node]) -> list[Node]:
+    """The nodes that can still do ``kind``. A revoked node takes no more work (its agent is
+    cut off): its replicas, out of routing since the revocation, are stopped (or removed)
+    here, and their engines keep running on that box until its own admin stops them."""
+    revoked = [node for node in nodes if node.status == NodeStatus.REVOKED]
+    if revoked:
+        rows = deployment.replica_set.filter(node__in=revoked)
+        if kind == OperationKind.REMOVE:
+            rows.delete()
+        else:
+            rows.update(
+                state=ReplicaState.STOPPED, healthy=False, container_id="", port=None, ready_at=None
+            )
+    return [node for node in nodes if node.status != NodeStatus.REVOKED]
 
 
 def _validate_external(deployment: Deployment) -> None:

@@ -16,7 +16,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 from core.redis import get_redis
 from deployments import credentials, joining, reconcile, relay, services, tasks
 from deployments.choices import NodeStatus
-from deployments.models import Deployment, JoinToken, Node, Replica
+from deployments.models import Deployment, JoinToken, Node, Operation, Replica
 from gateway.state import load_snapshot
 from nodeagent import protocol
 from tests.deployments.conftest import SIM_IMAGE
@@ -200,6 +200,38 @@ def test_revoking_cuts_the_node_off_and_drains_its_replicas(
     edit = admin.patch(f"/api/v1/nodes/{name}/", {"status": "online"}, format="json")
     assert edit.status_code == 409
     assert Node.objects.get(pk=node.pk).status == NodeStatus.REVOKED
+
+
+def test_stopping_or_removing_a_deployment_on_a_revoked_node_does_not_wait_for_it(
+    client_for: object, root: object, small_model: object
+) -> None:
+    """The revoked node's agent can do nothing more: no operation is queued for it, and the
+    deployment is stopped (or gone) at once instead of hanging in "stopping"."""
+    admin = client_for(root)
+    name = unique("spark")
+    join(admin, name)
+    node = Node.objects.get(name=name)
+    Node.objects.filter(pk=node.pk).update(last_seen_at=timezone.now(), total_memory_bytes=64 * GB)
+    deployment = services.create_deployment(
+        None, name="tiny", model=small_model, node=node, image=SIM_IMAGE
+    )
+    Deployment.objects.filter(pk=deployment.pk).update(state="ready")
+    Replica.objects.filter(deployment=deployment).update(
+        state="ready", healthy=True, host="127.0.0.1", port=9, container_name="c"
+    )
+    assert admin.post(f"/api/v1/nodes/{name}/revoke/").status_code == 200
+    queued = Operation.objects.count()
+
+    services.set_desired_state(None, Deployment.objects.get(pk=deployment.pk), "stopped")
+    assert Deployment.objects.get(pk=deployment.pk).state == "stopped"
+    assert Replica.objects.get(deployment=deployment).state == "stopped"
+    assert Operation.objects.count() == queued
+    tasks.reconcile_all()  # the periodic pass queues nothing for it either
+    assert Operation.objects.count() == queued
+
+    assert services.remove_deployment(None, Deployment.objects.get(pk=deployment.pk)) is None
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
+    assert not Replica.objects.filter(deployment_id=deployment.pk).exists()
 
 
 def test_only_a_platform_admin_revokes_and_only_joined_nodes(
