@@ -79,7 +79,7 @@ def sync_acl_users() -> int:
     delete revoked ones; returns how many users were applied."""
     applied = 0
     try:
-        live = Node.objects.exclude(credential_hash="").exclude(status=NodeStatus.REVOKED)
+        live = list(Node.objects.exclude(credential_hash="").exclude(status=NodeStatus.REVOKED))
         for node in live:
             if not _has_user(node):
                 apply_acl_user(node)

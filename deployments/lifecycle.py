@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from core.changes import publish_change
@@ -182,9 +182,7 @@ def drain_and_remove(replica: Replica, op: Operation | None, stop_worker: bool =
         container = runtime.find(dc, replica.container_name)
         if container is not None and _is_ours(container, node):
             runtime.stop_and_remove(container, settings.TOLLGATE_STOP_GRACE_SECONDS)
-    Replica.objects.filter(pk=replica.pk).update(
-        state=ReplicaState.STOPPED, healthy=False, container_id="", port=None, ready_at=None
-    )
+    mark_stopped(Replica.objects.filter(pk=replica.pk))
     if stop_worker and replica.worker_node_id and replica.worker_container_name:
         queue_operation(
             OperationKind.WORKER_STOP,
@@ -194,6 +192,13 @@ def drain_and_remove(replica: Replica, op: Operation | None, stop_worker: bool =
             container=replica.worker_container_name,
             deployment_name=replica.deployment.name,
         )
+
+
+def mark_stopped(replicas: QuerySet[Replica]) -> int:
+    """Record replicas as stopped: out of routing, no container, no port."""
+    return replicas.update(
+        state=ReplicaState.STOPPED, healthy=False, container_id="", port=None, ready_at=None
+    )
 
 
 def _is_ours(container: Any, node: Node) -> bool:

@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 from config.permissions import member_tenant_ids
 from core.changes import publish_change
 from core.errors import Conflict
-from deployments import credentials, placement, planner, relay, runtime
+from deployments import credentials, lifecycle, placement, planner, relay, runtime
 from deployments.choices import (
     DeploymentState,
     DesiredState,
@@ -329,9 +329,7 @@ def _release_revoked(deployment: Deployment, kind: str, nodes: list[Node]) -> li
         if kind == OperationKind.REMOVE:
             rows.delete()
         else:
-            rows.update(
-                state=ReplicaState.STOPPED, healthy=False, container_id="", port=None, ready_at=None
-            )
+            lifecycle.mark_stopped(rows)
     return [node for node in nodes if node.status != NodeStatus.REVOKED]
 
 

@@ -330,10 +330,12 @@ async def _relay(resp: Any, send: Any, st: StreamState, max_frame: int) -> None:
             await before_send()
         if out:
             body = b"".join(out)
-            st.sending = True
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-            st.sending = False
-            if st.sent is not None:
+            if st.sent is None:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            else:  # preemptible: marks its sends (gateway/preempt.py), others pay nothing
+                st.sending = True
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                st.sending = False
                 st.sent.append(body)
                 if st.preempt and failure is None:
                     raise Preempted
