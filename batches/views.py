@@ -67,7 +67,7 @@ def limit_of(request: HttpRequest, default: int, most: int) -> int:
     raw = request.GET.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
         raise RequestError(400, f"limit must be a whole number from 1 to {most}.", "limit")
     return int(raw)
 

@@ -88,7 +88,7 @@ class AdminViewSetMixin:
     def _by_legacy_pk(self) -> Model | None:
         """The object whose numeric id the URL names, when no object has that name."""
         value = self.kwargs.get(self.lookup_url_kwarg or self.lookup_field)  # type: ignore[attr-defined]
-        if not (isinstance(value, str) and value.isdigit() and len(value) < 12):
+        if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 12):
             return None
         rows = self.filter_queryset(self.get_queryset())  # type: ignore[attr-defined]
         if rows.filter(**{self.lookup_field: value}).exists():  # type: ignore[attr-defined]

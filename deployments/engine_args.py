@@ -13,7 +13,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
-SIZE_RE = re.compile(r"^(\d+)([kKmM]?)$")
+SIZE_RE = re.compile(r"^([0-9]+)([kKmM]?)\Z")
 
 # Set by Tollgate when it starts an engine; never from user input.
 RESERVED = {
@@ -47,7 +47,8 @@ def _bool(value: Any) -> bool:
 
 def _int(lo: int, hi: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+        whole = isinstance(value, (int, str)) and not isinstance(value, bool)
+        if not (whole and str(value).isascii() and str(value).isdigit()):
             raise ValueError(f"expects a whole number from {lo} to {hi}")
         number = int(value)
         if not lo <= number <= hi:

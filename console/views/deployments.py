@@ -83,7 +83,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
         "profile": EngineProfile.objects.filter(name="dgx-spark").first(),
         "node": Node.objects.order_by("name").first(),
     }
-    if request.GET.get("model", "").isdigit():
+    if (wanted := request.GET.get("model", "")).isascii() and wanted.isdigit():
         initial["model"] = CatalogModel.objects.filter(pk=request.GET["model"]).first()
         if initial["model"]:
             initial["name"] = (

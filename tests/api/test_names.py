@@ -4,7 +4,9 @@ numeric ids of models, nodes and users still answer."""
 
 from collections.abc import Callable
 from decimal import Decimal
+from urllib.parse import quote
 
+import pytest
 from rest_framework.test import APIClient
 
 from deployments import services as deployment_services
@@ -79,3 +81,15 @@ def test_bodies_name_related_objects_the_same_way(
     assert (key.json()["tenant"], key.json()["allowed_models"]) == ("acme", ["qwen3-8b"])
     by_id = api.post("/api/v1/prices/", {"model": world.public_model.pk}, format="json")
     assert by_id.status_code == 400
+
+
+@pytest.mark.parametrize("name", ["³", "٣", "１", "3\n"])
+def test_a_name_of_unicode_digits_is_an_unknown_name_not_a_server_error(
+    world: World, client_for: Callable[..., APIClient], name: str
+) -> None:
+    """Python's ``isdigit`` holds for superscripts and other scripts' digits; ``int`` does not."""
+    api = client_for(world.root)
+    for resource in ("nodes", "models", "users"):
+        answer = api.get(f"/api/v1/{resource}/{quote(name)}/")
+        assert answer.status_code == 404, (resource, answer.content[:300])
+        assert answer["Content-Type"].startswith("application/problem+json")

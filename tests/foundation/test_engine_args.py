@@ -79,3 +79,9 @@ def test_good_args_are_normalised_and_rendered_as_argv() -> None:
         "--scheduling-policy",
         "priority",
     ]
+
+
+@pytest.mark.parametrize("value", ["³", "٤", "4\n", "-4", 4.0, True])
+def test_a_whole_number_is_ascii_digits(value: object) -> None:
+    errors = errors_of({"max-num-seqs": value})
+    assert any("--max-num-seqs expects a whole number" in error for error in errors)
