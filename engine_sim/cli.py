@@ -30,6 +30,19 @@ def human_int(value: str) -> int:
     return int(num * base**power)
 
 
+def token_counts(value: str) -> frozenset[int]:
+    """A comma-separated list of positive token counts: `1,5`."""
+    try:
+        counts = frozenset(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {value!r}: expected token counts such as 1,5"
+        ) from None
+    if any(count < 0 for count in counts):
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: token counts start at 0")
+    return counts
+
+
 @dataclass(frozen=True)
 class Knob:
     """One simulation knob: `--sim-<name>` flag and `SIM_<NAME>` env var."""
@@ -112,6 +125,14 @@ KNOBS = [
         False,
         "admitted sequences generate nothing until the process gets SIGUSR1 (tests look at a "
         "full batch without racing the clock)",
+    ),
+    Knob(
+        "pause-after-tokens",
+        token_counts,
+        frozenset(),
+        "streamed sequences pause after these many tokens (e.g. 0,1,5; 0 = after prefill, "
+        "before the first byte) until the process gets SIGUSR1 (tests cut a stream at an "
+        "exact token without racing the clock)",
     ),
     Knob(
         "hold-load",

@@ -54,6 +54,7 @@ class Sequence:
         "prompt_ids",
         "shared_blocks",
         "block_hashes",
+        "release_mark",
     )
 
     _order = itertools.count()
@@ -64,6 +65,7 @@ class Sequence:
         self.priority = priority
         self.key = (priority, next(Sequence._order))  # queue order: priority, then arrival
         self.waiter: asyncio.Future | None = None  # set while the sequence is in the queue
+        self.release_mark = 0  # --sim-pause-after-tokens: SIGUSR1s before its last token
         self.preempted = False  # lost its slot; the decode loop must re-queue and re-prefill
         self.arrival = time.monotonic()
         self.scheduled = 0.0
@@ -121,6 +123,9 @@ class Engine:
         self.held = bool(s.sim_hold)
         self.load_held = bool(s.sim_hold_load)
         self._released: asyncio.Event | None = None
+        self.pause_after: frozenset[int] = s.sim_pause_after_tokens
+        self.releases = 0  # SIGUSR1s so far: a paused stream waits for one after its mark
+        self._paused: asyncio.Event | None = None
 
     # --- admission -------------------------------------------------------------------
 
@@ -138,6 +143,7 @@ class Engine:
         self.running += 1
         self.running_seqs.add(seq)
         seq.admitted = True
+        seq.release_mark = self.releases  # a release seen running (in /metrics) comes after
         if not seq.scheduled:  # queue time is measured to the first scheduling only
             seq.scheduled = time.monotonic()
             self.metrics.queue.observe(seq.scheduled - seq.arrival)
@@ -335,10 +341,23 @@ class Engine:
                 self._released = asyncio.Event()
             await self._released.wait()
 
+    async def wait_for_release(self, mark: int) -> None:
+        """--sim-pause-after-tokens: a stream waits here for a SIGUSR1 later than ``mark``
+        (the release count when it sent its last token: a release sent by a client that has
+        read that token is never missed)."""
+        while self.releases <= mark:
+            if self._paused is None:
+                self._paused = asyncio.Event()
+            await self._paused.wait()
+
     def release_hold(self) -> None:
         self.held = self.load_held = False
+        self.releases += 1
         if self._released is not None:
             self._released.set()
+        if self._paused is not None:
+            paused, self._paused = self._paused, None
+            paused.set()
 
     # --- accounting --------------------------------------------------------------------
 

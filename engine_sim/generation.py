@@ -143,6 +143,7 @@ class Generator:
                 await asyncio.sleep(delay)
             eng.cache_prompt(seq)
             due = loop.time()
+            pause_after = eng.pause_after if on_token is not None else ()
             for i in range(n):
                 if i:
                     step = eng.token_delay()
@@ -159,6 +160,10 @@ class Generator:
                     conn.flush()
                     await eng.wait_if_held()
                     due = loop.time()  # the pace starts at the release, no catching up
+                if i in pause_after:
+                    conn.flush()
+                    await eng.wait_for_release(seq.release_mark)
+                    due = loop.time()
                 if eng.dead:
                     seq.finish_reason = "error"
                     raise EngineDead()
@@ -185,6 +190,7 @@ class Generator:
                         on_start()
                 eng.on_token(seq)
                 if on_token is not None:
+                    seq.release_mark = eng.releases
                     conn.write_chunk(on_token(i))
                     if conn._drain is not None:
                         conn.flush()

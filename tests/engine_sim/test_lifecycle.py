@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import httpx
+import orjson
 import pytest
 
 from tests.engine_sim.conftest import FAST, ROOT, wait_until
@@ -199,3 +201,53 @@ def test_sigterm_exits_zero(start_sim):
     sim = start_sim("m", *FAST)
     os.kill(sim.proc.pid, signal.SIGTERM)
     assert sim.proc.wait(timeout=30) == 0
+
+
+def _running(sim) -> float:
+    metrics = httpx.get(sim.url + "/metrics").text
+    line = next(ln for ln in metrics.splitlines() if ln.startswith("vllm:num_requests_running"))
+    return float(line.split()[-1])
+
+
+def test_streams_pause_after_the_given_tokens_until_sigusr1(start_sim):
+    """--sim-pause-after-tokens: a stream stops after exactly those tokens and goes on only
+    when released; a client leaving while it is paused ends the request; non-streamed
+    requests never pause."""
+    sim = start_sim("m", *FAST, "--sim-pause-after-tokens", "0,1,3")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+    whole = httpx.post(sim.url + "/v1/chat/completions", json=body, timeout=30).json()
+    assert whole["usage"]["completion_tokens"] == 6
+    stream = {**body, "stream": True}
+    contents = []
+
+    def release_first_token() -> None:  # paused before its first byte: released once running
+        wait_until(lambda: _running(sim) == 1, timeout=30, what="the stream to run")
+        os.kill(sim.proc.pid, signal.SIGUSR1)
+
+    releaser = threading.Thread(target=release_first_token)
+    releaser.start()
+    with httpx.stream("POST", sim.url + "/v1/chat/completions", json=stream, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = orjson.loads(line[6:])["choices"][0]["delta"]
+                if delta.get("content"):
+                    contents.append(delta["content"])
+                    if len(contents) in (1, 3):
+                        # Nothing more comes while paused: the engine runs it, sends nothing.
+                        assert _running(sim) == 1
+                        os.kill(sim.proc.pid, signal.SIGUSR1)
+    releaser.join()
+    assert len(contents) == 6
+    wait_until(lambda: _running(sim) == 0, timeout=30, what="the stream to end")
+    releaser = threading.Thread(target=release_first_token)
+    releaser.start()
+    with httpx.stream("POST", sim.url + "/v1/chat/completions", json=stream, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and orjson.loads(line[6:])["choices"][0]["delta"].get(
+                "content"
+            ):
+                break  # paused after this token: hang up
+        else:
+            raise AssertionError("the stream ended without a token")
+    releaser.join()
+    wait_until(lambda: _running(sim) == 0, timeout=30, what="the paused request to end")

@@ -116,6 +116,10 @@ def engines() -> Iterator[dict[str, Engine]]:
             "400",
             "--sim-output-tokens-max",
             "400",
+            # Streams pause after 10 tokens (until SIGUSR1, which no test sends): a client
+            # hanging up there has exactly 10, however slow the machine.
+            "--sim-pause-after-tokens",
+            "10",
         ),
         "embed": start_engine(("sim-embed",), "--runner", "pooling"),
     }

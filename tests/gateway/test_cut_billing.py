@@ -6,14 +6,20 @@ every chunk (what the gateway asks for), one ignoring ``continuous_usage_stats``
 only at the end), one ignoring ``include_usage`` (no usage in streams at all). (Responses
 streams carry usage only in ``response.completed`` on all three.) Each
 stream is cut before its first token (the client hangs up during prefill), after 1 and
-after 5 content chunks, or read to its end. The engines decode at 10 tokens/s, so the next
-token is 100 ms away when the client hangs up: every token the client did not read was
-never sent to it.
+after 5 content chunks, or read to its end. The engines pause every stream before its first
+token and after its 1st and 5th (``--sim-pause-after-tokens 0,1,5``) until the test sends
+SIGUSR1, so when the client hangs up nothing more is on its way, however slow the machine:
+every token the client did not read was never sent to it.
 """
 
 import asyncio
+import os
+import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import httpx
 import orjson
@@ -27,7 +33,8 @@ from tests.gateway.conftest import Engine, World, add_routed_model, start_engine
 from tests.gateway.test_openai_e2e import usage_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
-TTFT_MS = 800
+TTFT_MS = 20
+PAUSES = (0, 1, 5)  # tokens after which every stream waits for the test (SIGUSR1)
 REPLY_TOKENS = 30
 ENGINES = {
     "running-usage": (),
@@ -94,62 +101,108 @@ ENDPOINTS: dict[str, tuple[str, Callable, Callable, Callable]] = {
 }
 
 
+@dataclass
+class CutEngine:
+    engine: Engine
+    proc: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return self.engine.url
+
+    @property
+    def port(self) -> int:
+        return self.engine.port
+
+    def release(self) -> None:
+        """The paused stream goes on (to its next pause)."""
+        os.kill(self.proc.pid, signal.SIGUSR1)
+
+    def running(self) -> bool:
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        line = next(x for x in text.splitlines() if x.startswith("vllm:num_requests_running"))
+        return float(line.rsplit(" ", 1)[1]) > 0
+
+    def wait_running(self, running: bool = True, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.running() != running:
+            assert time.monotonic() < deadline, f"the engine never had running={running}"
+            time.sleep(0.02)
+
+
 @pytest.fixture(scope="module")
-def cut_engines() -> Iterator[dict[str, Engine]]:
+def cut_engines() -> Iterator[dict[str, CutEngine]]:
     started = {
         kind: start_engine(
             (f"cut-{kind}",),
             "--sim-ttft-ms",
             str(TTFT_MS),
             "--sim-decode-tps",
-            "10",
+            "200",
             "--sim-output-tokens-min",
             str(REPLY_TOKENS),
             "--sim-output-tokens-max",
             str(REPLY_TOKENS),
+            "--sim-pause-after-tokens",
+            ",".join(map(str, PAUSES)),
             *flags,
         )
         for kind, flags in ENGINES.items()
     }
-    yield {kind: engine for kind, (engine, _) in started.items()}
+    yield {kind: CutEngine(engine, proc) for kind, (engine, proc) in started.items()}
     for _, proc in started.values():
         stop(proc)
 
 
-def engine_running(engine: Engine) -> bool:
-    text = httpx.get(f"{engine.url}/metrics", timeout=5).text
-    line = next(x for x in text.splitlines() if x.startswith("vllm:num_requests_running"))
-    return float(line.rsplit(" ", 1)[1]) > 0
-
-
-async def hang_up_during_prefill(world: World, engine: Engine, path: str, body: dict) -> None:
-    """Send the stream request and hang up once the engine is prefilling it."""
+async def hang_up_during_prefill(world: World, engine: CutEngine, path: str, body: dict) -> None:
+    """Send the stream request and hang up while the engine holds it before its first token;
+    the engine ends it (the gateway aborted it)."""
     async with httpx.AsyncClient(timeout=30) as client:
         headers = {"Authorization": f"Bearer {world.key_a}"}
         request = asyncio.create_task(client.post(world.url + path, json=body, headers=headers))
-        deadline = time.monotonic() + TTFT_MS / 1000 / 2
-        while not await asyncio.to_thread(engine_running, engine):
-            assert time.monotonic() < deadline, "the engine never got the request"
+        await asyncio.to_thread(engine.wait_running)
         request.cancel()
         with pytest.raises(asyncio.CancelledError):
             await request
+    await asyncio.to_thread(engine.wait_running, False)
 
 
 def read_then_hang_up(
-    world: World, path: str, body: dict, is_content: Callable, after: int | None
+    world: World,
+    engine: CutEngine,
+    path: str,
+    body: dict,
+    is_content: Callable,
+    after: int | None,
 ) -> tuple[str, int]:
-    """Read ``after`` content events (None: all of them) and close: (request id, read)."""
+    """Read ``after`` content events (None: all of them) and close: (request id, read). The
+    engine waits at each pause until released; at ``after`` the client hangs up instead."""
+
+    def release_first_token() -> None:
+        engine.wait_running()
+        engine.release()
+
     headers = {"Authorization": f"Bearer {world.key_a}"}
     seen = 0
-    with httpx.stream("POST", world.url + path, json=body, headers=headers, timeout=30) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            seen += is_content(orjson.loads(line[5:]))
-            if seen == after:
-                break
-        return r.headers["x-request-id"], seen
+    releaser = threading.Thread(target=release_first_token)
+    releaser.start()
+    try:
+        with httpx.stream("POST", world.url + path, json=body, headers=headers, timeout=30) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                if is_content(orjson.loads(line[5:])):
+                    seen += 1
+                    if seen == after:
+                        break
+                    if seen in PAUSES:
+                        engine.release()
+            request_id = r.headers["x-request-id"]
+    finally:
+        releaser.join()
+    engine.wait_running(False)  # hung up at a pause: the gateway aborted the engine's request
+    return request_id, seen
 
 
 def newest_event(model: CatalogModel, since: float, timeout: float = 10.0) -> UsageRecord:
@@ -172,7 +225,7 @@ def newest_event(model: CatalogModel, since: float, timeout: float = 10.0) -> Us
 @pytest.mark.parametrize("endpoint", list(ENDPOINTS))
 @pytest.mark.parametrize("kind", list(ENGINES))
 def test_cut_streams_pay_the_prompt_and_what_was_delivered(
-    world: World, cut_engines: dict[str, Engine], kind: str, endpoint: str
+    world: World, cut_engines: dict[str, CutEngine], kind: str, endpoint: str
 ) -> None:
     engine = cut_engines[kind]
     model = add_routed_model(world, f"cut-{kind}", engine.port)
@@ -194,7 +247,7 @@ def test_cut_streams_pay_the_prompt_and_what_was_delivered(
     assert not event.prompt_estimated
 
     for after in (1, 5, None):
-        request_id, read = read_then_hang_up(world, path, stream_body, is_content, after)
+        request_id, read = read_then_hang_up(world, engine, path, stream_body, is_content, after)
         event = usage_event(request_id, timeout=10)
         delivered = REPLY_TOKENS if after is None else after
         assert read == delivered
