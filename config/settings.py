@@ -141,6 +141,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TIMEZONE = "UTC"
+# Celery's Django fixup closes the database connection around every task unless this is set;
+# then it closes it only every this many tasks, and config/celery.py treats it between tasks as
+# Django does between requests (kept up to CONN_MAX_AGE, dropped when unusable).
+CELERY_DB_REUSE_MAX = 1000
 
 # --- Auth and security ----------------------------------------------------------------
 

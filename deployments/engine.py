@@ -343,10 +343,32 @@ TELEMETRY_COUNTERS = {
 }
 
 
+# The samples parse_metrics reads. An engine's /metrics is mostly histogram buckets and
+# families nobody here reads (the simulator's: 16 kB, 207 lines, 9 of them read; vLLM's is
+# larger), and prometheus_client's parser costs ~33 µs a line in Python: parsing the whole
+# text took 6.8 ms of the worker's CPU per replica every 5 s (0.6 ms with only these).
+_READ = frozenset(
+    {
+        *TELEMETRY_GAUGES,
+        *(f"{name}_total" for name in TELEMETRY_COUNTERS),
+        "vllm:time_to_first_token_seconds_sum",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:cache_config_info",
+    }
+)
+
+
+def _read_lines(text: str) -> str:
+    """The sample lines of ``text`` whose metric name parse_metrics reads (no comments:
+    samples without their ``# TYPE`` line parse as untyped, under the same names)."""
+    kept = [line for line in text.splitlines() if line.partition("{")[0].partition(" ")[0] in _READ]
+    return "\n".join(kept) + "\n"
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """The engine figures the gateway and console use, summed over label sets."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_read_lines(text)):
         for sample in family.samples:
             if sample.name in TELEMETRY_GAUGES:
                 key = TELEMETRY_GAUGES[sample.name]

@@ -298,6 +298,38 @@ def test_pooling_tasks_get_the_pooling_runner(task: str, args: dict, runner: str
     assert given == runner and argv.count("--runner") <= 1
 
 
+def test_metrics_parse_ignores_the_families_it_does_not_read() -> None:
+    """Buckets, other counters whose names start like a read one, help and type lines: the
+    figures are those of the read samples alone."""
+    read = (
+        "# HELP vllm:prompt_tokens_total Prefill tokens.\n# TYPE vllm:prompt_tokens counter\n"
+        'vllm:prompt_tokens_total{model_name="m"} 100\n'
+        'vllm:num_requests_running{model_name="m"} 2\n'
+        'vllm:time_to_first_token_seconds_sum{model_name="m"} 0.5\n'
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 4\n'
+    )
+    noise = (
+        "# TYPE vllm:prompt_tokens_by_source counter\n"
+        'vllm:prompt_tokens_by_source_total{model_name="m",source="local_compute"} 70\n'
+        'vllm:prompt_tokens_cached_total{model_name="m"} 30\n'
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        + "".join(
+            f'vllm:time_to_first_token_seconds_bucket{{le="{le}",model_name="m"}} 4\n'
+            for le in ("0.01", "0.1", "1.0", "+Inf")
+        )
+        + 'vllm:num_requests_running_max{model_name="m"} 9\n'
+        + "process_cpu_seconds_total 12.5\n"
+    )
+    expected = {
+        "prompt_tokens_total": 100,
+        "running": 2,
+        "ttft_seconds_sum": 0.5,
+        "ttft_count": 4,
+    }
+    assert engine.parse_metrics(read) == expected
+    assert engine.parse_metrics(noise + read + noise) == expected
+
+
 def test_metrics_parse_reads_old_and_new_names() -> None:
     text = (
         '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3\n'
