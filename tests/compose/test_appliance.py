@@ -665,7 +665,8 @@ rules = ["reset", "on", ">" + password, "~*", "&*", "+@all"]
 control_plane.execute_command("ACL", "SETUSER", name, *rules)
 try:
     admin = redis.Redis(host="redis", port=6379, username=name, password=password)
-    clients = [[c["addr"].rsplit(":", 1)[0], c["user"]] for c in admin.client_list()]
+    clients = [[c["addr"].rsplit(":", 1)[0], c["user"]] for c in admin.client_list()
+               if c["user"] != name]  # not this observer's own connection
     log = [[str(e.get("username")), str(e.get("reason")), str(e.get("object"))]
            for e in admin.acl_log(count=1000)]
     if RESET:
