@@ -22,6 +22,11 @@
 # set. Otherwise the secret key, the key pepper and the database password are read from the
 # state volume
 # ($TOLLGATE_STATE_DIR/secrets), where the `keygen` role created them on first start.
+#
+# TOLLGATE_IDENTITY (set per service in docker-compose.yml) says whose credentials this
+# process uses: owner (default: web, migrate, manage), gateway, worker, beat, batches or usage.
+# Each but the owner has its own Redis ACL user (config/redisacl.py), and its service mounts
+# only its own secrets volume (/var/lib/tollgate-<identity> in keygen), not the state volume.
 set -euo pipefail
 
 STATE_DIR=${TOLLGATE_STATE_DIR:-/var/lib/tollgate}
@@ -29,6 +34,16 @@ SECRETS_DIR=$STATE_DIR/secrets
 # Written by keygen for the gateway service and for Redis (their own volumes).
 GATEWAY_STATE_DIR=${TOLLGATE_GATEWAY_STATE_DIR:-/var/lib/tollgate-gateway}
 REDIS_ACL_DIR=${TOLLGATE_REDIS_ACL_DIR:-/var/lib/tollgate-redis}
+# The processes with their own Redis user and secrets volume, and what each volume holds.
+ROLES="gateway worker beat batches usage"
+declare -A ROLE_SECRETS=(
+  [gateway]="secret_key key_pepper gateway_db_password redis_gateway_password"
+  [worker]="secret_key key_pepper postgres_password redis_worker_password"
+  # Beat only queues tasks: no database at all (docker-compose.yml gives it a placeholder URL).
+  [beat]="secret_key redis_beat_password"
+  [batches]="secret_key key_pepper postgres_password redis_batches_password"
+  [usage]="secret_key key_pepper postgres_password redis_usage_password"
+)
 
 log() { printf '%s tollgate-entrypoint %s\n' "$(date -u +%FT%TZ)" "$*" >&2; }
 
@@ -93,9 +108,12 @@ load_secrets() {
   if [ -z "${REDIS_URL:-}" ] && [ -z "${REDIS_URL_FILE:-}" ]; then
     # The bundled Redis, as this process's ACL user (config/redisacl.py).
     local user=tollgate password_file=$SECRETS_DIR/redis_password
-    if [ "${TOLLGATE_IDENTITY:-owner}" = gateway ]; then
-      user=gateway password_file=$SECRETS_DIR/redis_gateway_password
-    fi
+    case "${TOLLGATE_IDENTITY:-owner}" in
+      owner) ;;
+      gateway|worker|beat|batches|usage)
+        user=$TOLLGATE_IDENTITY password_file=$SECRETS_DIR/redis_${TOLLGATE_IDENTITY}_password ;;
+      *) log "unknown TOLLGATE_IDENTITY=$TOLLGATE_IDENTITY (owner, $ROLES)"; return 1 ;;
+    esac
     wait_for_file "$password_file"
     REDIS_URL="redis://$user:$(cat "$password_file")@${REDIS_HOST:-redis}:${REDIS_PORT:-6379}/0"
     export REDIS_URL
@@ -120,20 +138,23 @@ role_keygen() {
     generate_secret "$SECRETS_DIR/postgres_password" 24
   fi
   generate_secret "$SECRETS_DIR/gateway_db_password" 24
-  # Redis ACL users (config/redisacl.py): the control plane's and the gateway's passwords,
-  # and the ACL file Redis loads (hashes only), rewritten on every start.
+  # Redis ACL users (config/redisacl.py): a password per user (the control plane's, then
+  # each role's), and the ACL file Redis loads (hashes only), rewritten on every start.
   generate_secret "$SECRETS_DIR/redis_password" 24
-  generate_secret "$SECRETS_DIR/redis_gateway_password" 24
+  local role
+  for role in $ROLES; do generate_secret "$SECRETS_DIR/redis_${role}_password" 24; done
   python3 /app/config/redisacl.py "$SECRETS_DIR" "$REDIS_ACL_DIR/users.acl"
-  share_with_gateway
+  for role in $ROLES; do share_with "$role"; done
 }
 
-# The gateway service mounts only its own volume (gateway-secrets): the secrets it needs,
-# copied there on every start, and not the owner's database password.
-share_with_gateway() {
-  local dir=$GATEWAY_STATE_DIR/secrets name
+# Each role's service mounts only its own volume (<role>-secrets, here at
+# /var/lib/tollgate-<role>): the secrets it needs, copied there on every start; not the other
+# roles' Redis passwords, and for the gateway and beat not the owner's database password.
+share_with() {
+  local role=$1 dir name
+  if [ "$role" = gateway ]; then dir=$GATEWAY_STATE_DIR/secrets; else dir=/var/lib/tollgate-$role/secrets; fi
   mkdir -p "$dir"
-  for name in secret_key key_pepper gateway_db_password redis_gateway_password; do
+  for name in ${ROLE_SECRETS[$role]}; do
     if [ -e "$SECRETS_DIR/$name" ]; then
       install -m 600 "$SECRETS_DIR/$name" "$dir/$name"
     fi
@@ -143,8 +164,17 @@ share_with_gateway() {
 role_migrate() {
   local bundled_db=0
   if [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then bundled_db=1; fi
+  local bundled_redis=0
+  if [ -z "${REDIS_URL_FILE:-}" ] && { [ -z "${REDIS_URL:-}" ] || [ "$REDIS_URL" = redis://redis:6379/0 ]; }; then
+    bundled_redis=1
+  fi
   load_secrets
   python3 manage.py migrate --noinput
+  # The bundled Redis: (re)apply the role users, so that one which kept running through an
+  # upgrade (it reads its ACL file only when it starts) knows every user and rule keygen wrote.
+  if [ $bundled_redis = 1 ]; then
+    python3 -m config.redisacl --apply "$SECRETS_DIR"
+  fi
   # The bundled database: (re)grant the gateway's role after every migration. With a
   # database of your own, run `manage.py db_roles` yourself (README.md, "Least privilege").
   if [ $bundled_db = 1 ]; then
@@ -188,8 +218,10 @@ role_beat() {
 
 role_batches() {
   load_secrets
+  # Its own unacknowledged-message keys (config/settings.py), which its Redis user may use.
+  export TOLLGATE_CELERY_UNACKED_KEY=unacked.${TOLLGATE_BATCH_QUEUE:-batches}
   exec celery -A config worker \
-    --queues batches \
+    --queues "${TOLLGATE_BATCH_QUEUE:-batches}" \
     --concurrency "${TOLLGATE_BATCH_WORKERS:-2}" \
     --hostname "batches@%h" --without-gossip --without-mingle \
     --loglevel "${TOLLGATE_LOG_LEVEL:-INFO}"

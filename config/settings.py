@@ -139,7 +139,16 @@ CELERY_TASK_ACKS_LATE = True  # a task survives a worker killed mid-run; tasks a
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "control"
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# Messages a worker took but has not acknowledged wait in this hash (kombu redelivers them
+# after a crash). The batch runner keeps its own (compose/entrypoint.sh sets it), so that it
+# only ever redelivers messages of the queue its Redis user may push to (config/redisacl.py).
+_UNACKED = env_str("TOLLGATE_CELERY_UNACKED_KEY", "unacked")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 3600,
+    "unacked_key": _UNACKED,
+    "unacked_index_key": f"{_UNACKED}_index",
+    "unacked_mutex_key": f"{_UNACKED}_mutex",
+}
 CELERY_TIMEZONE = "UTC"
 # Celery's Django fixup closes the database connection around every task unless this is set;
 # then it closes it only every this many tasks, and config/celery.py treats it between tasks as

@@ -563,8 +563,151 @@ print(json.dumps({
     assert whoami.strip().splitlines()[-1] == "b'tollgate'"
 
 
+# Run in each role's container (`tollgate manage shell`, so as that service's identity): its
+# secrets, and what its Redis user may and may not do (config/redisacl.py).
+ROLE_PROBE = """
+import json, os, redis
+from core.keyspace import rkey, usage_stream
+from core.redis import get_redis
+r = get_redis()
+def run(*command):
+    try:
+        r.execute_command(*command)
+        return "ok"
+    except redis.exceptions.NoPermissionError:
+        return "refused"
+    except redis.exceptions.ResponseError:
+        return "allowed"  # Redis ran it and found it invalid
+print(json.dumps({
+    "secrets": sorted(os.listdir("/var/lib/tollgate/secrets")),
+    "tenant_data": run("GET", rkey("quota", 1, "x")),
+    "usage_stream": run("XINFO", "GROUPS", usage_stream()),
+    "append_usage": run("XADD", usage_stream(), "0-0", "e", "{}"),  # an id Redis never takes
+    "deploy_queue": run("LLEN", "control"),
+    "node_queue": run("LLEN", "node.local"),
+    "batch_queue": run("LLEN", "batches"),
+    "manage_users": run("ACL", "GETUSER", "default"),
+    "config": run("CONFIG", "GET", "*"),
+    "flushall": run("FLUSHALL"),
+}))
+"""
+
+
+def test_each_process_has_only_its_own_redis_rights_and_secrets(stack: Stack) -> None:
+    """The worker, beat, batch runner and usage consumer are each their own Redis ACL user
+    with only what their work needs, and their containers hold only their own secrets."""
+    answers = {}
+    for service in ("worker", "beat", "batches", "usage"):
+        out = stack.compose("exec", "-T", service, "tollgate", "manage", "shell", "-c", ROLE_PROBE)
+        answers[service] = json.loads(out.strip().splitlines()[-1])
+    mine = lambda role, *more: sorted(["secret_key", f"redis_{role}_password", *more])  # noqa: E731
+    owner = ("key_pepper", "postgres_password")  # they write as the database's owner role
+    never = dict.fromkeys(("config", "flushall"), "refused")
+    assert answers == {
+        # Deployments, telemetry, the usage safety net and the gateway's housekeeping: every
+        # Tollgate key and its queues; it restores joined nodes' Redis users.
+        "worker": {
+            "secrets": mine("worker", *owner),
+            "tenant_data": "ok",
+            "usage_stream": "ok",
+            "append_usage": "allowed",
+            "deploy_queue": "ok",
+            "node_queue": "ok",
+            "batch_queue": "ok",
+            "manage_users": "ok",
+            **never,
+        },
+        # Queues periodic tasks on the control queue, nothing else (and has no database).
+        "beat": {
+            "secrets": mine("beat"),
+            "tenant_data": "refused",
+            "usage_stream": "refused",
+            "append_usage": "refused",
+            "deploy_queue": "ok",
+            "node_queue": "refused",
+            "batch_queue": "refused",
+            "manage_users": "refused",
+            **never,
+        },
+        "batches": {
+            "secrets": mine("batches", *owner),
+            "tenant_data": "refused",
+            "usage_stream": "refused",
+            "append_usage": "refused",
+            "deploy_queue": "refused",
+            "node_queue": "refused",
+            "batch_queue": "ok",
+            "manage_users": "refused",
+            **never,
+        },
+        # Reads and acknowledges the usage stream; cannot append to it or touch anything else.
+        "usage": {
+            "secrets": mine("usage", *owner),
+            "tenant_data": "refused",
+            "usage_stream": "ok",
+            "append_usage": "refused",
+            "deploy_queue": "refused",
+            "node_queue": "refused",
+            "batch_queue": "refused",
+            "manage_users": "refused",
+            **never,
+        },
+    }
+
+
+# Run in web (the control plane's user may create users, as it does for joining nodes): a
+# short-lived admin user to read who is connected as whom and what Redis refused.
+REDIS_OBSERVER = """
+import json, secrets, redis
+from core.redis import get_redis
+control_plane, name, password = get_redis(), "compose-test-observer", secrets.token_hex(16)
+rules = ["reset", "on", ">" + password, "~*", "&*", "+@all"]
+control_plane.execute_command("ACL", "SETUSER", name, *rules)
+try:
+    admin = redis.Redis(host="redis", port=6379, username=name, password=password)
+    clients = [[c["addr"].rsplit(":", 1)[0], c["user"]] for c in admin.client_list()
+               if c["user"] != name]  # not this observer's own connection
+    log = [[str(e.get("username")), str(e.get("reason")), str(e.get("object"))]
+           for e in admin.acl_log(count=1000)]
+    if RESET:
+        admin.acl_log_reset()
+finally:
+    control_plane.execute_command("ACL", "DELUSER", name)
+print(json.dumps({"clients": clients, "log": log}))
+"""
+
+
+def redis_users_by_service(
+    stack: Stack, reset: bool = False
+) -> tuple[dict[str, set[str]], list[list[str]]]:
+    """The Redis users each service's live connections authenticated as (by the containers'
+    addresses on the backend network), and Redis's ACL log (what it refused, and to whom;
+    ``reset`` empties it after reading)."""
+    code = f"RESET = {reset}\n{REDIS_OBSERVER}"
+    out = stack.compose("exec", "-T", "web", "tollgate", "manage", "shell", "-c", code)
+    seen = json.loads(out.strip().splitlines()[-1])
+    service_of = {}
+    for service in ("web", "gateway", "worker", "beat", "batches", "usage"):
+        for container in stack.compose("ps", "-q", service).split():
+            networks = json.loads(
+                subprocess.run(
+                    ["docker", "inspect", "-f", "{{json .NetworkSettings.Networks}}", container],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            )
+            service_of[networks[f"{stack.project}_backend"]["IPAddress"]] = service
+    users: dict[str, set[str]] = {}
+    for address, user in seen["clients"]:
+        if address in service_of:
+            users.setdefault(service_of[address], set()).add(user)
+    return users, seen["log"]
+
+
 def test_compose_appliance_end_to_end(stack: Stack) -> None:
     api = stack.api()
+    redis_users_by_service(stack, reset=True)  # earlier tests' probes were refused on purpose
 
     # First start did everything: migrations, the admin, the local node.
     nodes = api.get("/api/v1/nodes/").json()["results"]
@@ -716,6 +859,19 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert requests == usage_count >= len(billed)
     assert sum(int(r["completion_tokens"]) for r in rows) > 0
     assert {r["tenant"] for r in rows} == {"acme"}
+
+    # All of that ran with each process connected to Redis as its own ACL user, and none of
+    # them was refused anything.
+    users, refusals = redis_users_by_service(stack)
+    assert {s: users.get(s) for s in ("gateway", "worker", "beat", "batches", "usage")} == {
+        "gateway": {"gateway"},
+        "worker": {"worker"},
+        "beat": {"beat"},
+        "batches": {"batches"},
+        "usage": {"usage"},
+    }, users
+    assert users.get("web", {"tollgate"}) == {"tollgate"}
+    assert refusals == []
 
     # The image's `tollgate` command line speaks the same admin API: the same CSV.
     cli = ("exec", "-T", "-e", f"TOLLGATE_TOKEN={stack.token}", "web", "tollgate")

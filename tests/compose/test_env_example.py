@@ -21,8 +21,14 @@ def test_env_example_documents_every_compose_variable() -> None:
 
 
 # Read by config/settings.py but never set through Compose's .env: the appliance sets them
-# itself (secrets from the state volume, the broker from REDIS_URL) or they are for tests.
-NOT_FROM_ENV_FILE = {"CELERY_BROKER_URL", "DJANGO_DEBUG", "TOLLGATE_TEST_DATABASE"}
+# itself (secrets from the state volume, the broker from REDIS_URL, the batch runner's own
+# unacknowledged-message keys in compose/entrypoint.sh) or they are for tests.
+NOT_FROM_ENV_FILE = {
+    "CELERY_BROKER_URL",
+    "DJANGO_DEBUG",
+    "TOLLGATE_TEST_DATABASE",
+    "TOLLGATE_CELERY_UNACKED_KEY",
+}
 
 
 def test_every_setting_reaches_the_appliance_processes() -> None:

@@ -82,13 +82,41 @@ def test_gateway_user_reaches_its_keys_and_nothing_else(gateway_client: redis.Re
 
 
 def test_acl_file_holds_hashes_not_passwords(tmp_path: Path) -> None:
-    (tmp_path / "redis_password").write_text("control-plane-secret\n")
-    (tmp_path / "redis_gateway_password").write_text("gateway-secret\n")
-    redisacl.write_acl_file(tmp_path, tmp_path / "redis" / "users.acl")
-    text = (tmp_path / "redis" / "users.acl").read_text()
-    assert "secret" not in text
-    assert text.startswith("user default on nopass resetkeys resetchannels -@all +ping\n")
-    assert "user gateway on #" in text and "~tollgate:*" in text
+    for role, name in redisacl.PASSWORD_FILES.items():
+        (tmp_path / name).write_text(f"{role}-secret\n")
+    redisacl.write_acl_file(tmp_path, tmp_path / "redis" / "users.acl", redisacl.Names())
+    lines = (tmp_path / "redis" / "users.acl").read_text().splitlines()
+    assert not any("secret" in line for line in lines)
+    assert lines[0] == "user default on nopass resetkeys resetchannels -@all +ping"
+    users = {line.split()[1]: line.split()[3:] for line in lines[1:]}
+    assert list(users) == ["tollgate", "gateway", "worker", "beat", "batches", "usage"]
+    assert all(line.split()[2] == "on" and line.split()[3].startswith("#") for line in lines[1:])
+
+
+def test_each_role_gets_only_its_keys_channels_and_commands() -> None:
+    """The generated rules, role by role (the real server's tests prove them sufficient)."""
+    names = redisacl.Names("tg", "batches")
+    rules = {role: redisacl.role_rules(role, names) for role in redisacl.PASSWORD_FILES}
+    assert rules["tollgate"][:2] == ["~*", "&*"]
+    for role in ("gateway", "worker", "beat", "batches", "usage"):
+        assert rules[role][:2] == ["resetkeys", "resetchannels"], role
+        assert "~*" not in rules[role] and "&*" not in rules[role], role
+        assert "-@dangerous" in rules[role] and "-@admin" in rules[role], role
+    # Only the control plane and the worker (which restores joined nodes' users) manage users.
+    managers = {role for role, r in rules.items() if "+acl|setuser" in r}
+    assert managers == {"tollgate", "worker"}
+    assert "~tg:*" in rules["gateway"] and "~tg:*" in rules["worker"]
+    assert not [r for r in rules["beat"] if r.startswith("~tg") or r.startswith("&")]
+    assert "~control" in rules["beat"] and "~batches" not in rules["beat"]
+    assert [r for r in rules["usage"] if r[0] in "~&"] == ["~tg:usage:events"]
+    assert "+xreadgroup" in rules["usage"] and "+@all" not in rules["usage"]
+    assert [r for r in rules["batches"] if r.startswith("~tg") or r.startswith("&tg")] == [
+        "&tg:gateway:invalidate"
+    ]
+    assert "~unacked.batches" in rules["batches"] and "~unacked" not in rules["batches"]
+    for role in ("gateway", "beat", "usage"):
+        assert "~control" not in rules[role] or role == "beat"
+        assert not [r for r in rules[role] if "unacked" in r or "pidbox" in r], role
 
 
 def test_the_control_plane_user_manages_node_users_but_no_other_admin_command() -> None:
