@@ -281,6 +281,9 @@ def test_celery_worker_runs_as_its_role(
     env = {
         **os.environ,
         "REDIS_URL": acl.url(role),
+        # Explicitly: tests/batches/conftest.py puts the suite's broker in this process's
+        # environment, and a worker inheriting it listened there instead (and answered pings).
+        "CELERY_BROKER_URL": acl.url(role),
         "DATABASE_URL": database_url(),
         "TOLLGATE_ENV": "test",
         "TOLLGATE_REDIS_PREFIX": PREFIX,
