@@ -10,7 +10,6 @@ read ``ACL LOG`` through an admin user added to the test's copy of the file only
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from config import redisacl
 from config.celery import _discover_tasks, app
 from core.redis import get_redis
 from tests.databases import database_url
+from tests.gateway.conftest import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = f"acl{secrets.token_hex(3)}"
@@ -56,12 +56,6 @@ class AclServer:
         self.client("admin").acl_log_reset()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_redis(acl_file: Path, port: int) -> subprocess.Popen:
     server = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -78,15 +72,6 @@ def start_redis(acl_file: Path, port: int) -> subprocess.Popen:
             time.sleep(0.05)
     server.kill()
     raise AssertionError("redis-server did not start")
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def stop_and_read(process: subprocess.Popen) -> str:
