@@ -225,6 +225,17 @@ class RedisPipe:
             conn = await self._connect()
         return await conn.send(command)
 
+    async def send_now(self, command: bytes) -> asyncio.Future:
+        """Write ``command`` to Redis before returning (with any calls of this tick queued
+        before it) and give back its pending reply: what the caller sends next (to a client)
+        leaves after it."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self._connect()
+        future = conn.send(command)
+        conn._flush()
+        return future
+
     async def evalsha(
         self, script: Script, keys: list | tuple, args: list | tuple, keep_keys: bool = True
     ) -> Any:

@@ -2,9 +2,10 @@
 
 Why both: a client chains its next turn (``previous_response_id``) the moment it has read
 ``response.completed``, and that turn may land on any gateway process of any node. So the
-gateway writes the record to Redis (one MULTI: the record with a TTL, and an entry on the
-``responses:log`` stream) *before* the final event or body goes out; every process reads it
-from there. The stream's consumer (``persist``, a Celery beat task) writes the rows to
+gateway sends the record's write to Redis (one Lua call: the record with a TTL, and an entry
+on the ``responses:log`` stream) *before* the final event or body goes out, and awaits Redis's
+reply after it (the round trip is not in the client's way); every process reads it from
+there. The stream's consumer (``persist``, a Celery beat task) writes the rows to
 PostgreSQL idempotently and acknowledges only after the commit, like the usage stream, so the
 gateway never touches the ORM on the request path and a crash loses nothing Redis kept (AOF).
 A Redis miss (TTL passed, Redis rebuilt) falls back to PostgreSQL; a delete leaves a
@@ -29,7 +30,7 @@ from django.db import close_old_connections, transaction
 
 from core.keyspace import responses_log, stored_response_key
 from core.redis import get_redis
-from gateway.redispipe import RedisPipe, Script
+from gateway.redispipe import RedisPipe, Script, encode_script_call
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -48,6 +49,11 @@ end
 return 1
 """
 )
+
+
+# Pauses before a chained turn's previous response is declared unknown (seconds, in all
+# 0.35: longer than a TCP retransmission on a healthy network, short for a 404).
+CHAIN_RETRIES = (0.05, 0.1, 0.2)
 
 
 def ttl() -> int:
@@ -73,6 +79,40 @@ class ResponseStore:
         await self.pipe.evalsha(
             WRITE, (key, responses_log()), (b"put", orjson.dumps(record), ttl()), keep_keys=False
         )
+
+    async def start_put(self, record: dict[str, Any]) -> asyncio.Task:
+        """Keep a finished response without waiting for Redis's reply: the write is on its
+        way to Redis when this returns, ahead of the answer the caller sends its client next,
+        so Redis has it before the client can chain from it (a chained turn that still finds
+        nothing looks again: ``get_chained``). The returned task confirms the write; it
+        logs a failure rather than raising (the answer is delivered and billed regardless)."""
+        key = stored_response_key(record["tenant_id"], record["id"])
+        args = (b"put", orjson.dumps(record), ttl())
+        command = encode_script_call(WRITE.sha, (key, responses_log()), args, keep_keys=False)
+        reply = await self.pipe.send_now(command)
+        return asyncio.ensure_future(self._confirm(reply, record))
+
+    async def _confirm(self, reply: asyncio.Future, record: dict[str, Any]) -> None:
+        try:
+            try:
+                await reply
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("NOSCRIPT"):
+                    raise
+                await self.put(record)  # Redis lost its scripts (a restart): EVAL loads it
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            log.error("could not keep response %s: Redis unreachable", record["id"])
+
+    async def get_chained(self, tenant_id: int, response_id: str) -> dict[str, Any] | None:
+        """The response a new turn chains from. Its write left for Redis before the client
+        had the answer, but over a network the client's next request can still overtake it
+        (a retransmitted packet), so a miss looks again for a moment before it is final."""
+        for pause in CHAIN_RETRIES:
+            record = await self.get(tenant_id, response_id)
+            if record is not None:
+                return record
+            await asyncio.sleep(pause)
+        return await self.get(tenant_id, response_id)
 
     async def delete(self, tenant_id: int, response_id: str) -> None:
         key = stored_response_key(tenant_id, response_id)

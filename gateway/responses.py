@@ -11,13 +11,14 @@ particular to it lives here:
 - ``ResponseRelay``: through gateway/relay.py, the engine's typed events pass as they
   arrive; the usage comes from ``response.completed`` (input, cached, output tokens;
   reasoning tokens are output tokens), each ``*.delta`` event delivered is one token if the
-  stream is cut before that. A kept response is written before its final event goes out,
-  so the client's next turn finds it on any node.
+  stream is cut before that. A kept response's write is sent to Redis before its final
+  event goes out (confirmed after it), so the client's next turn finds it on any node.
 - ``serve_object``: ``GET``/``DELETE /v1/responses/{id}``, ``…/cancel``, ``…/input_items``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -236,7 +237,7 @@ async def prepare(
     given = payload["input"]
     engine = dict(payload)
     if previous is not None:
-        earlier = await store.get(tenant_id, previous)
+        earlier = await store.get_chained(tenant_id, previous)
         if earlier is None:
             return 404, not_found(previous, "previous_response_id")
         plan.chain = [*earlier["chain"], previous]
@@ -272,14 +273,16 @@ def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
 
 async def keep(
     store: ResponseStore, plan: ResponsePlan, response: dict, raw: bytes | None = None
-) -> None:
+) -> asyncio.Task | None:
+    """Send a finished response's write to Redis; the task returned confirms it."""
     if not plan.store or response.get("status") not in KEPT_STATUSES:
-        return
+        return None
     try:
-        await store.put(plan.record(response, raw))
+        return await store.start_put(plan.record(response, raw))
     except (redis.exceptions.RedisError, OSError, TimeoutError):
         # The answer was produced and is billed: deliver it; only chaining from it will fail.
         log.error("could not keep response %s: Redis unreachable", plan.response_id)
+        return None
 
 
 def error_event(message: str, sequence_number: int) -> bytes:
@@ -320,13 +323,14 @@ def event_kind(frame: bytes) -> tuple[bytes, int]:
 class ResponseRelay:
     """A Responses answer through gateway/relay.py (the relay Chat and Messages use): the
     typed events pass as they arrive, the previous_response_id is echoed, and a kept
-    response is written before its final event (or the whole answer) goes out."""
+    response's write is sent before its final event (or the whole answer) goes out."""
 
     plan: ResponsePlan
     store: ResponseStore
     frames: int = 0  # events passed on (the next sequence_number)
     final: dict | None = None  # the final event's response object, not yet kept
     finished: bool = False
+    writing: asyncio.Task | None = None  # confirms the kept response's write
 
     async def answer(self, outcome: Outcome, raw: bytes) -> bytes:
         """A whole (non-streaming) answer: its usage read, kept, the previous id echoed."""
@@ -338,7 +342,7 @@ class ResponseRelay:
         if isinstance(response, dict):
             if isinstance(response.get("usage"), dict):
                 read_usage(outcome, response["usage"])
-            await keep(self.store, self.plan, response, raw)
+            self.writing = await keep(self.store, self.plan, response, raw)
         return raw
 
     def attach(self, st: StreamState) -> None:
@@ -376,7 +380,7 @@ class ResponseRelay:
             return
         if isinstance(response, dict):
             self.final = response
-            st.before_send = self.keep_final  # kept before this event goes out
+            st.before_send = self.keep_final  # sent to Redis before this event goes out
             if isinstance(response.get("usage"), dict):
                 st.saw_usage = True
                 read_usage(st.outcome, response["usage"])
@@ -385,7 +389,13 @@ class ResponseRelay:
     async def keep_final(self) -> None:
         final, self.final = self.final, None
         if final is not None:
-            await keep(self.store, self.plan, final)
+            self.writing = await keep(self.store, self.plan, final)
+
+    async def confirmed(self) -> None:
+        """After the answer went out: wait for Redis to confirm the kept response's write
+        (a failure is logged, not raised: the answer was delivered and is billed)."""
+        if self.writing is not None:
+            await self.writing
 
     def unfinished(self) -> str | None:
         if self.finished:

@@ -246,3 +246,24 @@ def test_like_a_redis_py_client_reaches_the_same_server_and_database(server: Ser
 
     assert run(scenario()) == b"OK"
     assert server.client(db=5).get("via-like") == b"1"
+
+
+def test_send_now_has_written_the_command_before_it_returns(server: Server) -> None:
+    """What the gateway sends its client next leaves after the command: Redis receives the
+    command even while this event loop never runs again (a blocking client looks)."""
+    sync = server.client()
+
+    async def scenario() -> tuple[bytes | None, bytes]:
+        pipe = RedisPipe(port=server.port)
+        try:
+            await pipe.call("PING")  # connected
+            reply = await pipe.send_now(redispipe.encode(("SET", "early", "yes")))
+            deadline = time.monotonic() + 10
+            seen = sync.get("early")  # blocking: this loop does not run meanwhile
+            while seen is None and time.monotonic() < deadline:
+                seen = sync.get("early")
+            return seen, await reply
+        finally:
+            await pipe.aclose()
+
+    assert run(scenario()) == (b"yes", b"OK")
