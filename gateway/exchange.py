@@ -491,7 +491,7 @@ class Exchange:
             )
             if endpoint == "messages":
                 st.transform, st.error_frames = messages.transform_event, messages.stream_error
-        answer = dialect = None
+        answer = None
         if self.plan is not None:
             dialect = responses.ResponseRelay(self.plan, rt.responses)
             if st is not None:
@@ -591,8 +591,6 @@ class Exchange:
                 await send({"type": "http.response.body", "body": failed})
         finally:
             disconnect.cancel_on = None
-        if dialect is not None:
-            await dialect.confirmed()  # the kept response's write, sent before the answer
         return outcome, chosen
 
     def on_preempt(self) -> None:

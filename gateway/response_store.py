@@ -3,8 +3,8 @@
 Why both: a client chains its next turn (``previous_response_id``) the moment it has read
 ``response.completed``, and that turn may land on any gateway process of any node. So the
 gateway sends the record's write to Redis (one Lua call: the record with a TTL, and an entry
-on the ``responses:log`` stream) *before* the final event or body goes out, and awaits Redis's
-reply after it (the round trip is not in the client's way); every process reads it from
+on the ``responses:log`` stream) *before* the final event or body goes out, without waiting for
+Redis's reply (the round trip is not in the client's way); every process reads it from
 there. The stream's consumer (``persist``, a Celery beat task) writes the rows to
 PostgreSQL idempotently and acknowledges only after the commit, like the usage stream, so the
 gateway never touches the ORM on the request path and a crash loses nothing Redis kept (AOF).
@@ -56,6 +56,9 @@ return 1
 CHAIN_RETRIES = (0.05, 0.1, 0.2)
 
 
+_RETRIES: set[asyncio.Task] = set()  # writes sent again, held until they finish
+
+
 def ttl() -> int:
     return settings.TOLLGATE_RESPONSES_CACHE_SECONDS
 
@@ -80,28 +83,36 @@ class ResponseStore:
             WRITE, (key, responses_log()), (b"put", orjson.dumps(record), ttl()), keep_keys=False
         )
 
-    async def start_put(self, record: dict[str, Any]) -> asyncio.Task:
+    async def start_put(self, record: dict[str, Any]) -> None:
         """Keep a finished response without waiting for Redis's reply: the write is on its
         way to Redis when this returns, ahead of the answer the caller sends its client next,
         so Redis has it before the client can chain from it (a chained turn that still finds
-        nothing looks again: ``get_chained``). The returned task confirms the write; it
-        logs a failure rather than raising (the answer is delivered and billed regardless)."""
+        nothing looks again: ``get_chained``). Nothing waits for the reply, so the request's
+        settle follows in the same round trip; a failed write is logged when the reply comes
+        (the answer is delivered and billed regardless)."""
         key = stored_response_key(record["tenant_id"], record["id"])
         args = (b"put", orjson.dumps(record), ttl())
         command = encode_script_call(WRITE.sha, (key, responses_log()), args, keep_keys=False)
         reply = await self.pipe.send_now(command)
-        return asyncio.ensure_future(self._confirm(reply, record))
+        reply.add_done_callback(lambda done: self._written(done, record))
 
-    async def _confirm(self, reply: asyncio.Future, record: dict[str, Any]) -> None:
+    def _written(self, reply: asyncio.Future, record: dict[str, Any]) -> None:
+        if reply.cancelled() or reply.exception() is None:
+            return
+        error = reply.exception()
+        if isinstance(error, redis.exceptions.ResponseError) and str(error).startswith("NOSCRIPT"):
+            # Redis lost its scripts (a restart): EVAL loads it again.
+            task = asyncio.ensure_future(self._put_again(record))
+            _RETRIES.add(task)
+            task.add_done_callback(_RETRIES.discard)
+            return
+        log.error("could not keep response %s: %s", record["id"], error)
+
+    async def _put_again(self, record: dict[str, Any]) -> None:
         try:
-            try:
-                await reply
-            except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("NOSCRIPT"):
-                    raise
-                await self.put(record)  # Redis lost its scripts (a restart): EVAL loads it
-        except (redis.exceptions.RedisError, OSError, TimeoutError):
-            log.error("could not keep response %s: Redis unreachable", record["id"])
+            await self.put(record)
+        except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
+            log.error("could not keep response %s: %s", record["id"], exc)
 
     async def get_chained(self, tenant_id: int, response_id: str) -> dict[str, Any] | None:
         """The response a new turn chains from. Its write left for Redis before the client

@@ -12,13 +12,12 @@ particular to it lives here:
   arrive; the usage comes from ``response.completed`` (input, cached, output tokens;
   reasoning tokens are output tokens), each ``*.delta`` event delivered is one token if the
   stream is cut before that. A kept response's write is sent to Redis before its final
-  event goes out (confirmed after it), so the client's next turn finds it on any node.
+  event goes out, so the client's next turn finds it on any node.
 - ``serve_object``: ``GET``/``DELETE /v1/responses/{id}``, ``…/cancel``, ``…/input_items``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -273,16 +272,15 @@ def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
 
 async def keep(
     store: ResponseStore, plan: ResponsePlan, response: dict, raw: bytes | None = None
-) -> asyncio.Task | None:
-    """Send a finished response's write to Redis; the task returned confirms it."""
+) -> None:
+    """Send a finished response's write to Redis (before the answer goes out)."""
     if not plan.store or response.get("status") not in KEPT_STATUSES:
-        return None
+        return
     try:
-        return await store.start_put(plan.record(response, raw))
+        await store.start_put(plan.record(response, raw))
     except (redis.exceptions.RedisError, OSError, TimeoutError):
         # The answer was produced and is billed: deliver it; only chaining from it will fail.
         log.error("could not keep response %s: Redis unreachable", plan.response_id)
-        return None
 
 
 def error_event(message: str, sequence_number: int) -> bytes:
@@ -330,7 +328,6 @@ class ResponseRelay:
     frames: int = 0  # events passed on (the next sequence_number)
     final: dict | None = None  # the final event's response object, not yet kept
     finished: bool = False
-    writing: asyncio.Task | None = None  # confirms the kept response's write
 
     async def answer(self, outcome: Outcome, raw: bytes) -> bytes:
         """A whole (non-streaming) answer: its usage read, kept, the previous id echoed."""
@@ -342,7 +339,7 @@ class ResponseRelay:
         if isinstance(response, dict):
             if isinstance(response.get("usage"), dict):
                 read_usage(outcome, response["usage"])
-            self.writing = await keep(self.store, self.plan, response, raw)
+            await keep(self.store, self.plan, response, raw)
         return raw
 
     def attach(self, st: StreamState) -> None:
@@ -389,13 +386,7 @@ class ResponseRelay:
     async def keep_final(self) -> None:
         final, self.final = self.final, None
         if final is not None:
-            self.writing = await keep(self.store, self.plan, final)
-
-    async def confirmed(self) -> None:
-        """After the answer went out: wait for Redis to confirm the kept response's write
-        (a failure is logged, not raised: the answer was delivered and is billed)."""
-        if self.writing is not None:
-            await self.writing
+            await keep(self.store, self.plan, final)
 
     def unfinished(self) -> str | None:
         if self.finished:

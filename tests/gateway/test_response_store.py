@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
 
+import orjson
 import pytest
 
+from core.keyspace import stored_response_key
 from gateway import response_store
+from gateway.redispipe import RedisPipe
 from gateway.response_store import ResponseStore
+from tests.gateway.test_redispipe import Server
 
 
 class Arriving(ResponseStore):
@@ -39,3 +46,38 @@ def test_an_unknown_response_is_final_after_the_last_look() -> None:
     store = Arriving(None)
     assert asyncio.run(store.get_chained(7, "resp_x")) is None
     assert store.looks == len(response_store.CHAIN_RETRIES) + 1
+
+
+def test_a_write_redis_refuses_for_a_lost_script_is_sent_again(tmp_path: Path) -> None:
+    """Redis restarted between two writes (its scripts are gone): the record still lands."""
+    server = Server(tmp_path).start()
+    try:
+        client = server.client()
+
+        async def scenario() -> None:
+            store = ResponseStore(client=None, pipe=RedisPipe(port=server.port))  # type: ignore[arg-type]
+            try:
+                await store.start_put(record("resp_one"))
+                await until(lambda: client.exists(stored_response_key(7, "resp_one")))
+                client.script_flush()
+                await store.start_put(record("resp_two"))
+                await until(lambda: client.exists(stored_response_key(7, "resp_two")))
+            finally:
+                await store.pipe.aclose()
+
+        asyncio.run(scenario())
+        kept = orjson.loads(client.get(stored_response_key(7, "resp_two")))
+        assert kept["response"] == {"status": "completed"}
+    finally:
+        server.stop()
+
+
+def record(response_id: str) -> dict:
+    return {"id": response_id, "tenant_id": 7, "response": {"status": "completed"}}
+
+
+async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not written in time"
+        await asyncio.sleep(0.01)
