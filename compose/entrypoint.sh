@@ -81,10 +81,17 @@ wait_for_file() {
 # TOLLGATE_GATEWAY_DATABASE_URL (or _FILE) or the bundled database's generated password.
 use_gateway_database() {
   if [ -n "${TOLLGATE_GATEWAY_DATABASE_URL_FILE:-}" ]; then
-    TOLLGATE_GATEWAY_DATABASE_URL=$(cat "$TOLLGATE_GATEWAY_DATABASE_URL_FILE")
+    if [ ! -r "$TOLLGATE_GATEWAY_DATABASE_URL_FILE" ]; then
+      log "TOLLGATE_GATEWAY_DATABASE_URL_FILE='$TOLLGATE_GATEWAY_DATABASE_URL_FILE' cannot be read (is it mounted into the gateway service?)"
+      return 1
+    fi
+    TOLLGATE_GATEWAY_DATABASE_URL=$(tr -d '\r\n' < "$TOLLGATE_GATEWAY_DATABASE_URL_FILE")
+    unset TOLLGATE_GATEWAY_DATABASE_URL_FILE
   fi
   if [ -n "${TOLLGATE_GATEWAY_DATABASE_URL:-}" ]; then
     DATABASE_URL=$TOLLGATE_GATEWAY_DATABASE_URL
+    # The owner's URL from a file would win over DATABASE_URL (config/env.py): drop it.
+    unset DATABASE_URL_FILE
   elif [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then
     wait_for_file "$SECRETS_DIR/gateway_db_password"
     DATABASE_URL="postgres://${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}:$(cat "$SECRETS_DIR/gateway_db_password")@${POSTGRES_HOST:-db}:${POSTGRES_PORT:-5432}/${POSTGRES_DB:-tollgate}"

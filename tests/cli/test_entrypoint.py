@@ -69,3 +69,59 @@ def test_usage_alone_is_still_the_consumer_role(tmp_path: Path) -> None:
     assert runs[("usage", "export", "--tenant", "acme")] == (
         "python3 -m tollgate_cli usage export --tenant acme"
     )
+
+
+def run_as_gateway(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``tollgate manage …`` in the gateway service; ``python3`` is a stand-in that prints
+    the database settings the real process would have read."""
+    shim = tmp_path / "python3"
+    shim.write_text(
+        '#!/bin/sh\necho "DATABASE_URL=$DATABASE_URL"\necho "FILE=$DATABASE_URL_FILE"\n'
+    )
+    shim.chmod(0o755)
+    base = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "TOLLGATE_IDENTITY": "gateway",
+        "DJANGO_SECRET_KEY": "x" * 50,
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "compose/entrypoint.sh"), "manage", "check"],
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+        timeout=30,
+    )
+
+
+def test_the_gateway_connects_as_its_own_role_when_the_owner_url_is_a_file(
+    tmp_path: Path,
+) -> None:
+    """With both URLs from files (README, "Secrets from files"), the owner's file must not
+    win over the gateway role's URL (config/env.py prefers ``DATABASE_URL_FILE``)."""
+    owner = tmp_path / "database_url"
+    owner.write_text("postgres://tollgate:owner-secret@db.example.com/tollgate\n")
+    gateway = tmp_path / "gateway_database_url"
+    gateway.write_text("postgres://tollgate_gateway:gw-secret@db.example.com/tollgate\n")
+    done = run_as_gateway(
+        tmp_path,
+        DATABASE_URL_FILE=str(owner),
+        TOLLGATE_GATEWAY_DATABASE_URL_FILE=str(gateway),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "DATABASE_URL=postgres://tollgate_gateway:gw-secret@db.example.com/tollgate",
+        "FILE=",
+    ]
+    # Without a gateway role of its own, it keeps the owner's file (README: Least privilege).
+    done = run_as_gateway(tmp_path, DATABASE_URL_FILE=str(owner))
+    assert done.stdout.splitlines() == ["DATABASE_URL=", f"FILE={owner}"]
+
+
+def test_an_unreadable_gateway_url_file_stops_the_gateway_with_its_name(tmp_path: Path) -> None:
+    missing = tmp_path / "not-mounted"
+    done = run_as_gateway(tmp_path, TOLLGATE_GATEWAY_DATABASE_URL_FILE=str(missing))
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert f"TOLLGATE_GATEWAY_DATABASE_URL_FILE='{missing}' cannot be read" in done.stderr
+    assert "postgres://" not in done.stderr

@@ -63,6 +63,8 @@ class Stack:
     env: dict[str, str]
     token: str = ""
     ca: str = ""
+    # Override files read after docker-compose.yml (as COMPOSE_FILE in .env would name them).
+    overrides: list[str] = field(default_factory=list)
     url: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +78,7 @@ class Stack:
             self.project,
             "-f",
             str(ROOT / "docker-compose.yml"),
+            *(arg for path in self.overrides for arg in ("-f", path)),
             *args,
         ]
         done = subprocess.run(
@@ -202,11 +205,45 @@ def issue_admin_token(stack: Stack) -> str:
     return next(line[6:] for line in out.splitlines() if line.startswith("TOKEN="))
 
 
+def readme_block(first_line: str) -> str:
+    """The README code block that starts with ``first_line`` (README.md is what admins follow)."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(f"\n{first_line}\n") + 1
+    return readme[start : readme.index("\n```", start) + 1]
+
+
+METRICS_TOKEN = "compose-test-metrics-token-" + uuid.uuid4().hex
+
+
+def secrets_from_files(stack: Stack, folder: Path) -> None:
+    """README, "Secrets from files", as written there: its override file, its .env lines and
+    the files, owned by the image's user. The first admin's password and the /metrics token
+    then come from files only (not from the environment)."""
+    (folder / "secrets").mkdir()
+    for name, value in {"admin_password": ADMIN_PASSWORD, "metrics_token": METRICS_TOKEN}.items():
+        path = folder / "secrets" / name
+        path.write_text(value)
+        os.chown(path, 10001, 10001)  # as README's `sudo chown 10001:10001 secrets/*`
+        path.chmod(0o400)
+    override = readme_block("# compose.secrets.yml, beside docker-compose.yml")
+    # Relative paths in an override resolve against the project folder (the repository).
+    (folder / "compose.secrets.yml").write_text(
+        override.replace("./secrets/", f"{folder}/secrets/")
+    )
+    stack.overrides.append(str(folder / "compose.secrets.yml"))
+    for line in readme_block("# .env").splitlines()[1:]:
+        name, _, value = line.partition("=")
+        if name != "COMPOSE_FILE":  # stands for the -f options above
+            stack.env[name] = value
+    del stack.env["TOLLGATE_ADMIN_PASSWORD"]
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     project = f"tgci{uuid.uuid4().hex[:8]}"
     port = free_port()
     stack = Stack(project, port, compose_env(project, port))
+    secrets_from_files(stack, tmp_path_factory.mktemp("compose-secrets"))
     try:
         stack.compose("up", "-d", "--no-build", "--pull", "never", timeout=600)
         stack.wait_healthy()
@@ -415,6 +452,38 @@ def test_https_front_redirects_pins_and_hardens(stack: Stack) -> None:
         "exec", "-T", "web", "tollgate", "manage", "check", "--deploy", "--fail-level", "WARNING"
     )
     assert "no issues" in deploy
+
+
+def test_secrets_from_files_reach_only_the_services_that_read_them(stack: Stack) -> None:
+    """The first admin's password and the /metrics token came from files (README, "Secrets
+    from files"): the admin signs in with it (``issue_admin_token`` checked the password),
+    /metrics answers only with the file's token, the files are mounted only where README's
+    override puts them, and neither value is in any container's configuration."""
+    with stack.client() as client:
+        assert client.get("/metrics").status_code == 404
+        wrong = client.get("/metrics", headers={"Authorization": "Bearer not-the-token"})
+        assert wrong.status_code == 404
+        # No token in the environment: only the file can have switched /metrics on.
+        metrics = client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        assert metrics.status_code == 200
+        assert metrics.headers["content-type"].startswith("text/plain; version=")
+
+    def mounted(service: str, name: str) -> bool:
+        probe = f"test -r /run/secrets/{name} && echo mounted || echo absent"
+        answer = stack.compose("exec", "-T", service, "sh", "-c", probe, timeout=60)
+        return answer.strip() == "mounted"
+
+    assert mounted("gateway", "metrics_token")
+    for service in ("web", "worker", "usage"):
+        assert not mounted(service, "metrics_token"), service
+        assert not mounted(service, "admin_password"), service
+    containers = stack.compose("ps", "-aq").split()
+    inspected = subprocess.run(
+        ["docker", "inspect", *containers], capture_output=True, text=True, check=True
+    ).stdout
+    assert stack.project in inspected  # the configuration of this stack's containers
+    assert ADMIN_PASSWORD not in inspected
+    assert METRICS_TOKEN not in inspected
 
 
 def chromium_home_trusting(ca: str, home: Path) -> Path:
@@ -859,6 +928,25 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
     assert requests == usage_count >= len(billed)
     assert sum(int(r["completion_tokens"]) for r in rows) > 0
     assert {r["tenant"] for r in rows} == {"acme"}
+
+    # Prometheus, with the /metrics token from its file, sees the tenant's tokens as well
+    # (each gateway worker adds what it served within a second or so).
+    deadline = time.monotonic() + 60
+    while True:
+        with stack.client() as client:
+            scrape = client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        assert scrape.status_code == 200
+        completion = [
+            float(line.rsplit(" ", 1)[1])
+            for line in scrape.text.splitlines()
+            if line.startswith("tollgate_tokens_total{")
+            and 'tenant="acme"' in line
+            and 'kind="completion"' in line
+        ]
+        if sum(completion) > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert sum(completion) > 0, scrape.text
 
     # All of that ran with each process connected to Redis as its own ACL user, and none of
     # them was refused anything.

@@ -56,3 +56,56 @@ PINNED = {
     "TOLLGATE_PLAYGROUND_UPSTREAM",
     "TOLLGATE_IDENTITY",
 }
+
+
+def secret_settings() -> set[str]:
+    """Every setting read as a secret (``config/env.py: env_secret``, so also from
+    ``<NAME>_FILE``) by Tollgate's code, and the one the entry point reads from a file."""
+    names = set()
+    for path in ROOT.glob("[a-z]*/**/*.py"):
+        if path.parts[len(ROOT.parts)] in {"tests", "bench"}:
+            continue
+        source = path.read_text()
+        names |= set(re.findall(r'env_secret\(\s*"([A-Z0-9_]+)"', source))
+        names |= set(
+            re.findall(r'_required_in_production\(\s*"([A-Z0-9_]+)",[^)]*secret=True', source)
+        )
+    entrypoint = (ROOT / "compose/entrypoint.sh").read_text()
+    names |= set(re.findall(r"\$\{([A-Z0-9_]+)_FILE:-\}", entrypoint))
+    return names - NOT_FROM_ENV_FILE - {"POSTGRES_PASSWORD"}  # keygen's, for the bundled db
+
+
+TOLLGATE_SERVICES = ("migrate", "web", "gateway", "worker", "beat", "usage", "batches")
+
+
+def file_receivers(compose: dict) -> dict[str, set[str]]:
+    """Which Tollgate services get each ``<NAME>_FILE`` passed through from .env."""
+    receivers: dict[str, set[str]] = {}
+    for service in TOLLGATE_SERVICES:
+        for name, value in compose["services"][service]["environment"].items():
+            if name.endswith("_FILE") and f"${{{name}" in str(value):
+                receivers.setdefault(name, set()).add(service)
+    return receivers
+
+
+def test_every_secret_can_come_from_a_file_under_compose() -> None:
+    """README, "Secrets from files": an admin who names a file in .env for any secret sees
+    it reach the services that read that secret, and README's table names those services."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    receivers = file_receivers(compose)
+    secrets = secret_settings()
+    assert {"DJANGO_SECRET_KEY", "TOLLGATE_ADMIN_PASSWORD", "HF_TOKEN"} <= secrets  # the scan works
+    assert {f"{name}_FILE" for name in secrets} == set(receivers), (
+        "secrets whose _FILE variant Compose does not pass (or passes for no secret)"
+    )
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("| variable | services that read it |", 1)[1].split("\n\n", 1)[0]
+    documented: dict[str, set[str]] = {}
+    for row in table.splitlines()[2:]:
+        names_cell, services_cell = row.strip("|").split("|")
+        services = set(re.findall(r"`([a-z]+)`", services_cell.split("(")[0]))
+        for name in re.findall(r"`([A-Z0-9_]+)`", names_cell):
+            documented[name] = services
+    assert documented == receivers
+    # A process that never reads a secret is never handed a path to one: beat has no database.
+    assert compose["services"]["beat"]["environment"]["DATABASE_URL_FILE"] == ""
