@@ -25,8 +25,9 @@
 #
 # TOLLGATE_IDENTITY (set per service in docker-compose.yml) says whose credentials this
 # process uses: owner (default: web, migrate, manage), gateway, worker, beat, batches or usage.
-# Each but the owner has its own Redis ACL user (config/redisacl.py), and its service mounts
-# only its own secrets volume (/var/lib/tollgate-<identity> in keygen), not the state volume.
+# Each but the owner has its own Redis ACL user (config/redisacl.py) and database role
+# (config/dbroles.py; beat has no database), and its service mounts only its own secrets
+# volume (/var/lib/tollgate-<identity> in keygen), not the state volume.
 set -euo pipefail
 
 STATE_DIR=${TOLLGATE_STATE_DIR:-/var/lib/tollgate}
@@ -38,11 +39,12 @@ REDIS_ACL_DIR=${TOLLGATE_REDIS_ACL_DIR:-/var/lib/tollgate-redis}
 ROLES="gateway worker beat batches usage"
 declare -A ROLE_SECRETS=(
   [gateway]="secret_key key_pepper gateway_db_password redis_gateway_password"
-  [worker]="secret_key key_pepper postgres_password redis_worker_password"
+  # The application database role's password (rows, never the schema), not the owner's.
+  [worker]="secret_key key_pepper app_db_password redis_worker_password"
   # Beat only queues tasks: no database at all (docker-compose.yml gives it a placeholder URL).
   [beat]="secret_key redis_beat_password"
-  [batches]="secret_key key_pepper postgres_password redis_batches_password"
-  [usage]="secret_key key_pepper postgres_password redis_usage_password"
+  [batches]="secret_key key_pepper app_db_password redis_batches_password"
+  [usage]="secret_key key_pepper app_db_password redis_usage_password"
 )
 
 log() { printf '%s tollgate-entrypoint %s\n' "$(date -u +%FT%TZ)" "$*" >&2; }
@@ -76,32 +78,41 @@ wait_for_file() {
   log "$1 is missing: did the 'keygen' service run?"; return 1
 }
 
-# The gateway service's identity (TOLLGATE_IDENTITY=gateway): its own database role
-# (config/dbroles.py: reads everything, writes only batches and keys' last use), from
-# TOLLGATE_GATEWAY_DATABASE_URL (or _FILE) or the bundled database's generated password.
-use_gateway_database() {
-  if [ -n "${TOLLGATE_GATEWAY_DATABASE_URL_FILE:-}" ]; then
-    if [ ! -r "$TOLLGATE_GATEWAY_DATABASE_URL_FILE" ]; then
-      log "TOLLGATE_GATEWAY_DATABASE_URL_FILE='$TOLLGATE_GATEWAY_DATABASE_URL_FILE' cannot be read (is it mounted into the gateway service?)"
+# The database role of a process that is not the owner (config/dbroles.py): the gateway's
+# (reads everything, writes only batches and keys' last use) and the application role of the
+# worker, the batch runner and the usage consumer (rows of every table, never the schema).
+# From TOLLGATE_<KIND>_DATABASE_URL (or its _FILE), else, with the bundled database, the
+# password keygen generated; with a database of your own and no such URL, DATABASE_URL's.
+#   use_role_database GATEWAY tollgate_gateway gateway_db_password
+use_role_database() {
+  local url_var=TOLLGATE_$1_DATABASE_URL file_var=TOLLGATE_$1_DATABASE_URL_FILE user=$2
+  local password_file=$SECRETS_DIR/$3 url=""
+  if [ -n "${!file_var:-}" ]; then
+    if [ ! -r "${!file_var}" ]; then
+      log "$file_var='${!file_var}' cannot be read (is it mounted into the ${TOLLGATE_IDENTITY} service?)"
       return 1
     fi
-    TOLLGATE_GATEWAY_DATABASE_URL=$(tr -d '\r\n' < "$TOLLGATE_GATEWAY_DATABASE_URL_FILE")
-    unset TOLLGATE_GATEWAY_DATABASE_URL_FILE
+    url=$(tr -d '\r\n' < "${!file_var}")
+  elif [ -n "${!url_var:-}" ]; then
+    url=${!url_var}
   fi
-  if [ -n "${TOLLGATE_GATEWAY_DATABASE_URL:-}" ]; then
-    DATABASE_URL=$TOLLGATE_GATEWAY_DATABASE_URL
+  unset "$url_var" "$file_var"
+  if [ -n "$url" ]; then
+    DATABASE_URL=$url
     # The owner's URL from a file would win over DATABASE_URL (config/env.py): drop it.
     unset DATABASE_URL_FILE
   elif [ -z "${DATABASE_URL:-}" ] && [ -z "${DATABASE_URL_FILE:-}" ]; then
-    wait_for_file "$SECRETS_DIR/gateway_db_password"
-    DATABASE_URL="postgres://${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}:$(cat "$SECRETS_DIR/gateway_db_password")@${POSTGRES_HOST:-db}:${POSTGRES_PORT:-5432}/${POSTGRES_DB:-tollgate}"
+    wait_for_file "$password_file"
+    DATABASE_URL="postgres://$user:$(cat "$password_file")@${POSTGRES_HOST:-db}:${POSTGRES_PORT:-5432}/${POSTGRES_DB:-tollgate}"
   fi
-  export DATABASE_URL
-  unset TOLLGATE_GATEWAY_DATABASE_URL
+  if [ -n "${DATABASE_URL:-}" ]; then export DATABASE_URL; fi
 }
 
 load_secrets() {
-  if [ "${TOLLGATE_IDENTITY:-owner}" = gateway ]; then use_gateway_database; fi
+  case "${TOLLGATE_IDENTITY:-owner}" in
+    gateway) use_role_database GATEWAY "${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}" gateway_db_password ;;
+    worker|batches|usage) use_role_database APP "${TOLLGATE_APP_DB_USER:-tollgate_app}" app_db_password ;;
+  esac
   if [ -z "${DJANGO_SECRET_KEY:-}" ] && [ -z "${DJANGO_SECRET_KEY_FILE:-}" ]; then
     wait_for_file "$SECRETS_DIR/secret_key"
     export DJANGO_SECRET_KEY_FILE=$SECRETS_DIR/secret_key
@@ -145,6 +156,7 @@ role_keygen() {
     generate_secret "$SECRETS_DIR/postgres_password" 24
   fi
   generate_secret "$SECRETS_DIR/gateway_db_password" 24
+  generate_secret "$SECRETS_DIR/app_db_password" 24
   # Redis ACL users (config/redisacl.py): a password per user (the control plane's, then
   # each role's), and the ACL file Redis loads (hashes only), rewritten on every start.
   generate_secret "$SECRETS_DIR/redis_password" 24
@@ -166,6 +178,16 @@ share_with() {
       install -m 600 "$SECRETS_DIR/$name" "$dir/$name"
     fi
   done
+  # What the role no longer uses goes (e.g. the owner's database password, copied to the
+  # worker, batches and usage volumes before they had the application role).
+  local path
+  for path in "$dir"/*; do
+    [ -e "$path" ] || continue
+    case " ${ROLE_SECRETS[$role]} " in
+      *" ${path##*/} "*) ;;
+      *) rm -f "$path" ;;
+    esac
+  done
 }
 
 role_migrate() {
@@ -182,11 +204,14 @@ role_migrate() {
   if [ $bundled_redis = 1 ]; then
     python3 -m config.redisacl --apply "$SECRETS_DIR"
   fi
-  # The bundled database: (re)grant the gateway's role after every migration. With a
-  # database of your own, run `manage.py db_roles` yourself (README.md, "Least privilege").
+  # The bundled database: (re)grant the gateway's and the application role after every
+  # migration. With a database of your own, run `manage.py db_roles` yourself (README.md,
+  # "Least privilege").
   if [ $bundled_db = 1 ]; then
     python3 manage.py db_roles --gateway-role "${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}" \
-      --password-file "$SECRETS_DIR/gateway_db_password"
+      --password-file "$SECRETS_DIR/gateway_db_password" \
+      --app-role "${TOLLGATE_APP_DB_USER:-tollgate_app}" \
+      --app-password-file "$SECRETS_DIR/app_db_password"
   fi
   python3 manage.py bootstrap
   if [ "${TOLLGATE_SEED_DEMO:-false}" = true ] && [ ! -e "$STATE_DIR/demo-seeded" ]; then

@@ -1,15 +1,20 @@
-"""PostgreSQL roles: the gateway reads everything but writes only what serving needs.
+"""PostgreSQL roles: only migrations change the schema; the gateway writes only what serving needs.
 
-The owner role (the one in ``DATABASE_URL``) runs migrations and every other process. The
-gateway process — the part of Tollgate that faces tenants' requests on ``/v1`` — connects
-as its own role, which may read every table but write only:
+The owner role (the one in ``DATABASE_URL``) runs migrations and the console (``web``,
+``migrate``). Two roles hold less:
 
-- the Batch API's files, batches and their lines (``/v1/files``, ``/v1/batches``);
-- ``last_used_at`` of API keys (no other column of them);
+- the **application role** (``tollgate_app`` in the appliance), for the worker, the batch
+  runner and the usage consumer: it reads and writes rows of every table, and nothing more —
+  no ``CREATE``, ``ALTER``, ``DROP``, ``TRUNCATE`` or triggers — so whoever takes over one of
+  those processes cannot change or destroy the schema;
+- the **gateway role**, for the process that faces tenants' requests on ``/v1``: it may read
+  every table but write only the Batch API's files, batches and their lines (``/v1/files``,
+  ``/v1/batches``) and ``last_used_at`` of API keys (no other column of them), so whoever
+  takes over the gateway process cannot create, change or revoke tenants, API keys, prices,
+  users or anything else.
 
-so whoever takes over the gateway process cannot create, change or revoke tenants, API
-keys, prices, users or anything else. Granted again after every migration (the ``migrate``
-service runs ``manage.py db_roles``), so new tables are covered.
+Granted again after every migration (the ``migrate`` service runs ``manage.py db_roles``),
+so new tables are covered.
 """
 
 from django.apps import apps
@@ -35,25 +40,44 @@ def managed_tables() -> list[str]:
     )
 
 
-def ensure_gateway_role(role: str, password: str | None) -> None:
-    """Create or update ``role`` (LOGIN) and grant it exactly the gateway's privileges."""
+def _login_role(cur: object, role: str, password: str | None) -> sql.Identifier:
+    """Create or update ``role`` (LOGIN, no other attribute), able to connect, with no
+    privilege on any table yet: one given by hand or by an older version goes."""
     ident = sql.Identifier(role)
+    cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
+    verb = sql.SQL("ALTER") if cur.fetchone() else sql.SQL("CREATE")
+    stmt = sql.SQL("{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT").format(
+        verb, ident
+    )
+    if password:
+        stmt = sql.SQL("{} PASSWORD {}").format(stmt, sql.Literal(password))
+    _run(cur, stmt)
+    db = sql.Identifier(connection.settings_dict["NAME"])
+    _run(cur, sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, ident))
+    _run(cur, sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(ident))
+    _run(cur, sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {}").format(ident))
+    _run(cur, sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {}").format(ident))
+    return ident
+
+
+def ensure_app_role(role: str, password: str | None) -> None:
+    """Create or update ``role`` with rights on rows of every table, none on the schema."""
     with connection.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
-        verb = sql.SQL("ALTER") if cur.fetchone() else sql.SQL("CREATE")
-        stmt = sql.SQL("{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT").format(
-            verb, ident
+        ident = _login_role(cur, role, password)
+        _run(
+            cur,
+            sql.SQL(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}"
+            ).format(ident),
         )
-        if password:
-            stmt = sql.SQL("{} PASSWORD {}").format(stmt, sql.Literal(password))
-        _run(cur, stmt)
-        db = sql.Identifier(connection.settings_dict["NAME"])
-        _run(cur, sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, ident))
-        _run(cur, sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(ident))
-        tables = [sql.Identifier(t) for t in managed_tables()]
-        every = sql.SQL(", ").join(tables)
-        # Start from nothing, so a privilege given by hand or by an older version goes.
-        _run(cur, sql.SQL("REVOKE ALL ON {} FROM {}").format(every, ident))
+        _run(cur, sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {}").format(ident))
+
+
+def ensure_gateway_role(role: str, password: str | None) -> None:
+    """Create or update ``role`` and grant it exactly the gateway's privileges."""
+    with connection.cursor() as cur:
+        ident = _login_role(cur, role, password)
+        every = sql.SQL(", ").join(sql.Identifier(t) for t in managed_tables())
         _run(cur, sql.SQL("GRANT SELECT ON {} TO {}").format(every, ident))
         writable = sql.SQL(", ").join(sql.Identifier(m._meta.db_table) for m in GATEWAY_WRITES)
         _run(cur, sql.SQL("GRANT INSERT, UPDATE, DELETE ON {} TO {}").format(writable, ident))

@@ -71,9 +71,10 @@ def test_usage_alone_is_still_the_consumer_role(tmp_path: Path) -> None:
     )
 
 
-def run_as_gateway(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``tollgate manage …`` in the gateway service; ``python3`` is a stand-in that prints
-    the database settings the real process would have read."""
+def run_as(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``tollgate manage …`` in a service (the gateway unless ``TOLLGATE_IDENTITY`` says
+    otherwise); ``python3`` is a stand-in that prints the database settings the real process
+    would have read."""
     shim = tmp_path / "python3"
     shim.write_text(
         '#!/bin/sh\necho "DATABASE_URL=$DATABASE_URL"\necho "FILE=$DATABASE_URL_FILE"\n'
@@ -103,7 +104,7 @@ def test_the_gateway_connects_as_its_own_role_when_the_owner_url_is_a_file(
     owner.write_text("postgres://tollgate:owner-secret@db.example.com/tollgate\n")
     gateway = tmp_path / "gateway_database_url"
     gateway.write_text("postgres://tollgate_gateway:gw-secret@db.example.com/tollgate\n")
-    done = run_as_gateway(
+    done = run_as(
         tmp_path,
         DATABASE_URL_FILE=str(owner),
         TOLLGATE_GATEWAY_DATABASE_URL_FILE=str(gateway),
@@ -114,14 +115,40 @@ def test_the_gateway_connects_as_its_own_role_when_the_owner_url_is_a_file(
         "FILE=",
     ]
     # Without a gateway role of its own, it keeps the owner's file (README: Least privilege).
-    done = run_as_gateway(tmp_path, DATABASE_URL_FILE=str(owner))
+    done = run_as(tmp_path, DATABASE_URL_FILE=str(owner))
     assert done.stdout.splitlines() == ["DATABASE_URL=", f"FILE={owner}"]
 
 
 def test_an_unreadable_gateway_url_file_stops_the_gateway_with_its_name(tmp_path: Path) -> None:
     missing = tmp_path / "not-mounted"
-    done = run_as_gateway(tmp_path, TOLLGATE_GATEWAY_DATABASE_URL_FILE=str(missing))
+    done = run_as(tmp_path, TOLLGATE_GATEWAY_DATABASE_URL_FILE=str(missing))
     assert done.returncode == 1
     assert done.stdout == ""
     assert f"TOLLGATE_GATEWAY_DATABASE_URL_FILE='{missing}' cannot be read" in done.stderr
     assert "postgres://" not in done.stderr
+
+
+@pytest.mark.parametrize("service", ["worker", "batches", "usage"])
+def test_worker_batches_and_usage_connect_as_the_application_role(
+    tmp_path: Path, service: str
+) -> None:
+    """With the bundled database they use the application role keygen made a password for
+    (rows, never the schema: config/dbroles.py), not the owner's, which their secrets
+    volume no longer holds; with TOLLGATE_APP_DATABASE_URL, that."""
+    secrets_dir = tmp_path / "state" / "secrets"
+    secrets_dir.mkdir(parents=True)
+    (secrets_dir / "app_db_password").write_text("app-pw\n")
+    done = run_as(tmp_path, TOLLGATE_IDENTITY=service, TOLLGATE_STATE_DIR=str(tmp_path / "state"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "DATABASE_URL=postgres://tollgate_app:app-pw@db:5432/tollgate",
+        "FILE=",
+    ]
+    own = "postgres://app:own@db.example.com/tollgate"
+    done = run_as(
+        tmp_path,
+        TOLLGATE_IDENTITY=service,
+        DATABASE_URL="postgres://owner:secret@db.example.com/tollgate",
+        TOLLGATE_APP_DATABASE_URL=own,
+    )
+    assert done.stdout.splitlines() == [f"DATABASE_URL={own}", "FILE="]

@@ -670,7 +670,7 @@ def test_each_process_has_only_its_own_redis_rights_and_secrets(stack: Stack) ->
         out = stack.compose("exec", "-T", service, "tollgate", "manage", "shell", "-c", ROLE_PROBE)
         answers[service] = json.loads(out.strip().splitlines()[-1])
     mine = lambda role, *more: sorted(["secret_key", f"redis_{role}_password", *more])  # noqa: E731
-    owner = ("key_pepper", "postgres_password")  # they write as the database's owner role
+    owner = ("key_pepper", "app_db_password")  # they write rows as the application role
     never = dict.fromkeys(("config", "flushall"), "refused")
     assert answers == {
         # Deployments, telemetry, the usage safety net and the gateway's housekeeping: every
@@ -722,6 +722,49 @@ def test_each_process_has_only_its_own_redis_rights_and_secrets(stack: Stack) ->
             **never,
         },
     }
+
+
+# Run in the worker, batches and usage containers: who they are to PostgreSQL, and that the
+# schema is out of their reach while rows are not (config/dbroles.py).
+APP_DB_PROBE = """
+import json, os
+from django.db import ProgrammingError, connection, transaction
+def attempt(statement):
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(statement)
+            raise RuntimeError("roll back")
+    except RuntimeError:
+        return "ran"
+    except ProgrammingError as exc:
+        denied = "must be owner" in str(exc) or "permission denied" in str(exc)
+        return "refused" if denied else repr(exc)
+print(json.dumps({
+    "user": connection.settings_dict["USER"],
+    "update_rows": attempt("UPDATE tenants_tenant SET name = name"),
+    "alter": attempt("ALTER TABLE tenants_tenant ADD COLUMN owned int"),
+    "drop": attempt("DROP TABLE metering_usageevent"),
+    "truncate": attempt("TRUNCATE metering_usageevent"),
+    "create": attempt("CREATE TABLE owned (x int)"),
+    "owner_password_in_env": any("postgres_password" in v for v in os.environ.values()),
+}))
+"""
+
+
+def test_worker_batches_and_usage_cannot_change_the_schema(stack: Stack) -> None:
+    for service in ("worker", "batches", "usage"):
+        out = stack.compose(
+            "exec", "-T", service, "tollgate", "manage", "shell", "-c", APP_DB_PROBE
+        )
+        assert json.loads(out.strip().splitlines()[-1]) == {
+            "user": "tollgate_app",
+            "update_rows": "ran",
+            "alter": "refused",
+            "drop": "refused",
+            "truncate": "refused",
+            "create": "refused",
+            "owner_password_in_env": False,
+        }, service
 
 
 # Run in web (the control plane's user may create users, as it does for joining nodes): a
