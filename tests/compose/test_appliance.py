@@ -767,6 +767,36 @@ def test_worker_batches_and_usage_cannot_change_the_schema(stack: Stack) -> None
         }, service
 
 
+def test_keygen_takes_back_secrets_a_service_no_longer_uses(stack: Stack) -> None:
+    """An upgraded stack: before the application role, keygen had copied the owner's database
+    password into the worker's, batches' and usage's volumes. keygen runs on every
+    `docker compose up -d`, and takes such a file back."""
+
+    def volume(*command: str) -> str:
+        return stack.compose(
+            "run",
+            "--rm",
+            "--no-deps",
+            "--entrypoint",
+            "sh",
+            "keygen",
+            "-c",
+            " ".join(command),
+            timeout=120,
+        )
+
+    leftover = "/var/lib/tollgate-usage/secrets/postgres_password"
+    volume("cp", "/var/lib/tollgate/secrets/postgres_password", leftover)
+    assert "postgres_password" in volume("ls", "/var/lib/tollgate-usage/secrets")
+    stack.compose("run", "--rm", "--no-deps", "keygen", timeout=120)
+    assert volume("ls", "/var/lib/tollgate-usage/secrets").split() == [
+        "app_db_password",
+        "key_pepper",
+        "redis_usage_password",
+        "secret_key",
+    ]
+
+
 # Run in web (the control plane's user may create users, as it does for joining nodes): a
 # short-lived admin user to read who is connected as whom and what Redis refused.
 REDIS_OBSERVER = """
