@@ -24,10 +24,12 @@
 # ($TOLLGATE_STATE_DIR/secrets), where the `keygen` role created them on first start.
 #
 # TOLLGATE_IDENTITY (set per service in docker-compose.yml) says whose credentials this
-# process uses: owner (default: web, migrate, manage), gateway, worker, beat, batches or usage.
-# Each but the owner has its own Redis ACL user (config/redisacl.py) and database role
-# (config/dbroles.py; beat has no database), and its service mounts only its own secrets
-# volume (/var/lib/tollgate-<identity> in keygen), not the state volume.
+# process uses: owner (default: migrate, keygen), web, gateway, worker, beat, batches or usage.
+# Only the owner holds the database owner's password (a superuser of the bundled database).
+# The others connect to PostgreSQL as a role that cannot change the schema (config/dbroles.py;
+# beat has no database); each but web has its own Redis ACL user (config/redisacl.py; web is
+# the control plane's `tollgate` user), and each service mounts only its own secrets volume
+# (/var/lib/tollgate-<identity> in keygen), not the state volume.
 set -euo pipefail
 
 STATE_DIR=${TOLLGATE_STATE_DIR:-/var/lib/tollgate}
@@ -35,9 +37,12 @@ SECRETS_DIR=$STATE_DIR/secrets
 # Written by keygen for the gateway service and for Redis (their own volumes).
 GATEWAY_STATE_DIR=${TOLLGATE_GATEWAY_STATE_DIR:-/var/lib/tollgate-gateway}
 REDIS_ACL_DIR=${TOLLGATE_REDIS_ACL_DIR:-/var/lib/tollgate-redis}
-# The processes with their own Redis user and secrets volume, and what each volume holds.
+# The processes with their own Redis user (and secrets volume).
 ROLES="gateway worker beat batches usage"
+# What each secrets volume holds.
 declare -A ROLE_SECRETS=(
+  # The console and admin API: the control plane's Redis user, the application database role.
+  [web]="secret_key key_pepper app_db_password redis_password"
   [gateway]="secret_key key_pepper gateway_db_password redis_gateway_password"
   # The application database role's password (rows, never the schema), not the owner's.
   [worker]="secret_key key_pepper app_db_password redis_worker_password"
@@ -80,7 +85,7 @@ wait_for_file() {
 
 # The database role of a process that is not the owner (config/dbroles.py): the gateway's
 # (reads everything, writes only batches and keys' last use) and the application role of the
-# worker, the batch runner and the usage consumer (rows of every table, never the schema).
+# console (web), the worker, the batch runner and the usage consumer (rows, never the schema).
 # From TOLLGATE_<KIND>_DATABASE_URL (or its _FILE), else, with the bundled database, the
 # password keygen generated; with a database of your own and no such URL, DATABASE_URL's.
 #   use_role_database GATEWAY tollgate_gateway gateway_db_password
@@ -111,7 +116,7 @@ use_role_database() {
 load_secrets() {
   case "${TOLLGATE_IDENTITY:-owner}" in
     gateway) use_role_database GATEWAY "${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}" gateway_db_password ;;
-    worker|batches|usage) use_role_database APP "${TOLLGATE_APP_DB_USER:-tollgate_app}" app_db_password ;;
+    web|worker|batches|usage) use_role_database APP "${TOLLGATE_APP_DB_USER:-tollgate_app}" app_db_password ;;
   esac
   if [ -z "${DJANGO_SECRET_KEY:-}" ] && [ -z "${DJANGO_SECRET_KEY_FILE:-}" ]; then
     wait_for_file "$SECRETS_DIR/secret_key"
@@ -127,10 +132,10 @@ load_secrets() {
     # The bundled Redis, as this process's ACL user (config/redisacl.py).
     local user=tollgate password_file=$SECRETS_DIR/redis_password
     case "${TOLLGATE_IDENTITY:-owner}" in
-      owner) ;;
+      owner|web) ;;
       gateway|worker|beat|batches|usage)
         user=$TOLLGATE_IDENTITY password_file=$SECRETS_DIR/redis_${TOLLGATE_IDENTITY}_password ;;
-      *) log "unknown TOLLGATE_IDENTITY=$TOLLGATE_IDENTITY (owner, $ROLES)"; return 1 ;;
+      *) log "unknown TOLLGATE_IDENTITY=$TOLLGATE_IDENTITY (owner, web, $ROLES)"; return 1 ;;
     esac
     wait_for_file "$password_file"
     REDIS_URL="redis://$user:$(cat "$password_file")@${REDIS_HOST:-redis}:${REDIS_PORT:-6379}/0"
@@ -163,12 +168,12 @@ role_keygen() {
   local role
   for role in $ROLES; do generate_secret "$SECRETS_DIR/redis_${role}_password" 24; done
   python3 /app/config/redisacl.py "$SECRETS_DIR" "$REDIS_ACL_DIR/users.acl"
-  for role in $ROLES; do share_with "$role"; done
+  for role in "${!ROLE_SECRETS[@]}"; do share_with "$role"; done
 }
 
 # Each role's service mounts only its own volume (<role>-secrets, here at
 # /var/lib/tollgate-<role>): the secrets it needs, copied there on every start; not the other
-# roles' Redis passwords, and for the gateway and beat not the owner's database password.
+# roles' Redis passwords, and never the owner's database password.
 share_with() {
   local role=$1 dir name
   if [ "$role" = gateway ]; then dir=$GATEWAY_STATE_DIR/secrets; else dir=/var/lib/tollgate-$role/secrets; fi

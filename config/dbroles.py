@@ -1,12 +1,14 @@
 """PostgreSQL roles: only migrations change the schema; the gateway writes only what serving needs.
 
-The owner role (the one in ``DATABASE_URL``) runs migrations and the console (``web``,
-``migrate``). Two roles hold less:
+The owner role (the one in ``DATABASE_URL``; a superuser of the appliance's bundled
+database) runs migrations, in the one-shot ``migrate`` service. Every long-running process
+holds less:
 
-- the **application role** (``tollgate_app`` in the appliance), for the worker, the batch
-  runner and the usage consumer: it reads and writes rows of every table, and nothing more —
-  no ``CREATE``, ``ALTER``, ``DROP``, ``TRUNCATE`` or triggers — so whoever takes over one of
-  those processes cannot change or destroy the schema;
+- the **application role** (``tollgate_app`` in the appliance), for the console and admin
+  API (``web``), the worker, the batch runner and the usage consumer: it reads and writes
+  rows of every table, and nothing more — no ``CREATE``, ``ALTER``, ``DROP``, ``TRUNCATE``
+  or triggers — so whoever takes over one of those processes cannot change or destroy the
+  schema, nor run commands on the database server as a superuser could;
 - the **gateway role**, for the process that faces tenants' requests on ``/v1``: it may read
   every table but write only the Batch API's files, batches and their lines (``/v1/files``,
   ``/v1/batches``) and ``last_used_at`` of API keys (no other column of them), so whoever

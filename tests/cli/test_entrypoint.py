@@ -128,13 +128,13 @@ def test_an_unreadable_gateway_url_file_stops_the_gateway_with_its_name(tmp_path
     assert "postgres://" not in done.stderr
 
 
-@pytest.mark.parametrize("service", ["worker", "batches", "usage"])
-def test_worker_batches_and_usage_connect_as_the_application_role(
+@pytest.mark.parametrize("service", ["web", "worker", "batches", "usage"])
+def test_web_worker_batches_and_usage_connect_as_the_application_role(
     tmp_path: Path, service: str
 ) -> None:
     """With the bundled database they use the application role keygen made a password for
-    (rows, never the schema: config/dbroles.py), not the owner's, which their secrets
-    volume no longer holds; with TOLLGATE_APP_DATABASE_URL, that."""
+    (rows, never the schema: config/dbroles.py), not the owner's (a superuser of the bundled
+    database), which their secrets volumes do not hold; with TOLLGATE_APP_DATABASE_URL, that."""
     secrets_dir = tmp_path / "state" / "secrets"
     secrets_dir.mkdir(parents=True)
     (secrets_dir / "app_db_password").write_text("app-pw\n")

@@ -724,8 +724,9 @@ def test_each_process_has_only_its_own_redis_rights_and_secrets(stack: Stack) ->
     }
 
 
-# Run in the worker, batches and usage containers: who they are to PostgreSQL, and that the
-# schema is out of their reach while rows are not (config/dbroles.py).
+# Run in the web, worker, batches and usage containers: who they are to PostgreSQL, that the
+# schema is out of their reach while rows are not (config/dbroles.py), and that the owner's
+# password (a superuser of the bundled database) is nowhere in the container.
 APP_DB_PROBE = """
 import json, os
 from django.db import ProgrammingError, connection, transaction
@@ -747,12 +748,14 @@ print(json.dumps({
     "truncate": attempt("TRUNCATE metering_usageevent"),
     "create": attempt("CREATE TABLE owned (x int)"),
     "owner_password_in_env": any("postgres_password" in v for v in os.environ.values()),
+    "secrets": sorted(os.listdir("/var/lib/tollgate/secrets")),
 }))
 """
 
 
-def test_worker_batches_and_usage_cannot_change_the_schema(stack: Stack) -> None:
-    for service in ("worker", "batches", "usage"):
+def test_no_long_running_service_can_change_the_schema(stack: Stack) -> None:
+    for service in ("web", "worker", "batches", "usage"):
+        redis_password = "redis_password" if service == "web" else f"redis_{service}_password"
         out = stack.compose(
             "exec", "-T", service, "tollgate", "manage", "shell", "-c", APP_DB_PROBE
         )
@@ -764,6 +767,7 @@ def test_worker_batches_and_usage_cannot_change_the_schema(stack: Stack) -> None
             "truncate": "refused",
             "create": "refused",
             "owner_password_in_env": False,
+            "secrets": sorted(["app_db_password", "key_pepper", redis_password, "secret_key"]),
         }, service
 
 

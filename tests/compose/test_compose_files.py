@@ -35,14 +35,13 @@ def volumes(service: dict) -> dict[str, str]:
 
 def test_each_role_mounts_only_its_own_secrets_and_has_its_redis_identity() -> None:
     services = config("docker-compose.yml")["services"]
-    for role in ("gateway", "worker", "beat", "batches", "usage"):
+    for role in ("web", "gateway", "worker", "beat", "batches", "usage"):
         assert volumes(services[role]) == {"/var/lib/tollgate": f"{role}-secrets"}, role
         assert services[role]["environment"]["TOLLGATE_IDENTITY"] == role
         assert volumes(services["keygen"])[f"/var/lib/tollgate-{role}"] == f"{role}-secrets"
-    # The control plane (web, migrate) keeps the state volume and the owner's identity.
-    for service in ("web", "migrate"):
-        assert volumes(services[service]) == {"/var/lib/tollgate": "state"}
-        assert "TOLLGATE_IDENTITY" not in services[service]["environment"]
+    # Only migrate (one-shot) keeps the state volume and the database owner's identity.
+    assert volumes(services["migrate"]) == {"/var/lib/tollgate": "state"}
+    assert "TOLLGATE_IDENTITY" not in services["migrate"]["environment"]
     assert services["beat"]["environment"]["DATABASE_URL"] == "postgres://unused@db/unused"
 
 

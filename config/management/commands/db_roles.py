@@ -1,6 +1,6 @@
 """``manage.py db_roles``: create/refresh the least-privilege PostgreSQL roles
-(config/dbroles.py): the gateway's and, with ``--app-role``, the application role of the
-worker, the batch runner and the usage consumer. Run as the database's owner."""
+(config/dbroles.py): the gateway's and, with ``--app-role``, the application role of web,
+the worker, the batch runner and the usage consumer. Run as the database's owner."""
 
 from argparse import ArgumentParser
 from pathlib import Path
@@ -28,7 +28,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--app-role",
-            help="also the application role (worker, batches, usage), e.g. tollgate_app",
+            help="also the application role (web, worker, batches, usage), e.g. tollgate_app",
         )
         parser.add_argument(
             "--app-password-file", help="the application role's password; omitted: unchanged"
