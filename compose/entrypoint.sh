@@ -50,6 +50,8 @@ declare -A ROLE_SECRETS=(
   [beat]="secret_key redis_beat_password"
   [batches]="secret_key key_pepper app_db_password redis_batches_password"
   [usage]="secret_key key_pepper app_db_password redis_usage_password"
+  # Removes the stack's engines when it stops: Docker through the policy, no database or Redis.
+  [janitor]="secret_key"
 )
 
 log() { printf '%s tollgate-entrypoint %s\n' "$(date -u +%FT%TZ)" "$*" >&2; }

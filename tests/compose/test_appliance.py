@@ -769,6 +769,9 @@ def test_no_long_running_service_can_change_the_schema(stack: Stack) -> None:
             "owner_password_in_env": False,
             "secrets": sorted(["app_db_password", "key_pepper", redis_password, "secret_key"]),
         }, service
+    # The janitor (no database, no Redis) holds the secret key its settings need, nothing else.
+    janitor = stack.compose("exec", "-T", "janitor", "ls", "/var/lib/tollgate/secrets")
+    assert janitor.split() == ["secret_key"]
 
 
 def test_keygen_takes_back_secrets_a_service_no_longer_uses(stack: Stack) -> None:

@@ -39,6 +39,9 @@ def test_each_role_mounts_only_its_own_secrets_and_has_its_redis_identity() -> N
         assert volumes(services[role]) == {"/var/lib/tollgate": f"{role}-secrets"}, role
         assert services[role]["environment"]["TOLLGATE_IDENTITY"] == role
         assert volumes(services["keygen"])[f"/var/lib/tollgate-{role}"] == f"{role}-secrets"
+    # The janitor has no Redis user or database: its own volume, with the secret key only.
+    assert volumes(services["janitor"]) == {"/var/lib/tollgate": "janitor-secrets"}
+    assert volumes(services["keygen"])["/var/lib/tollgate-janitor"] == "janitor-secrets"
     # Only migrate (one-shot) keeps the state volume and the database owner's identity.
     assert volumes(services["migrate"]) == {"/var/lib/tollgate": "state"}
     assert "TOLLGATE_IDENTITY" not in services["migrate"]["environment"]
