@@ -309,7 +309,7 @@ SPECTACULAR_SETTINGS = {
 # Engine images a deployment may use (fnmatch patterns). Nothing else is ever started.
 TOLLGATE_ENGINE_IMAGES = env_list(
     "TOLLGATE_ENGINE_IMAGES",
-    ["vllm/vllm-openai:*", "nvcr.io/nvidia/vllm:*", "tollgate/engine-sim:*"],
+    ["vllm/vllm-openai:*", "nvcr.io/nvidia/vllm:*", "tollgate/engine-sim:*", "tollgate/vllm-cpu:*"],
 )
 TOLLGATE_DOCKER_URL = env_str("TOLLGATE_DOCKER_URL", "unix:///var/run/docker.sock")
 TOLLGATE_LOCAL_NODE_NAME = env_str("TOLLGATE_LOCAL_NODE_NAME", "local")

