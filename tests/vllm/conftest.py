@@ -171,12 +171,12 @@ def vllm_stack(settings: object, stack: str) -> str:
 
 @pytest.fixture
 def tiny_llama(transactional_db: None) -> CatalogModel:
-    """The test model in the catalogue (about 1.2 M parameters, 2,048 tokens of context)."""
+    """The test model in the catalogue (1.34 M parameters, 2,048 tokens of context)."""
     return deployment_services.create_model(
         None,
         served_name=SERVED_NAME,
         source=TEST_MODEL,
-        params_billions=Decimal("0.0012"),
+        params_billions=Decimal("0.0013"),
         context_length=CONTEXT,
     )
 
