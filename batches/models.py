@@ -3,6 +3,7 @@
 import secrets
 
 from django.db import models
+from django.utils import timezone
 
 from batches.choices import LineState, Purpose, Status
 from tenants.models import ApiKey, Tenant
@@ -29,7 +30,8 @@ class File(models.Model):
     size = models.PositiveBigIntegerField()
     lines = models.PositiveIntegerField(default=0)
     content = models.BinaryField()
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Set by the service with the same clock reading as expires_at, so a window is exact.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
     expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -64,7 +66,8 @@ class Batch(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     reasoning_tokens = models.PositiveBigIntegerField(default=0)
 
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Set by the service with the same clock reading as expires_at, so a window is exact.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
     expires_at = models.DateTimeField()
     in_progress_at = models.DateTimeField(null=True, blank=True)
     finalizing_at = models.DateTimeField(null=True, blank=True)

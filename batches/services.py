@@ -72,6 +72,7 @@ def _store(
     tenant: Tenant, key: ApiKey | None, filename: str, data: bytes, purpose: str, lines: int
 ) -> File:
     retention = timedelta(days=settings.TOLLGATE_FILES_RETENTION_DAYS)
+    now = timezone.now()
     return File.objects.create(
         tenant=tenant,
         api_key=key,
@@ -80,7 +81,8 @@ def _store(
         size=len(data),
         lines=lines,
         content=data,
-        expires_at=timezone.now() + retention,
+        created_at=now,
+        expires_at=now + retention,
     )
 
 
@@ -185,6 +187,7 @@ def create_batch(
             metadata=metadata,
             model=requests[0].body["model"][:200],
             total=len(requests),
+            created_at=now,
             expires_at=now + timedelta(seconds=COMPLETION_WINDOWS[completion_window]),
         )
         BatchLine.objects.bulk_create(
