@@ -387,6 +387,8 @@ class Engine:
                 seq.blocks += 1
 
     def on_finish(self, seq: Sequence) -> None:
+        if seq.finish_reason == "abort":
+            return  # vLLM observes no request-level metric for an aborted request
         m = self.metrics
         m.success[seq.finish_reason] = m.success.get(seq.finish_reason, 0) + 1
         m.e2e.observe(time.monotonic() - seq.arrival)
