@@ -147,7 +147,7 @@ class App:
         if model is None:
             return self.cfg.served_names[0]
         if not isinstance(model, str) or model not in self.names:
-            raise model_not_found(str(model))
+            raise model_not_found(str(model), self.cfg.served_names)
         return model
 
     async def _generate(self, req: Request, conn: Connection, handler) -> None:

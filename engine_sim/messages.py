@@ -28,7 +28,7 @@ from collections.abc import Callable
 from engine_sim import replies, tokenizer
 from engine_sim.cli import Config
 from engine_sim.engine import Engine, Sequence
-from engine_sim.errors import ApiError, bad_request, context_error
+from engine_sim.errors import ApiError, bad_request, context_error, missing_field
 from engine_sim.generation import Generator, _dumps
 from engine_sim.http import Connection, Request
 
@@ -121,6 +121,8 @@ def check(body: dict, create: bool) -> None:
     if not create:
         return
     mt = body.get("max_tokens")
+    if mt is None:
+        raise missing_field("max_tokens", body)
     if not isinstance(mt, int) or isinstance(mt, bool):
         raise bad_request("max_tokens: Field required (an integer)", "max_tokens")
     if mt <= 0:
@@ -347,7 +349,8 @@ class Messages:
             "messages": chat_messages(body),
             "tools": tools,
             "tool_choice": choice,
-            "max_tokens": body["max_tokens"],
+            # vLLM's conversion sends it as max_completion_tokens (its errors name that).
+            "max_completion_tokens": body["max_tokens"],
             "stop": body.get("stop_sequences"),
             "chat_template_kwargs": body.get("chat_template_kwargs"),
         }
@@ -379,6 +382,18 @@ class Messages:
             await self._stream(conn, "chatcmpl-" + rid, model, seq, reply)
         else:
             await self._full(conn, "chatcmpl-" + rid, model, seq, reply)
+
+    def _usage(self, seq: Sequence) -> dict:
+        """vLLM's _build_anthropic_usage: with prompt token details on, cached tokens are
+        cache reads and no longer part of input_tokens (Anthropic's meaning)."""
+        if not self.cfg.prompt_tokens_details:
+            return {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated}
+        return {
+            "input_tokens": max(0, seq.prompt_tokens - seq.cached_tokens),
+            "output_tokens": seq.generated,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": seq.cached_tokens,
+        }
 
     async def _full(
         self, conn: Connection, mid: str, model: str, seq: Sequence, reply: replies.Reply
@@ -418,7 +433,7 @@ class Messages:
                 "content": content,
                 "model": model,
                 "stop_reason": STOP_REASONS[reply.finish_reason],
-                "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated},
+                "usage": self._usage(seq),
             },
         )
 
@@ -460,6 +475,8 @@ class Messages:
                     {
                         "message": {
                             "id": mid,
+                            "type": "message",
+                            "role": "assistant",
                             "content": [],
                             "model": model,
                             "stop_reason": None,
@@ -504,11 +521,11 @@ class Messages:
                 _event(
                     "message_delta",
                     {
-                        "delta": {"stop_reason": STOP_REASONS[reply.finish_reason]},
-                        "usage": {
-                            "input_tokens": seq.prompt_tokens,
-                            "output_tokens": seq.generated,
+                        "delta": {
+                            "stop_reason": STOP_REASONS[reply.finish_reason],
+                            "stop_sequence": None,
                         },
+                        "usage": self._usage(seq),
                     },
                 )
             )

@@ -120,7 +120,7 @@ def test_stream_events_in_order(sim):
         for n, d in events
         if n == "content_block_delta" and d["delta"]["type"] != "signature_delta"
     )
-    assert delta["delta"] == {"stop_reason": "max_tokens"}
+    assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert delta["usage"] == {"input_tokens": count, "output_tokens": streamed} and streamed == 9
 
 
@@ -183,7 +183,10 @@ def test_errors_have_anthropics_shape(sim):
         client(sim).messages.create(model="nope", max_tokens=5, messages=MSGS)
     assert err.value.body == {
         "type": "error",
-        "error": {"type": "NotFoundError", "message": "The model `nope` does not exist."},
+        "error": {
+            "type": "NotFoundError",
+            "message": "The model `nope` does not exist. Valid aliases: qwen3-8b.",
+        },
     }
     with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
         client(sim).messages.create(

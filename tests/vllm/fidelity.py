@@ -13,6 +13,7 @@ import json
 import re
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -163,6 +164,9 @@ def _kind(path: str, event: str | None, data: Any) -> str:
     carried = sorted(k for k, v in choice.get("delta", choice).items() if v not in (None, ""))
     parts = [p for p in carried if p not in ("index", "logprobs", "finish_reason")]
     finish = "+finish" if choice.get("finish_reason") else ""
+    if not parts and (not finish or choice["finish_reason"] == "length"):
+        # vLLM sends an empty delta for a token whose bytes end mid-character: still a token.
+        parts = ["content" if "chat" in path else "text"]
     return ("+".join(parts) or "empty") + finish
 
 
@@ -264,9 +268,10 @@ def _accounting(scenario: Scenario, url: str) -> dict:
     """The same prompt twice: the counters move by exactly the usage reported, and the
     second request's cached tokens are the prefix cache hits /metrics counts."""
     out = {}
+    body = _fresh(scenario.body)
     for attempt in ("first", "second"):
         before = {name: metric(url, name) for name in ACCOUNTED}
-        r = httpx.post(url + scenario.path, json=scenario.body, timeout=TIMEOUT)
+        r = httpx.post(url + scenario.path, json=body, timeout=TIMEOUT)
         usage = r.json()["usage"]
         moved = {name: metric(url, name) - before[name] for name in ACCOUNTED}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -279,6 +284,13 @@ def _accounting(scenario: Scenario, url: str) -> dict:
             "some_cached": bool(cached),
         }
     return out
+
+
+def _fresh(body: dict) -> dict:
+    """The body with a prompt no earlier request began with: the first send is a miss."""
+    first = body["messages"][0]
+    fresh = {**first, "content": f"{uuid.uuid4().hex} {first['content']}"}
+    return {**body, "messages": [fresh, *body["messages"][1:]]}
 
 
 ACCOUNTED = (
