@@ -130,7 +130,7 @@ def usage(cfg: Config, seq: Sequence, reasoning: int, stream: bool, chat: bool =
         "completion_tokens": seq.generated,
     }
     if cfg.prompt_tokens_details:
-        u["prompt_tokens_details"] = _prompt_details(seq.cached_tokens, stream, chat)
+        u["prompt_tokens_details"] = _prompt_details(seq, stream, chat)
     elif not stream:
         u["prompt_tokens_details"] = None
     if cfg.reasoning_details:
@@ -140,10 +140,10 @@ def usage(cfg: Config, seq: Sequence, reasoning: int, stream: bool, chat: bool =
     return u
 
 
-def _prompt_details(cached: int, stream: bool, chat: bool) -> dict:
-    d: dict = {"cached_tokens": cached}
+def _prompt_details(seq: Sequence, stream: bool, chat: bool) -> dict:
+    d: dict = {"cached_tokens": seq.cached_tokens}
     if chat:
-        d["created_cache_tokens"] = 0
+        d["created_cache_tokens"] = seq.created_tokens
     elif not stream:
         d["created_cache_tokens"] = None
     if not stream:
@@ -151,9 +151,10 @@ def _prompt_details(cached: int, stream: bool, chat: bool) -> dict:
     return d
 
 
-def running_usage(cfg: Config, prompt: int, k: int) -> bytes:
-    """``,"usage":{…}`` of a chunk under continuous_usage_stats (k tokens so far)."""
-    details = b"" if cfg.reasoning_details else b',"completion_tokens_details":null'
+def running_usage(cfg: Config, prompt: int, k: int, chat: bool = True) -> bytes:
+    """``,"usage":{…}`` of a chunk under continuous_usage_stats (k tokens so far); only
+    chat's carries completion_tokens_details."""
+    details = b"" if cfg.reasoning_details or not chat else b',"completion_tokens_details":null'
     return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%b}' % (
         prompt,
         prompt + k,
@@ -312,10 +313,9 @@ class Generator:
             return None
         choice = body.get("tool_choice", "auto")
         if choice == "auto" and not self.cfg.auto_tool_choice:
-            raise bad_request(
+            raise context_error(
                 '"auto" tool choice requires --enable-auto-tool-choice and '
-                "--tool-call-parser to be set",
-                "tool_choice",
+                "--tool-call-parser to be set"
             )
         return replies.pick_tool(tools, choice, body.get("messages"))
 
@@ -634,7 +634,7 @@ class Generator:
         ending = self._ending(include)
 
         def usage_of(k: int) -> bytes:
-            return running_usage(self.cfg, p, k) if continuous else b""
+            return running_usage(self.cfg, p, k, chat=False) if continuous else b""
 
         def frame(i: int) -> bytes:
             if merged and i == len(texts) - 1:

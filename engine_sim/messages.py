@@ -384,14 +384,14 @@ class Messages:
             await self._full(conn, "chatcmpl-" + rid, model, seq, reply)
 
     def _usage(self, seq: Sequence) -> dict:
-        """vLLM's _build_anthropic_usage: with prompt token details on, cached tokens are
-        cache reads and no longer part of input_tokens (Anthropic's meaning)."""
+        """vLLM's _build_anthropic_usage: with prompt token details on, tokens read from and
+        written to the prefix cache are no longer part of input_tokens (Anthropic's meaning)."""
         if not self.cfg.prompt_tokens_details:
             return {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated}
         return {
-            "input_tokens": max(0, seq.prompt_tokens - seq.cached_tokens),
+            "input_tokens": max(0, seq.prompt_tokens - seq.cached_tokens - seq.created_tokens),
             "output_tokens": seq.generated,
-            "cache_creation_input_tokens": 0,
+            "cache_creation_input_tokens": seq.created_tokens,
             "cache_read_input_tokens": seq.cached_tokens,
         }
 

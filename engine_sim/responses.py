@@ -234,7 +234,7 @@ class Turn:
             "input_tokens": seq.prompt_tokens,
             "input_tokens_details": {
                 "cached_tokens": seq.cached_tokens,
-                "cache_write_tokens": 0,
+                "cache_write_tokens": seq.created_tokens,
                 "input_tokens_per_turn": [],
                 "cached_tokens_per_turn": [],
             },

@@ -358,13 +358,18 @@ def test_prompt_tokens_details_report_prefix_cache_hits(module_sims):
     second = httpx.post(
         s.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}
     ).json()
+    written = first["usage"]["prompt_tokens_details"]["created_cache_tokens"]
     assert first["usage"]["prompt_tokens_details"] == {
         "cached_tokens": 0,
-        "created_cache_tokens": 0,
+        "created_cache_tokens": written,
         "multimodal_tokens": None,
     }
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert 0 < cached < second["usage"]["prompt_tokens"]
+    # The first wrote the full blocks the second reads; the second wrote nothing new.
+    assert (
+        written == cached and second["usage"]["prompt_tokens_details"]["created_cache_tokens"] == 0
+    )
     assert s.metric("vllm:prompt_tokens_cached_total") == cached
 
 
