@@ -189,10 +189,11 @@ def _metrics(scenario: Scenario, url: str) -> dict:
         name, _, rest = line.partition("{")
         if line.startswith("#") or name not in METRIC_FAMILIES:
             continue
-        labels = re.findall(r'(\w+)="', rest.partition("}")[0])
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', rest.partition("}")[0]))
         if name == "vllm:cache_config_info":
-            labels = [label for label in labels if label in CACHE_CONFIG_LABELS]
-        families.setdefault(name, {})["labels"] = sorted(labels)
+            pairs = {k: v for k, v in pairs.items() if k in CACHE_CONFIG_LABELS}
+            families[name] = {"block_size": pairs.get("block_size")}
+        families.setdefault(name, {})["labels"] = sorted(pairs)
     return {"families": families}
 
 
@@ -223,15 +224,22 @@ def _abort(scenario: Scenario, url: str) -> dict:
         if scenario.body.get("stream"):
             _read_until(sock, b"data: {", ABORT_DEADLINE)
         else:
-            wait_for(lambda: metric(url, "vllm:num_requests_running") >= 1, ABORT_DEADLINE, "run")
+            # /load counts the request from the moment its handler runs, and answers in
+            # microseconds: /metrics on a busy machine can take longer than the whole reply.
+            wait_for(lambda: _server_load(url) >= 1, ABORT_DEADLINE, "the request to arrive")
     wait_for(lambda: metric(url, "vllm:num_requests_running") == 0, ABORT_DEADLINE, "abort")
     generated = metric(url, "vllm:generation_tokens_total") - before
     return {
         "running_after": metric(url, "vllm:num_requests_running"),
+        "load_after": _server_load(url),
         "generated_fewer_than_asked": generated < asked,
         "abort_counted": metric(url, "vllm:request_success_total", 'finished_reason="abort"')
         - aborts,
     }
+
+
+def _server_load(url: str) -> int:
+    return httpx.get(url + "/load", timeout=TIMEOUT).json()["server_load"]
 
 
 class _raw_request:
@@ -265,29 +273,52 @@ def _read_until(sock: socket.socket, marker: bytes, timeout: float) -> None:
 
 
 def _accounting(scenario: Scenario, url: str) -> dict:
-    """The same prompt twice: the counters move by exactly the usage reported, and the
-    second request's cached tokens are the prefix cache hits /metrics counts."""
-    out = {}
+    """The same fresh prompt twice: the counters move by exactly the usage reported, the
+    second request's cached tokens are the prefix cache hits /metrics counts, and what the
+    first wrote to the cache (where the API reports it) is what the second reads."""
+    out: dict = {}
     body = _fresh(scenario.body)
     for attempt in ("first", "second"):
         before = {name: metric(url, name) for name in ACCOUNTED}
         r = httpx.post(url + scenario.path, json=body, timeout=TIMEOUT)
-        usage = r.json()["usage"]
+        prompt, generated, cached, written = _usage_numbers(r.json()["usage"])
         moved = {name: metric(url, name) - before[name] for name in ACCOUNTED}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         out[attempt] = {
             "status": r.status_code,
-            "prompt_tokens_counted": moved["vllm:prompt_tokens_total"] == usage["prompt_tokens"],
-            "generation_counted": moved["vllm:generation_tokens_total"]
-            == usage["completion_tokens"],
+            "prompt_tokens_counted": moved["vllm:prompt_tokens_total"] == prompt,
+            "generation_counted": moved["vllm:generation_tokens_total"] == generated,
             "hits_are_cached_tokens": moved["vllm:prefix_cache_hits_total"] == cached,
             "some_cached": bool(cached),
+            "some_written": bool(written),
         }
+        out[f"{attempt}_tokens"] = (cached, written)
+    first_written, second_cached = out.pop("first_tokens")[1], out.pop("second_tokens")[0]
+    out["second_reads_what_first_wrote"] = first_written in (None, second_cached)
     return out
+
+
+def _usage_numbers(usage: dict) -> tuple[int, int, int | None, int | None]:
+    """(prompt tokens, generated tokens, cached prompt tokens, prompt tokens written to the
+    cache) from any API's usage: OpenAI's, Responses' (input/output tokens) or Anthropic's
+    (input_tokens net of cache reads and writes)."""
+    if "prompt_tokens" in usage:
+        details = usage.get("prompt_tokens_details") or {}
+        cached, written = details.get("cached_tokens"), details.get("created_cache_tokens")
+        return usage["prompt_tokens"], usage["completion_tokens"], cached, written
+    if "input_tokens_details" in usage:
+        details = usage["input_tokens_details"]
+        cached, written = details["cached_tokens"], details.get("cache_write_tokens")
+        return usage["input_tokens"], usage["output_tokens"], cached, written
+    cached = usage.get("cache_read_input_tokens")
+    written = usage.get("cache_creation_input_tokens")
+    prompt = usage["input_tokens"] + (cached or 0) + (written or 0)
+    return prompt, usage["output_tokens"], cached, written
 
 
 def _fresh(body: dict) -> dict:
     """The body with a prompt no earlier request began with: the first send is a miss."""
+    if "input" in body:
+        return {**body, "input": f"{uuid.uuid4().hex} {body['input']}"}
     first = body["messages"][0]
     fresh = {**first, "content": f"{uuid.uuid4().hex} {first['content']}"}
     return {**body, "messages": [fresh, *body["messages"][1:]]}

@@ -22,13 +22,18 @@ from typing import Any
 
 MODEL = "tiny-llama"
 CONTEXT = 2048
-# Both engines: the CPU test model's context, a small batch, cached tokens reported.
+# Both engines: the CPU test model's context, a small batch, cached tokens reported, and
+# the KV block size the CPU build uses (its default there; the simulator's is 16), /load
+# counting requests in flight.
 ENGINE_FLAGS = (
     "--max-model-len",
     str(CONTEXT),
     "--max-num-seqs",
     "4",
     "--enable-prompt-tokens-details",
+    "--block-size",
+    "128",
+    "--enable-server-load-tracking",
 )
 
 # The /metrics families Tollgate reads (deployments/engine.py _READ) and the prefix cache
@@ -63,6 +68,10 @@ LONG = " ".join(f"word{i} and more words" for i in range(60))
 TOO_LONG = "hello " * 2100
 SHORT = "Tell me a short story about a lighthouse."
 
+TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+}
 ERROR = ("status", "body.error.type", "body.error.code", "body.error.param")
 
 
@@ -191,6 +200,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         kind="sse",
         same=("status", "content_type", "sequence", "frames.usage.usage.completion_tokens"),
         deliberate={"frames.text.choices[0].text": TEXT},
+    ),
+    Scenario(
+        "completions_stream_continuous_usage",
+        "/v1/completions",
+        completion(
+            stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}
+        ),
+        kind="sse",
+        same=("status", "content_type", "sequence", "frames.usage.usage.completion_tokens"),
+        deliberate={"frames.*.usage.prompt_tokens": PROMPT_COUNT},
     ),
     Scenario(
         "responses",
@@ -383,6 +402,29 @@ SCENARIOS: tuple[Scenario, ...] = (
         same=("status", "body.type", "body.error.type"),
         same_masked=("body.error.message",),
     ),
+    Scenario(
+        # The engines run without --enable-auto-tool-choice, as a deployment may.
+        "tool_choice_auto_without_parser",
+        "/v1/chat/completions",
+        chat(tools=[TOOL], tool_choice="auto"),
+        same=(*ERROR, "body.error.message"),
+    ),
+    Scenario(
+        "responses_tool_choice_required_without_tools",
+        "/v1/responses",
+        responses(tool_choice="required"),
+        same=(*ERROR, "body.error.message"),
+    ),
+    Scenario(
+        "version",
+        "/version",
+        method="GET",
+        deliberate={
+            "body.version": "the simulator names the vLLM release it is modelled on "
+            "(0.33); these shapes are checked against the CPU build's 0.32"
+        },
+    ),
+    Scenario("load", "/load", method="GET", same=("status", "body.server_load")),
     # The engine's own bookkeeping, as Tollgate reads it.
     Scenario("metrics_families", "/metrics", method="GET", kind="metrics", same=("families",)),
     Scenario(
@@ -390,20 +432,34 @@ SCENARIOS: tuple[Scenario, ...] = (
         "/v1/chat/completions",
         chat(messages=[{"role": "user", "content": LONG}]),
         kind="accounting",
-        same=("first", "second"),
+        same=("first", "second", "second_reads_what_first_wrote"),
+    ),
+    Scenario(
+        "usage_is_what_metrics_count_responses",
+        "/v1/responses",
+        responses(input=LONG),
+        kind="accounting",
+        same=("first", "second", "second_reads_what_first_wrote"),
+    ),
+    Scenario(
+        "usage_is_what_metrics_count_messages",
+        "/v1/messages",
+        messages(messages=[{"role": "user", "content": LONG}]),
+        kind="accounting",
+        same=("first", "second", "second_reads_what_first_wrote"),
     ),
     Scenario(
         "abort_stream_when_client_leaves",
         "/v1/chat/completions",
         chat(max_tokens=1900, stream=True),
         kind="abort",
-        same=("running_after", "generated_fewer_than_asked", "abort_counted"),
+        same=("running_after", "load_after", "generated_fewer_than_asked", "abort_counted"),
     ),
     Scenario(
         "abort_request_when_client_leaves",
         "/v1/completions",
         completion(max_tokens=1900),
         kind="abort",
-        same=("running_after", "generated_fewer_than_asked", "abort_counted"),
+        same=("running_after", "load_after", "generated_fewer_than_asked", "abort_counted"),
     ),
 )
