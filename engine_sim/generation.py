@@ -483,8 +483,7 @@ class Generator:
         )
         deltas = self._chat_deltas(reply)
         p = seq.prompt_tokens
-        # vLLM puts a length finish on the last token's chunk; other finishes get their own.
-        merged = reply.finish_reason == "length" and bool(deltas)
+        merged = _finish_on_last_token(reply) and bool(deltas)
         ending = self._ending(include)
 
         def usage_of(k: int) -> bytes:
@@ -630,7 +629,7 @@ class Generator:
         )
         texts = [_dumps(t).encode() for t in reply.content]
         p = seq.prompt_tokens
-        merged = reply.finish_reason == "length" and bool(texts)
+        merged = _finish_on_last_token(reply) and bool(texts)
         ending = self._ending(include)
 
         def usage_of(k: int) -> bytes:
@@ -758,6 +757,12 @@ class Generator:
             ).encode(),
             extra=[("x-request-id", rid)],
         )
+
+
+def _finish_on_last_token(reply: replies.Reply) -> bool:
+    """vLLM finishes on the chunk of the last token when max_tokens or a stop string inside
+    it ended the reply; any other finish gets a chunk of its own."""
+    return reply.finish_reason == "length" or reply.stop_in_token
 
 
 def _finish_fields(reply: replies.Reply, completion: bool = False) -> bytes:

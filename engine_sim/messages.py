@@ -34,6 +34,16 @@ from engine_sim.http import Connection, Request
 
 SSE = "text/event-stream; charset=utf-8"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def stop_of(reply: replies.Reply) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) as vLLM's _to_anthropic_stop_reason maps them: a matched
+    stop string is a stop_sequence, unless max_tokens or a tool call ended the reply."""
+    if reply.finish_reason == "stop" and isinstance(reply.stop_reason, str):
+        return "stop_sequence", reply.stop_reason
+    return STOP_REASONS[reply.finish_reason], None
+
+
 BLOCK_TYPES = (
     "text",
     "image",
@@ -424,18 +434,18 @@ class Messages:
             content.append(
                 {"type": "tool_use", "id": reply.tool.id, "name": reply.tool.name, "input": args}
             )
-        conn.send_json(
-            200,
-            {
-                "id": mid,
-                "type": "message",
-                "role": "assistant",
-                "content": content,
-                "model": model,
-                "stop_reason": STOP_REASONS[reply.finish_reason],
-                "usage": self._usage(seq),
-            },
-        )
+        stop_reason, stop_sequence = stop_of(reply)
+        answer = {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "content": content,
+            "model": model,
+            "stop_reason": stop_reason,
+        }
+        if stop_sequence is not None:  # vLLM drops null fields from this answer
+            answer["stop_sequence"] = stop_sequence
+        conn.send_json(200, {**answer, "usage": self._usage(seq)})
 
     @staticmethod
     def _token_events(blocks: Blocks, tool: replies.ToolCall | None, kind: str, text: str) -> bytes:
@@ -521,10 +531,9 @@ class Messages:
                 _event(
                     "message_delta",
                     {
-                        "delta": {
-                            "stop_reason": STOP_REASONS[reply.finish_reason],
-                            "stop_sequence": None,
-                        },
+                        "delta": dict(
+                            zip(("stop_reason", "stop_sequence"), stop_of(reply), strict=True)
+                        ),
                         "usage": self._usage(seq),
                     },
                 )

@@ -40,6 +40,7 @@ def shape_differences(
     if isinstance(real, dict):
         out = [f"{_join(path, k)}: missing in sim" for k in real if k not in sim]
         out += [f"{_join(path, k)}: extra in sim" for k in sim if k not in real]
+        out = [line for line in out if line.partition(":")[0] not in skip]
         for key in real.keys() & sim.keys():
             out += shape_differences(real[key], sim[key], _join(path, key), skip)
         return out

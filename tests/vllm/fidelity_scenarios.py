@@ -179,6 +179,30 @@ SCENARIOS: tuple[Scenario, ...] = (
         same=("status", "content_type", "sequence"),
     ),
     Scenario(
+        # Greedy decoding makes the real model's reply, and so where "e" first shows, fixed.
+        "chat_stop_string",
+        "/v1/chat/completions",
+        chat(max_tokens=30, ignore_eos=False, temperature=0, stop=["e"]),
+        same=("status", "body.choices[0].finish_reason", "body.choices[0].stop_reason"),
+        deliberate={"body.usage.completion_tokens": "where the stop string falls in the text"},
+    ),
+    Scenario(
+        "chat_stream_stop_string",
+        "/v1/chat/completions",
+        chat(max_tokens=30, ignore_eos=False, temperature=0, stop=["e"], stream=True),
+        kind="sse",
+        same=(
+            "status",
+            "frames[content+finish].choices[0].finish_reason",
+            "frames[content+finish].choices[0].stop_reason",
+        ),
+        deliberate={
+            "sequence": "how many tokens come before the first 'e' depends on the text; the "
+            "finish rides on the token that held it (compared above)",
+        },
+        deliberate_shape=("frames.content",),
+    ),
+    Scenario(
         "completions",
         "/v1/completions",
         completion(),
@@ -281,6 +305,19 @@ SCENARIOS: tuple[Scenario, ...] = (
             "frames.message_delta.delta.stop_reason",
         ),
         deliberate={"frames.content_block_delta.delta.text": TEXT},
+    ),
+    Scenario(
+        "messages_stop_sequence",
+        "/v1/messages",
+        messages(max_tokens=30, temperature=0, stop_sequences=["e"]),
+        same=("status", "body.stop_reason", "body.stop_sequence"),
+    ),
+    Scenario(
+        "messages_stream_stop_sequence",
+        "/v1/messages",
+        messages(max_tokens=30, temperature=0, stop_sequences=["e"], stream=True),
+        kind="sse",
+        same=("status", "sequence", "frames.message_delta.delta"),
     ),
     Scenario(
         "messages_count_tokens",
