@@ -28,12 +28,23 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 
 def field_error(field: str, kind: str, msg: str, value: object) -> ApiError:
     """One pydantic validation error on a body field, as vLLM 0.32 reports it."""
-    detail = {"type": kind, "loc": f"body.{field}", "msg": msg, "input": value}
-    return ApiError(400, f"1 validation error:\n  {detail}", "Bad Request", f"body.{field}")
+    return pydantic_error(f"body.{field}", kind, msg, value)
+
+
+def pydantic_error(loc: str, kind: str, msg: str, value: object) -> ApiError:
+    detail = {"type": kind, "loc": loc, "msg": msg, "input": _shown(value)}
+    return ApiError(400, f"1 validation error:\n  {detail}", "Bad Request", loc)
+
+
+def _shown(value: object) -> str:
+    """The input as vLLM's error handler quotes it: containers only by their size."""
+    if isinstance(value, (list, dict)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    return str(value)
 
 
 def missing_field(field: str, body: dict) -> ApiError:
-    return field_error(field, "missing", "Field required", f"<dict of {len(body)} items>")
+    return field_error(field, "missing", "Field required", body)
 
 
 def validation_error(message: str, param: str, value: object = None) -> ApiError:

@@ -21,6 +21,7 @@ from engine_sim.errors import (
     context_error,
     engine_dead,
     field_error,
+    missing_field,
     prompt_too_long,
     queue_full,
     validation_error,
@@ -32,13 +33,21 @@ DONE = b"data: [DONE]\n\n"
 
 
 def _int_field(body: dict, name: str, minimum: int = 1) -> int | None:
+    """An integer field as vLLM reads it: pydantic parses integer strings, then its own
+    validator wants at least ``minimum``."""
     v = body.get(name)
     if v is None:
         return None
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise bad_request(
-            f"{name}: Input should be an integer greater than or equal to {minimum}", name
-        )
+    if isinstance(v, str):
+        try:
+            v = int(v)
+        except ValueError:
+            msg = "Input should be a valid integer, unable to parse string as an integer"
+            raise field_error(name, "int_parsing", msg, v) from None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise field_error(name, "int_type", "Input should be a valid integer", v)
+    if v < minimum:
+        raise validation_error(f"{name} must be at least {minimum}, got {v}.", name, v)
     return v
 
 
@@ -284,6 +293,8 @@ class Generator:
 
     def _chat_prompt(self, body: dict) -> str:
         msgs = body.get("messages")
+        if msgs is None:
+            raise missing_field("messages", body)
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
             raise bad_request(
                 "messages: Field required (a non-empty list of message objects)", "messages"
@@ -558,8 +569,8 @@ class Generator:
             return tokenizer.decode(prompt), list(prompt)
         if isinstance(prompt, list) and len(prompt) > 1:
             raise bad_request("prompt: the simulator takes one prompt per request", "prompt")
-        raise bad_request(
-            "prompt: Field required (a non-empty string or list of token ids)", "prompt"
+        raise validation_error(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
         )
 
     async def completions(

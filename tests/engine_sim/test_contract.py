@@ -258,8 +258,8 @@ def test_model_defaults_to_first_served_name(sim):
         (
             {"model": "qwen3-8b", "messages": MSGS, "max_tokens": 0},
             400,
-            "Bad Request",
-            "max_tokens",
+            "BadRequestError",
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
         ),
     ],
 )

@@ -81,7 +81,7 @@ class Scenario:
 
     name: str
     path: str
-    body: dict[str, Any] | None = None
+    body: dict[str, Any] | list | None = None
     method: str = "POST"
     kind: str = "json"  # json | sse | metrics | abort | accounting
     same: tuple[str, ...] = ("status", "content_type")
@@ -404,6 +404,36 @@ SCENARIOS: tuple[Scenario, ...] = (
         "bad_parameter_type",
         "/v1/chat/completions",
         chat(temperature="hot"),
+        same=(*ERROR, "body.error.message"),
+    ),
+    Scenario(
+        "max_tokens_zero",
+        "/v1/chat/completions",
+        chat(max_tokens=0),
+        same=(*ERROR, "body.error.message"),
+    ),
+    Scenario(
+        "max_tokens_not_a_number",
+        "/v1/chat/completions",
+        chat(max_tokens="many"),
+        same=(*ERROR, "body.error.message"),
+    ),
+    Scenario(
+        "chat_without_messages",
+        "/v1/chat/completions",
+        {"model": MODEL, "max_tokens": 6},
+        same=(*ERROR, "body.error.message"),
+    ),
+    Scenario(
+        "completions_without_prompt",
+        "/v1/completions",
+        {"model": MODEL, "max_tokens": 6},
+        same=(*ERROR, "body.error.message"),
+    ),
+    Scenario(
+        "body_not_an_object",
+        "/v1/chat/completions",
+        ["not", "an", "object"],
         same=(*ERROR, "body.error.message"),
     ),
     Scenario(
