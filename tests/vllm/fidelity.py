@@ -85,7 +85,19 @@ def differences(real: dict, sim: dict, scenario: Scenario) -> list[str]:
         out += _value_difference(real, sim, path, lambda v: v)
     for path in scenario.same_masked:
         out += _value_difference(real, sim, path, masked)
+    for path, want in scenario.expect.items():
+        out += _expected(real, path, want)
     return out
+
+
+def _expected(real: dict, path: str, want: Any) -> list[str]:
+    try:
+        got = pick(real, path)
+    except (KeyError, IndexError, TypeError):
+        got = "nothing"
+    if got == want:
+        return []
+    return [f"{path}: vLLM itself has {got!r}, not {want!r}: the scenario proved nothing"]
 
 
 def _value_difference(real: dict, sim: dict, path: str, norm: Callable[[Any], Any]) -> list[str]:

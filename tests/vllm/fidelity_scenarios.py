@@ -88,6 +88,9 @@ class Scenario:
     same_masked: tuple[str, ...] = ()
     deliberate: dict[str, str] = field(default_factory=dict)
     deliberate_shape: tuple[str, ...] = ()
+    # Values the real vLLM must show: the scenario exercised what it claims (an abort that
+    # came after the reply finished would otherwise agree on both engines and prove nothing).
+    expect: dict[str, Any] = field(default_factory=dict)
 
 
 def chat(**extra: Any) -> dict[str, Any]:
@@ -184,6 +187,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "/v1/chat/completions",
         chat(max_tokens=30, ignore_eos=False, temperature=0, stop=["e"]),
         same=("status", "body.choices[0].finish_reason", "body.choices[0].stop_reason"),
+        expect={"body.choices[0].stop_reason": "e"},
         deliberate={"body.usage.completion_tokens": "where the stop string falls in the text"},
     ),
     Scenario(
@@ -311,6 +315,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "/v1/messages",
         messages(max_tokens=30, temperature=0, stop_sequences=["e"]),
         same=("status", "body.stop_reason", "body.stop_sequence"),
+        expect={"body.stop_reason": "stop_sequence"},
     ),
     Scenario(
         "messages_stream_stop_sequence",
@@ -500,6 +505,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         chat(messages=[{"role": "user", "content": LONG}]),
         kind="accounting",
         same=("first", "second", "second_reads_what_first_wrote"),
+        expect={"first.some_cached": False, "second.some_cached": True},
     ),
     Scenario(
         "usage_is_what_metrics_count_responses",
@@ -507,6 +513,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         responses(input=LONG),
         kind="accounting",
         same=("first", "second", "second_reads_what_first_wrote"),
+        expect={"first.some_cached": False, "second.some_cached": True},
     ),
     Scenario(
         "usage_is_what_metrics_count_messages",
@@ -514,6 +521,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         messages(messages=[{"role": "user", "content": LONG}]),
         kind="accounting",
         same=("first", "second", "second_reads_what_first_wrote"),
+        expect={"first.some_cached": False, "second.some_cached": True},
     ),
     Scenario(
         "abort_stream_when_client_leaves",
@@ -521,6 +529,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         chat(max_tokens=1900, stream=True),
         kind="abort",
         same=("running_after", "load_after", "generated_fewer_than_asked", "abort_counted"),
+        expect={"generated_fewer_than_asked": True, "running_after": 0.0, "load_after": 0},
     ),
     Scenario(
         "abort_request_when_client_leaves",
@@ -528,5 +537,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         completion(max_tokens=1900),
         kind="abort",
         same=("running_after", "load_after", "generated_fewer_than_asked", "abort_counted"),
+        expect={"generated_fewer_than_asked": True, "running_after": 0.0, "load_after": 0},
     ),
 )
