@@ -523,18 +523,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         same=("first", "second", "second_reads_what_first_wrote"),
         expect={"first.some_cached": False, "second.some_cached": True},
     ),
+    # The whole-answer abort runs before the streamed one: on the Docker-published real
+    # engine, a request sent right after an aborted stream was seen not to arrive.
     Scenario(
-        "abort_stream_when_client_leaves",
-        "/v1/chat/completions",
-        chat(max_tokens=1900, stream=True),
+        "abort_request_when_client_leaves",
+        "/v1/completions",
+        completion(max_tokens=1900),
         kind="abort",
         same=("running_after", "load_after", "generated_fewer_than_asked", "abort_counted"),
         expect={"generated_fewer_than_asked": True, "running_after": 0.0, "load_after": 0},
     ),
     Scenario(
-        "abort_request_when_client_leaves",
-        "/v1/completions",
-        completion(max_tokens=1900),
+        "abort_stream_when_client_leaves",
+        "/v1/chat/completions",
+        chat(max_tokens=1900, stream=True),
         kind="abort",
         same=("running_after", "load_after", "generated_fewer_than_asked", "abort_counted"),
         expect={"generated_fewer_than_asked": True, "running_after": 0.0, "load_after": 0},
