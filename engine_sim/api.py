@@ -10,7 +10,7 @@ import time
 from engine_sim import VLLM_VERSION, tokenizer
 from engine_sim.cli import Config
 from engine_sim.engine import Engine
-from engine_sim.errors import ApiError, bad_request, model_not_found
+from engine_sim.errors import ApiError, bad_request, model_not_found, pydantic_error
 from engine_sim.generation import Generator, new_request_id
 from engine_sim.http import Connection, Request
 from engine_sim.messages import Messages
@@ -138,7 +138,12 @@ class App:
         except ValueError as exc:
             raise bad_request(f"JSON decode error: {exc}") from None
         if not isinstance(body, dict):
-            raise bad_request("Input should be a valid dictionary or object")
+            raise pydantic_error(
+                "body",
+                "model_attributes_type",
+                "Input should be a valid dictionary or object to extract fields from",
+                body,
+            )
         return body
 
     def _model(self, body: dict) -> str:
@@ -147,7 +152,7 @@ class App:
         if model is None:
             return self.cfg.served_names[0]
         if not isinstance(model, str) or model not in self.names:
-            raise model_not_found(str(model))
+            raise model_not_found(str(model), self.cfg.served_names)
         return model
 
     async def _generate(self, req: Request, conn: Connection, handler) -> None:

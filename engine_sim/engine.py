@@ -54,6 +54,7 @@ class Sequence:
         "prompt_ids",
         "shared_blocks",
         "block_hashes",
+        "created_tokens",
         "release_mark",
     )
 
@@ -79,6 +80,9 @@ class Sequence:
         self.prompt_ids: list[int] | None = None
         self.shared_blocks = 0  # full prompt blocks it shares with the prefix cache while running
         self.block_hashes: list[int] = []  # of its full prompt blocks, once looked up
+        # Prompt tokens its prefill wrote into the prefix cache (blocks no one had cached):
+        # vLLM's created_cache_tokens / cache_write_tokens / cache_creation_input_tokens.
+        self.created_tokens = 0
 
 
 class Engine:
@@ -292,6 +296,7 @@ class Engine:
         if seq.prompt_ids is None or not self.cfg.prefix_caching:
             return
         hashes = seq.block_hashes
+        seq.created_tokens = self.block_size * sum(h not in self.prefix for h in hashes)
         for h in hashes:
             self.prefix[h] = None
         self._touch(hashes)
@@ -387,6 +392,8 @@ class Engine:
                 seq.blocks += 1
 
     def on_finish(self, seq: Sequence) -> None:
+        if seq.finish_reason == "abort":
+            return  # vLLM observes no request-level metric for an aborted request
         m = self.metrics
         m.success[seq.finish_reason] = m.success.get(seq.finish_reason, 0) + 1
         m.e2e.observe(time.monotonic() - seq.arrival)

@@ -15,7 +15,17 @@ from collections.abc import Callable
 from engine_sim import VLLM_VERSION, replies, tokenizer
 from engine_sim.cli import Config
 from engine_sim.engine import Engine, EngineDead, QueueFull, Sequence
-from engine_sim.errors import ApiError, bad_request, context_error, engine_dead, queue_full
+from engine_sim.errors import (
+    ApiError,
+    bad_request,
+    context_error,
+    engine_dead,
+    field_error,
+    missing_field,
+    prompt_too_long,
+    queue_full,
+    validation_error,
+)
 from engine_sim.http import Connection, Request
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -23,13 +33,21 @@ DONE = b"data: [DONE]\n\n"
 
 
 def _int_field(body: dict, name: str, minimum: int = 1) -> int | None:
+    """An integer field as vLLM reads it: pydantic parses integer strings, then its own
+    validator wants at least ``minimum``."""
     v = body.get(name)
     if v is None:
         return None
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise bad_request(
-            f"{name}: Input should be an integer greater than or equal to {minimum}", name
-        )
+    if isinstance(v, str):
+        try:
+            v = int(v)
+        except ValueError:
+            msg = "Input should be a valid integer, unable to parse string as an integer"
+            raise field_error(name, "int_parsing", msg, v) from None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise field_error(name, "int_type", "Input should be a valid integer", v)
+    if v < minimum:
+        raise validation_error(f"{name} must be at least {minimum}, got {v}.", name, v)
     return v
 
 
@@ -45,8 +63,28 @@ def priority_of(cfg: Config, body: dict) -> int:
     return p
 
 
+# Sampling parameters pydantic reads as floats: a string that is no number is a 400.
+FLOAT_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+def check_floats(body: dict) -> None:
+    for name in FLOAT_FIELDS:
+        v = body.get(name)
+        if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+            continue
+        if isinstance(v, str):
+            try:
+                float(v)
+                continue
+            except ValueError:
+                msg = "Input should be a valid number, unable to parse string as a number"
+                raise field_error(name, "float_parsing", msg, v) from None
+        raise field_error(name, "float_type", "Input should be a valid number", v)
+
+
 def check_common(body: dict) -> None:
     """Checks shared by chat and completions (vLLM's pydantic validators)."""
+    check_floats(body)
     if "stream" in body and not isinstance(body["stream"], bool):
         raise bad_request("stream: Input should be a valid boolean", "stream")
     so = body.get("stream_options")
@@ -56,7 +94,7 @@ def check_common(body: dict) -> None:
                 "stream_options: Input should be a valid dictionary", "stream_options"
             )
         if not body.get("stream"):
-            raise bad_request(
+            raise validation_error(
                 "Stream options can only be defined when `stream=True`.", "stream_options"
             )
     n = body.get("n", 1)
@@ -75,38 +113,71 @@ def stop_list(body: dict) -> list[str]:
     raise bad_request("stop: Input should be a valid string or list of strings", "stop")
 
 
-def budget(cfg: Config, prompt_tokens: int, max_tokens: int | None) -> int:
-    """max_tokens after vLLM's context checks: too long prompts fail, the rest is clamped."""
+def budget(cfg: Config, prompt_tokens: int, max_tokens: int | None, key: str = "max_tokens") -> int:
+    """max_tokens (sent as ``key``) after vLLM's context checks: too long prompts fail, the
+    rest is clamped."""
     limit = cfg.max_model_len
     if prompt_tokens >= limit:
-        raise context_error(
-            f"This model's maximum context length is {limit} tokens. However, your request has "
-            f"{prompt_tokens} input tokens. Please reduce the length of the input messages."
-        )
+        raise prompt_too_long(limit, prompt_tokens)
     if max_tokens is not None and max_tokens > limit:
-        raise context_error(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-            f"maximum context length is {limit} tokens and your request has {prompt_tokens} input "
-            f"tokens ({max_tokens} > {limit} - {prompt_tokens}).",
-            "max_tokens",
+        raise validation_error(
+            f"{key}={max_tokens} cannot be greater than max_model_len={limit}. "
+            "Please request fewer output tokens.",
+            key,
+            max_tokens,
         )
     room = limit - prompt_tokens
     return room if max_tokens is None else min(max_tokens, room)
 
 
-def usage(cfg: Config, seq: Sequence, reasoning: int, stream: bool) -> dict:
+def usage(cfg: Config, seq: Sequence, reasoning: int, stream: bool, chat: bool = True) -> dict:
+    """The final usage object as vLLM 0.32 dumps it: the details' extra fields differ
+    between chat and completions and between whole answers and a stream's usage chunk."""
     u: dict = {
         "prompt_tokens": seq.prompt_tokens,
         "total_tokens": seq.prompt_tokens + seq.generated,
         "completion_tokens": seq.generated,
     }
     if cfg.prompt_tokens_details:
-        u["prompt_tokens_details"] = {"cached_tokens": seq.cached_tokens}
+        u["prompt_tokens_details"] = _prompt_details(seq, stream, chat)
     elif not stream:
         u["prompt_tokens_details"] = None
     if cfg.reasoning_details:
         u["completion_tokens_details"] = {"reasoning_tokens": min(reasoning, seq.generated)}
+    elif not stream:
+        u["completion_tokens_details"] = None
     return u
+
+
+def _prompt_details(seq: Sequence, stream: bool, chat: bool) -> dict:
+    d: dict = {"cached_tokens": seq.cached_tokens}
+    if chat:
+        d["created_cache_tokens"] = seq.created_tokens
+    elif not stream:
+        d["created_cache_tokens"] = None
+    if not stream:
+        d["multimodal_tokens"] = None
+    return d
+
+
+def running_usage(cfg: Config, prompt: int, k: int, chat: bool = True) -> bytes:
+    """``,"usage":{…}`` of a chunk under continuous_usage_stats (k tokens so far); only
+    chat's carries completion_tokens_details."""
+    details = b"" if cfg.reasoning_details or not chat else b',"completion_tokens_details":null'
+    return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%b}' % (
+        prompt,
+        prompt + k,
+        k,
+        details,
+    )
+
+
+# Fields vLLM 0.32 dumps as null on every answer (pydantic models without exclude_none).
+CHAT_NULLS = dict.fromkeys(
+    ("prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params")
+    + ("ec_transfer_params", "metrics")
+)
+COMPLETION_NULLS = dict.fromkeys(("kv_transfer_params", "ec_transfer_params", "metrics"))
 
 
 class Generator:
@@ -222,6 +293,8 @@ class Generator:
 
     def _chat_prompt(self, body: dict) -> str:
         msgs = body.get("messages")
+        if msgs is None:
+            raise missing_field("messages", body)
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
             raise bad_request(
                 "messages: Field required (a non-empty list of message objects)", "messages"
@@ -251,10 +324,9 @@ class Generator:
             return None
         choice = body.get("tool_choice", "auto")
         if choice == "auto" and not self.cfg.auto_tool_choice:
-            raise bad_request(
+            raise context_error(
                 '"auto" tool choice requires --enable-auto-tool-choice and '
-                "--tool-call-parser to be set",
-                "tool_choice",
+                "--tool-call-parser to be set"
             )
         return replies.pick_tool(tools, choice, body.get("messages"))
 
@@ -275,10 +347,11 @@ class Generator:
         reasoning: int = 0,
         tool: dict | None = None,
     ) -> replies.Reply:
-        max_tokens = None
+        max_tokens, sent = None, max_key[-1]
         for key in max_key:
-            max_tokens = _int_field(body, key) if max_tokens is None else max_tokens
-        limit = budget(self.cfg, n_prompt, max_tokens)
+            if max_tokens is None:
+                max_tokens, sent = _int_field(body, key), key
+        limit = budget(self.cfg, n_prompt, max_tokens, sent)
         s = self.cfg.sim
         seed = tokenizer.seed_of(prompt_text)
         natural = replies.natural_length(seed, s.sim_output_tokens_min, s.sim_output_tokens_max)
@@ -345,7 +418,10 @@ class Generator:
         msg: dict = {
             "role": "assistant",
             "content": "".join(reply.content) if (reply.content or not reply.tool) else None,
-            "reasoning": "".join(reply.reasoning) if reply.reasoning else None,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
         }
         if reply.tool is not None:
             msg["tool_calls"] = [
@@ -355,6 +431,7 @@ class Generator:
                     "function": {"name": reply.tool.name, "arguments": "".join(reply.tool.args)},
                 }
             ]
+        msg["reasoning"] = "".join(reply.reasoning) if reply.reasoning else None
         self._finish(seq, reply.finish_reason)
         conn.send(
             200,
@@ -371,10 +448,14 @@ class Generator:
                             "logprobs": None,
                             "finish_reason": reply.finish_reason,
                             "stop_reason": reply.stop_reason,
+                            "token_ids": None,
+                            "routed_experts": None,
                         }
                     ],
+                    "service_tier": None,
                     "system_fingerprint": self.fingerprint,
                     "usage": usage(self.cfg, seq, len(reply.reasoning), False),
+                    **CHAT_NULLS,
                 }
             ).encode(),
             extra=headers,
@@ -413,26 +494,32 @@ class Generator:
         )
         deltas = self._chat_deltas(reply)
         p = seq.prompt_tokens
+        merged = _finish_on_last_token(reply) and bool(deltas)
+        ending = self._ending(include)
 
         def usage_of(k: int) -> bytes:
-            if not continuous:
-                return b""
-            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
-                p,
-                p + k,
-                k,
-            )
+            return running_usage(self.cfg, p, k) if continuous else b""
 
         def frame(delta: bytes, k: int) -> bytes:
+            if merged and k == len(deltas):
+                return head + b'[{"index":0,"delta":%b,"logprobs":null,%b]%b%b}\n\n' % (
+                    delta,
+                    _finish_fields(reply),
+                    usage_of(k),
+                    ending,
+                )
             return (
-                head
-                + b'[{"index":0,"delta":%b,"logprobs":null,"finish_reason":null}]%b}\n\n'
-                % (delta, usage_of(k))
+                head + b'[{"index":0,"delta":%b,"logprobs":null,"finish_reason":null,'
+                b'"token_ids":null}]%b}\n\n' % (delta, usage_of(k))
             )
 
         def on_start() -> None:
             conn.start_stream(200, "text/event-stream; charset=utf-8", headers)
-            conn.write_chunk(frame(b'{"role":"assistant","content":""}', 0))
+            conn.write_chunk(
+                head + b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                b'"finish_reason":null}]%b,"prompt_token_ids":null,"prompt_text":null}\n\n'
+                % usage_of(0)
+            )
 
         try:
             await self._admit_errors(
@@ -449,24 +536,26 @@ class Generator:
             self._abort(seq)
             raise
         self._finish(seq, reply.finish_reason)
-        fin = (
-            head + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"%b",'
-            b'"stop_reason":%b}]%b}\n\n'
-            % (
-                reply.finish_reason.encode(),
-                _dumps(reply.stop_reason).encode(),
+        fin = b""
+        if not merged:
+            fin = head + b'[{"index":0,"delta":{"content":""},"logprobs":null,%b]%b%b}\n\n' % (
+                _finish_fields(reply),
                 usage_of(seq.generated),
+                ending,
             )
-        )
         tail = b""
         if include:
-            tail = (
-                head
-                + b'[],"usage":%b}\n\n'
-                % _dumps(usage(self.cfg, seq, len(reply.reasoning), True)).encode()
+            tail = head + b'[],"usage":%b,"system_fingerprint":"%b"}\n\n' % (
+                _dumps(usage(self.cfg, seq, len(reply.reasoning), True)).encode(),
+                self.fingerprint.encode(),
             )
         conn.write_chunk(fin + tail + DONE)
         conn.end_stream()
+
+    def _ending(self, include: bool) -> bytes:
+        """What closes the last choice-carrying chunk: vLLM sends system_fingerprint on the
+        usage chunk when there is one, else on the chunk that finishes."""
+        return b"" if include else b',"system_fingerprint":"%b"' % self.fingerprint.encode()
 
     # --- completions ----------------------------------------------------------------------
 
@@ -480,8 +569,8 @@ class Generator:
             return tokenizer.decode(prompt), list(prompt)
         if isinstance(prompt, list) and len(prompt) > 1:
             raise bad_request("prompt: the simulator takes one prompt per request", "prompt")
-        raise bad_request(
-            "prompt: Field required (a non-empty string or list of token ids)", "prompt"
+        raise validation_error(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
         )
 
     async def completions(
@@ -518,10 +607,16 @@ class Generator:
                             "logprobs": None,
                             "finish_reason": reply.finish_reason,
                             "stop_reason": reply.stop_reason,
+                            "token_ids": None,
                             "prompt_logprobs": None,
+                            "prompt_token_ids": None,
+                            "routed_experts": None,
                         }
                     ],
-                    "usage": usage(self.cfg, seq, 0, False),
+                    "service_tier": None,
+                    "system_fingerprint": self.fingerprint,
+                    "usage": usage(self.cfg, seq, 0, False, chat=False),
+                    **COMPLETION_NULLS,
                 }
             ).encode(),
             extra=headers,
@@ -545,19 +640,23 @@ class Generator:
         )
         texts = [_dumps(t).encode() for t in reply.content]
         p = seq.prompt_tokens
+        merged = _finish_on_last_token(reply) and bool(texts)
+        ending = self._ending(include)
 
         def usage_of(k: int) -> bytes:
-            if not continuous:
-                return b""
-            return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
-                p,
-                p + k,
-                k,
-            )
+            return running_usage(self.cfg, p, k, chat=False) if continuous else b""
 
         def frame(i: int) -> bytes:
-            return head + b'[{"index":0,"text":%b,"logprobs":null,"finish_reason":null}]%b}\n\n' % (
+            if merged and i == len(texts) - 1:
+                return head + b'[{"index":0,"text":%b,"logprobs":null,%b]%b%b}\n\n' % (
+                    texts[i],
+                    _finish_fields(reply, completion=True),
+                    usage_of(i + 1),
+                    ending,
+                )
+            return head + b'[{"index":0,"text":%b,"logprobs":null,%b]%b}\n\n' % (
                 texts[i],
+                _open_fields(),
                 usage_of(i + 1),
             )
 
@@ -577,18 +676,19 @@ class Generator:
             self._abort(seq)
             raise
         self._finish(seq, reply.finish_reason)
-        fin = (
-            head + b'[{"index":0,"text":"","logprobs":null,'
-            b'"finish_reason":"%b","stop_reason":%b}]%b}\n\n'
-            % (
-                reply.finish_reason.encode(),
-                _dumps(reply.stop_reason).encode(),
+        fin = b""
+        if not merged:
+            fin = head + b'[{"index":0,"text":"","logprobs":null,%b]%b%b}\n\n' % (
+                _finish_fields(reply, completion=True),
                 usage_of(seq.generated),
+                ending,
             )
-        )
         tail = b""
         if include:
-            tail = head + b'[],"usage":%b}\n\n' % _dumps(usage(self.cfg, seq, 0, True)).encode()
+            tail = head + b'[],"usage":%b,"system_fingerprint":"%b"}\n\n' % (
+                _dumps(usage(self.cfg, seq, 0, True, chat=False)).encode(),
+                self.fingerprint.encode(),
+            )
         conn.write_chunk(fin + tail + DONE)
         conn.end_stream()
 
@@ -668,6 +768,27 @@ class Generator:
             ).encode(),
             extra=[("x-request-id", rid)],
         )
+
+
+def _finish_on_last_token(reply: replies.Reply) -> bool:
+    """vLLM finishes on the chunk of the last token when max_tokens or a stop string inside
+    it ended the reply; any other finish gets a chunk of its own."""
+    return reply.finish_reason == "length" or reply.stop_in_token
+
+
+def _finish_fields(reply: replies.Reply, completion: bool = False) -> bytes:
+    """The rest of a finishing choice, after its delta/text and logprobs."""
+    extra = b',"prompt_token_ids":null' if completion else b""
+    return b'"finish_reason":"%b","stop_reason":%b%b,"token_ids":null}' % (
+        reply.finish_reason.encode(),
+        _dumps(reply.stop_reason).encode(),
+        extra,
+    )
+
+
+def _open_fields() -> bytes:
+    """The rest of a completions chunk's choice while the reply goes on."""
+    return b'"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}'
 
 
 def new_request_id(req: Request) -> str:

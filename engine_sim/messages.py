@@ -28,12 +28,22 @@ from collections.abc import Callable
 from engine_sim import replies, tokenizer
 from engine_sim.cli import Config
 from engine_sim.engine import Engine, Sequence
-from engine_sim.errors import ApiError, bad_request, context_error
+from engine_sim.errors import ApiError, bad_request, context_error, missing_field
 from engine_sim.generation import Generator, _dumps
 from engine_sim.http import Connection, Request
 
 SSE = "text/event-stream; charset=utf-8"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def stop_of(reply: replies.Reply) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) as vLLM's _to_anthropic_stop_reason maps them: a matched
+    stop string is a stop_sequence, unless max_tokens or a tool call ended the reply."""
+    if reply.finish_reason == "stop" and isinstance(reply.stop_reason, str):
+        return "stop_sequence", reply.stop_reason
+    return STOP_REASONS[reply.finish_reason], None
+
+
 BLOCK_TYPES = (
     "text",
     "image",
@@ -121,6 +131,8 @@ def check(body: dict, create: bool) -> None:
     if not create:
         return
     mt = body.get("max_tokens")
+    if mt is None:
+        raise missing_field("max_tokens", body)
     if not isinstance(mt, int) or isinstance(mt, bool):
         raise bad_request("max_tokens: Field required (an integer)", "max_tokens")
     if mt <= 0:
@@ -347,7 +359,8 @@ class Messages:
             "messages": chat_messages(body),
             "tools": tools,
             "tool_choice": choice,
-            "max_tokens": body["max_tokens"],
+            # vLLM's conversion sends it as max_completion_tokens (its errors name that).
+            "max_completion_tokens": body["max_tokens"],
             "stop": body.get("stop_sequences"),
             "chat_template_kwargs": body.get("chat_template_kwargs"),
         }
@@ -380,6 +393,18 @@ class Messages:
         else:
             await self._full(conn, "chatcmpl-" + rid, model, seq, reply)
 
+    def _usage(self, seq: Sequence) -> dict:
+        """vLLM's _build_anthropic_usage: with prompt token details on, tokens read from and
+        written to the prefix cache are no longer part of input_tokens (Anthropic's meaning)."""
+        if not self.cfg.prompt_tokens_details:
+            return {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated}
+        return {
+            "input_tokens": max(0, seq.prompt_tokens - seq.cached_tokens - seq.created_tokens),
+            "output_tokens": seq.generated,
+            "cache_creation_input_tokens": seq.created_tokens,
+            "cache_read_input_tokens": seq.cached_tokens,
+        }
+
     async def _full(
         self, conn: Connection, mid: str, model: str, seq: Sequence, reply: replies.Reply
     ) -> None:
@@ -409,18 +434,18 @@ class Messages:
             content.append(
                 {"type": "tool_use", "id": reply.tool.id, "name": reply.tool.name, "input": args}
             )
-        conn.send_json(
-            200,
-            {
-                "id": mid,
-                "type": "message",
-                "role": "assistant",
-                "content": content,
-                "model": model,
-                "stop_reason": STOP_REASONS[reply.finish_reason],
-                "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": seq.generated},
-            },
-        )
+        stop_reason, stop_sequence = stop_of(reply)
+        answer = {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "content": content,
+            "model": model,
+            "stop_reason": stop_reason,
+        }
+        if stop_sequence is not None:  # vLLM drops null fields from this answer
+            answer["stop_sequence"] = stop_sequence
+        conn.send_json(200, {**answer, "usage": self._usage(seq)})
 
     @staticmethod
     def _token_events(blocks: Blocks, tool: replies.ToolCall | None, kind: str, text: str) -> bytes:
@@ -460,6 +485,8 @@ class Messages:
                     {
                         "message": {
                             "id": mid,
+                            "type": "message",
+                            "role": "assistant",
                             "content": [],
                             "model": model,
                             "stop_reason": None,
@@ -504,11 +531,10 @@ class Messages:
                 _event(
                     "message_delta",
                     {
-                        "delta": {"stop_reason": STOP_REASONS[reply.finish_reason]},
-                        "usage": {
-                            "input_tokens": seq.prompt_tokens,
-                            "output_tokens": seq.generated,
-                        },
+                        "delta": dict(
+                            zip(("stop_reason", "stop_sequence"), stop_of(reply), strict=True)
+                        ),
+                        "usage": self._usage(seq),
                     },
                 )
             )

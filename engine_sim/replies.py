@@ -27,7 +27,7 @@ class ToolCall:
 class Reply:
     """Token plan: reasoning tokens, then content tokens or one tool call."""
 
-    __slots__ = ("reasoning", "content", "tool", "finish_reason", "stop_reason")
+    __slots__ = ("reasoning", "content", "tool", "finish_reason", "stop_reason", "stop_in_token")
 
     def __init__(self) -> None:
         self.reasoning: list[str] = []
@@ -35,6 +35,8 @@ class Reply:
         self.tool: ToolCall | None = None
         self.finish_reason = "stop"
         self.stop_reason: str | None = None
+        # The stop string fell inside the last token, which keeps the text before it.
+        self.stop_in_token = False
 
     def __len__(self) -> int:
         tool = 1 + len(self.tool.args) if self.tool else 0
@@ -106,6 +108,7 @@ def _apply_stop(reply: Reply, stop: list[str]) -> None:
                 # chunk is ever a token here (a gateway counts streamed tokens by chunks).
                 reply.content = reply.content[:i] + ([tok[:keep]] if keep > 0 else [])
                 reply.stop_reason = s
+                reply.stop_in_token = keep > 0
                 return
 
 

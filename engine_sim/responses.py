@@ -31,7 +31,7 @@ from urllib.parse import parse_qs
 from engine_sim import replies, tokenizer
 from engine_sim.cli import Config
 from engine_sim.engine import Engine, Sequence
-from engine_sim.errors import ApiError, bad_request
+from engine_sim.errors import ApiError, bad_request, prompt_too_long, validation_error
 from engine_sim.generation import Generator, _dumps, priority_of
 from engine_sim.http import Connection, Request
 
@@ -112,6 +112,12 @@ def chat_tools(body: dict) -> list[dict] | None:
     return [{"type": "function", "function": t} for t in tools]
 
 
+def _echo_tool_choice(body: dict) -> object:
+    """vLLM's check_tool_usage: without tools, "auto" becomes "none"."""
+    choice = body.get("tool_choice", "auto")
+    return "none" if not body.get("tools") and choice == "auto" else choice
+
+
 def _check(body: dict) -> None:
     """vLLM's request validation for the fields the simulator reads."""
     inp = body.get("input")
@@ -141,6 +147,14 @@ def _check(body: dict) -> None:
     if choice not in ("auto", "none", "required") and not isinstance(choice, dict):
         raise bad_request(
             "tool_choice: Input should be 'none', 'auto', 'required' or a tool", "tool_choice"
+        )
+    if not body.get("tools") and choice == "required":
+        raise validation_error(
+            "Tool choice 'required' must be specified with 'tools' parameter.", "tool_choice"
+        )
+    if not body.get("tools") and isinstance(choice, dict) and choice.get("type") == "function":
+        raise validation_error(
+            "Tool choice 'function' not found in 'tools' parameter.", "tool_choice"
         )
     if body.get("background") and body.get("store") is False:
         raise bad_request("background can only be used when `store` is true", "background")
@@ -180,13 +194,7 @@ class Turn:
         ids = tokenizer.encode(prompt)
         limit = cfg.max_model_len
         if len(ids) >= limit:
-            raise ApiError(
-                400,
-                f"The engine prompt length {len(ids)} exceeds the max_model_len {limit}. "
-                "Please reduce prompt.",
-                "invalid_request_error",
-                "input",
-            )
+            raise prompt_too_long(limit, len(ids))
         mot = body.get("max_output_tokens")
         if mot is not None and mot < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {mot}.", "BadRequestError")
@@ -226,6 +234,7 @@ class Turn:
             "input_tokens": seq.prompt_tokens,
             "input_tokens_details": {
                 "cached_tokens": seq.cached_tokens,
+                "cache_write_tokens": seq.created_tokens,
                 "input_tokens_per_turn": [],
                 "cached_tokens_per_turn": [],
             },
@@ -265,6 +274,7 @@ class Turn:
                     "role": "assistant",
                     "status": "completed",
                     "type": "message",
+                    "phase": None,
                 }
             )
         if r.tool is not None:
@@ -296,7 +306,7 @@ class Turn:
             "output": output,
             "parallel_tool_calls": b.get("parallel_tool_calls", True) is not False,
             "temperature": b.get("temperature") if b.get("temperature") is not None else 1.0,
-            "tool_choice": b.get("tool_choice", "auto"),
+            "tool_choice": _echo_tool_choice(b),
             "tools": [_echo_tool(t) for t in b.get("tools") or []],
             "top_p": b.get("top_p") if b.get("top_p") is not None else 1.0,
             "background": bool(b.get("background")),
@@ -312,6 +322,10 @@ class Turn:
             "truncation": b.get("truncation") or "disabled",
             "usage": usage,
             "user": b.get("user"),
+            "presence_penalty": float(b.get("presence_penalty") or 0.0),
+            "frequency_penalty": float(b.get("frequency_penalty") or 0.0),
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
             "input_messages": None,
             "output_messages": None,
         }
@@ -417,6 +431,7 @@ class StreamEvents:
                 "role": "assistant",
                 "status": "in_progress",
                 "type": "message",
+                "phase": None,
             }
             part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
         return [
@@ -477,8 +492,7 @@ class StreamEvents:
             "role": "assistant",
             "status": "completed",
             "type": "message",
-            "annotations": [],
-            "logprobs": [],
+            "phase": None,
         }
         return [
             self._frame("response.output_text.done", {**at, "logprobs": [], "text": text}),

@@ -120,7 +120,7 @@ def test_stream_events_in_order(sim):
         for n, d in events
         if n == "content_block_delta" and d["delta"]["type"] != "signature_delta"
     )
-    assert delta["delta"] == {"stop_reason": "max_tokens"}
+    assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert delta["usage"] == {"input_tokens": count, "output_tokens": streamed} and streamed == 9
 
 
@@ -169,13 +169,14 @@ def test_streamed_tool_use(sim):
     assert json.loads(partial) == use.input and final.stop_reason == "tool_use"
 
 
-def test_stop_sequence_is_reported_as_end_turn(sim):
+def test_stop_sequence_is_reported_as_stop_sequence(sim):
     full = post(sim, max_tokens=200, messages=MSGS).json()
     text = full["content"][1]["text"]
     word = text.split()[2]
     cut = post(sim, max_tokens=200, messages=MSGS, stop_sequences=[" " + word]).json()
     assert cut["content"][1]["text"] == text[: text.index(" " + word)]
-    assert cut["stop_reason"] == "end_turn" and "stop_sequence" not in cut
+    # As vLLM 0.32's _to_anthropic_stop_reason maps a matched stop string.
+    assert cut["stop_reason"] == "stop_sequence" and cut["stop_sequence"] == " " + word
 
 
 def test_errors_have_anthropics_shape(sim):
@@ -183,7 +184,10 @@ def test_errors_have_anthropics_shape(sim):
         client(sim).messages.create(model="nope", max_tokens=5, messages=MSGS)
     assert err.value.body == {
         "type": "error",
-        "error": {"type": "NotFoundError", "message": "The model `nope` does not exist."},
+        "error": {
+            "type": "NotFoundError",
+            "message": "The model `nope` does not exist. Valid aliases: qwen3-8b.",
+        },
     }
     with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
         client(sim).messages.create(

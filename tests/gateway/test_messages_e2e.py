@@ -166,7 +166,7 @@ def test_stop_sequences_end_the_text_before_them(agent: World) -> None:
         model=MODEL, max_tokens=30, messages=HELLO, stop_sequences=[stop_at]
     )
     assert cut.content[-1].text == full[: full.index(stop_at)]
-    assert cut.stop_reason == "end_turn"  # vLLM reports a stop sequence as end_turn
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop_at
 
 
 def test_bearer_auth_works_too(agent: World) -> None:

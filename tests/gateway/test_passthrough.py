@@ -45,10 +45,12 @@ def frames(
 
 
 def comparable(frame: dict | str) -> dict | str:
-    """A frame without the parts that differ per request (ids, timestamps)."""
+    """A frame without the parts that differ per request (ids, timestamps), nor
+    system_fingerprint: vLLM sends it on the usage chunk when there is one (the gateway
+    always asks for usage and strips that chunk), else on the finishing chunk."""
     if not isinstance(frame, dict):
         return frame
-    frame = {k: v for k, v in frame.items() if k not in ("id", "created")}
+    frame = {k: v for k, v in frame.items() if k not in ("id", "created", "system_fingerprint")}
     for choice in frame.get("choices", []):
         for call in choice.get("delta", {}).get("tool_calls", []) or []:
             call.pop("id", None)
