@@ -51,6 +51,8 @@ class Starter:
         # The tokens of Tollgate's own warm-up request: on the engine's counters, billed to
         # no tenant, so recorded for whoever reconciles the counters with the bill.
         self.warmup_usage: dict[str, int] | None = None
+        # Read before run() sets started_at: a replica that never started is not restarting.
+        self.restarting = replica.started_at is not None
         self.container: Any = None
 
     # -- bookkeeping --
@@ -256,7 +258,7 @@ class Starter:
             healthy=True,
             ready_at=now,
             last_health_at=now,
-            restart_count=self.replica.restart_count + (1 if self.replica.started_at else 0),
+            restart_count=self.replica.restart_count + (1 if self.restarting else 0),
         )
         if updated:
             publish_change("replica", self.replica.pk)
