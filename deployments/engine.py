@@ -48,13 +48,21 @@ class Starter:
         self.worker_op_id: int | None = None
         self.dc = runtime.client(self.node.docker_url)
         self.phases: dict[str, float] = {}
+        # The tokens of Tollgate's own warm-up request: on the engine's counters, billed to
+        # no tenant, so recorded for whoever reconciles the counters with the bill.
+        self.warmup_usage: dict[str, int] | None = None
+        # Read before run() sets started_at: a replica that never started is not restarting.
+        self.restarting = replica.started_at is not None
         self.container: Any = None
 
     # -- bookkeeping --
 
     def report(self, phase: str, progress_pct: float | None = None, message: str = "") -> None:
         detail = dict(self.op.detail)
-        detail.setdefault("replicas", {})[str(self.replica.index)] = {"phases": self.phases}
+        entry: dict[str, Any] = {"phases": self.phases}
+        if self.warmup_usage is not None:
+            entry["warmup_usage"] = self.warmup_usage
+        detail.setdefault("replicas", {})[str(self.replica.index)] = entry
         fields: dict[str, Any] = {"phase": phase, "detail": detail}
         if progress_pct is not None:
             fields["progress"] = round(progress_pct, 1)
@@ -94,7 +102,9 @@ class Starter:
         self.timed("models", self.wait_models)
         self.set_replica(state=ReplicaState.WARMING)
         try:
-            self.timed("warmup", warm_up, self.replica.base_url, self.deployment)
+            self.warmup_usage = self.timed(
+                "warmup", warm_up, self.replica.base_url, self.deployment
+            )
         except httpx.HTTPError as exc:
             raise EngineFailed(f"warm-up request failed: {exc}", None, self.tail()) from exc
         self.mark_ready()
@@ -248,7 +258,7 @@ class Starter:
             healthy=True,
             ready_at=now,
             last_health_at=now,
-            restart_count=self.replica.restart_count + (1 if self.replica.started_at else 0),
+            restart_count=self.replica.restart_count + (1 if self.restarting else 0),
         )
         if updated:
             publish_change("replica", self.replica.pk)
@@ -304,8 +314,9 @@ def served_models(base_url: str, key: str = "") -> list[str]:
         return []
 
 
-def warm_up(base_url: str, deployment: Deployment) -> None:
-    """One tiny request so the first tenant request does not pay the JIT compile."""
+def warm_up(base_url: str, deployment: Deployment) -> dict[str, int]:
+    """One tiny request so the first tenant request does not pay the JIT compile; returns
+    the tokens it cost the engine (its answer's usage)."""
     model = deployment.model
     if model.task == Task.EMBED:
         path, body = "/v1/embeddings", {"model": model.served_name, "input": "warm-up"}
@@ -328,6 +339,19 @@ def warm_up(base_url: str, deployment: Deployment) -> None:
         verify=_trust(),
     )
     answer.raise_for_status()
+    return warmup_usage(answer)
+
+
+def warmup_usage(answer: httpx.Response) -> dict[str, int]:
+    """(prompt, completion) tokens of the warm-up's answer; zeros when it reports none."""
+    try:
+        usage = answer.json().get("usage") or {}
+    except (ValueError, AttributeError):
+        usage = {}
+    return {
+        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": int(usage.get("completion_tokens") or 0),
+    }
 
 
 TELEMETRY_GAUGES = {

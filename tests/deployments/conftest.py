@@ -20,19 +20,34 @@ SIM_IMAGE = "tollgate/engine-sim:latest"
 
 
 @pytest.fixture
-def stack(settings: object, request: pytest.FixtureRequest) -> Iterator[str]:
+def stack_volumes() -> tuple[str, str] | None:
+    """Existing (model cache, compile cache) volumes for the stack to use instead of its own
+    empty ones; a conftest overrides this (tests/vllm: the staged test model)."""
+    return None
+
+
+@pytest.fixture
+def stack(
+    settings: object, request: pytest.FixtureRequest, stack_volumes: tuple[str, str] | None
+) -> Iterator[str]:
     """A stack id, cache volumes, engine network and fast timings of this test's own, and
     the Docker API policy for them in front of the Docker socket: every Docker call of the
-    test's nodes goes through it, and none may be refused. Cleaned up after."""
+    test's nodes goes through it, and none may be refused. Cleaned up after (volumes given
+    by ``stack_volumes`` are not the stack's, so they are kept)."""
     stack_id = f"tgtest-{uuid.uuid4().hex[:10]}"
+    models, compile_cache = stack_volumes or (f"{stack_id}-models", f"{stack_id}-compile")
     settings.TOLLGATE_STACK_ID = stack_id
-    settings.TOLLGATE_MODEL_CACHE_VOLUME = f"{stack_id}-models"
-    settings.TOLLGATE_COMPILE_CACHE_VOLUME = f"{stack_id}-compile"
+    settings.TOLLGATE_MODEL_CACHE_VOLUME = models
+    settings.TOLLGATE_COMPILE_CACHE_VOLUME = compile_cache
     settings.TOLLGATE_ENGINE_NETWORK = f"{stack_id}-net"
-    policy = start_policy(
-        policy_env(stack_id, list(settings.TOLLGATE_ENGINE_IMAGES)),
-        f"{request.node.name}-{stack_id}",
+    # The policy allows exactly the volumes the stack's engines mount.
+    env = policy_env(
+        stack_id,
+        list(settings.TOLLGATE_ENGINE_IMAGES),
+        TOLLGATE_MODEL_CACHE_VOLUME=models,
+        TOLLGATE_COMPILE_CACHE_VOLUME=compile_cache,
     )
+    policy = start_policy(env, f"{request.node.name}-{stack_id}")
     settings.TOLLGATE_DOCKER_URL = policy.url
     settings.TOLLGATE_PULL_POLICY = "never"
     settings.TOLLGATE_ENGINE_POLL_SECONDS = 0.1

@@ -98,6 +98,10 @@ def test_deploy_serves_then_stop_drains_and_removes(
     assert op.status == OperationStatus.SUCCEEDED and op.progress == 100
     phases = op.detail["replicas"]["0"]["phases"]
     assert {"pull", "create", "start", "load", "models", "warmup", "total"} <= phases.keys()
+    # The warm-up's tokens are on the engine's counters and billed to no tenant: recorded,
+    # so the counters can be reconciled with the bill (tests/vllm/test_lifecycle.py).
+    warmup = op.detail["replicas"]["0"]["warmup_usage"]
+    assert warmup["completion_tokens"] == 1 and warmup["prompt_tokens"] > 0
 
     # The gateway's routing table has it; the replica change was published to gateways.
     routes = load_snapshot().routes[sim_model.pk]

@@ -157,12 +157,18 @@ def vllm_factory() -> Iterator[Callable[..., RealEngine]]:
 
 
 @pytest.fixture
+def stack_volumes() -> tuple[str, str]:
+    """The deployment tests' ``stack`` here mounts (and its Docker API policy allows) the
+    stage's model and compile cache volumes, which outlive the stack."""
+    return MODEL_VOLUME, COMPILE_VOLUME
+
+
+@pytest.fixture
 def vllm_stack(settings: object, stack: str) -> str:
     """The deployment tests' ``stack`` (a Docker API policy of its own in front of the
     socket, fast timings), with the stage's model and compile cache volumes as the stack's
-    cache volumes, so deployed engines find the test model and the compiled kernels."""
-    settings.TOLLGATE_MODEL_CACHE_VOLUME = MODEL_VOLUME
-    settings.TOLLGATE_COMPILE_CACHE_VOLUME = COMPILE_VOLUME
+    cache volumes (``stack_volumes``), so deployed engines find the test model and the
+    compiled kernels."""
     settings.TOLLGATE_ENGINE_READY_TIMEOUT = START_TIMEOUT
     settings.TOLLGATE_WARMUP_TIMEOUT = 120.0
     settings.TOLLGATE_ENGINE_SHM_SIZE = "1g"
@@ -171,12 +177,14 @@ def vllm_stack(settings: object, stack: str) -> str:
 
 @pytest.fixture
 def tiny_llama(transactional_db: None) -> CatalogModel:
-    """The test model in the catalogue (1.34 M parameters, 2,048 tokens of context)."""
+    """The test model in the catalogue (1.34 M parameters, 2,048 tokens of context; the
+    catalogue counts parameters in hundredths of a billion, so it is entered as the
+    smallest size there is, 10 M)."""
     return deployment_services.create_model(
         None,
         served_name=SERVED_NAME,
         source=TEST_MODEL,
-        params_billions=Decimal("0.0013"),
+        params_billions=Decimal("0.01"),
         context_length=CONTEXT,
     )
 
