@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.engine_sim.conftest import free_port
 from tests.vllm.conftest import TEST_MODEL, RealEngine, start_vllm
 from tests.vllm.fidelity import differences, observe
 from tests.vllm.fidelity_scenarios import ENGINE_FLAGS, MODEL, SCENARIOS, Scenario
@@ -48,7 +48,7 @@ def real_engine() -> Iterator[RealEngine]:
 @pytest.fixture(scope="module")
 def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m engine_sim`` with the real engine's flags, on a free loopback port."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("fidelity") / "sim.log"
     args = [TEST_MODEL, "--served-model-name", MODEL, *ENGINE_FLAGS, *SIM_KNOBS]
     with open(log, "wb") as out:
@@ -65,12 +65,6 @@ def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:

@@ -10,12 +10,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from core.changes import publish_change
 from deployments import services as deployment_services
-from deployments.choices import ReplicaState
-from deployments.models import Deployment, Replica
 from tenants import services as tenant_services
 from tests.gateway.conftest import (  # noqa: F401
+    deploy,
     gateway_url,
     redis_namespace,
     start_gateway,
@@ -57,26 +55,7 @@ def route_to(engines: list[RealEngine]) -> None:
     node = deployment_services.register_node(
         None, name="vllm-node", docker_url="unix:///x", engine_host="127.0.0.1"
     )
-    deployment = Deployment.objects.create(
-        name="tiny-routed",
-        model=model,
-        node=node,
-        image="tollgate/vllm-cpu:0.32.0",
-        engine_args={"max-num-seqs": 4, "enable-prefix-caching": True},
-        desired_state="running",
-        state="ready",
-    )
-    for index, engine in enumerate(engines):
-        Replica.objects.create(
-            deployment=deployment,
-            index=index,
-            node=node,
-            host="127.0.0.1",
-            port=engine.port,
-            state=ReplicaState.READY,
-            healthy=True,
-        )
-    publish_change("deployment", deployment.pk)
+    deploy(model, node, *(engine.port for engine in engines), max_num_seqs=4)
 
 
 def hits(engines: list[RealEngine]) -> float:
