@@ -127,6 +127,14 @@ def private_model_a(tenant_a: Tenant) -> CatalogModel:
 
 
 @pytest.fixture
+def stack_volumes() -> tuple[str, str] | None:
+    """Existing (model cache, compile cache) volumes for tests/deployments' ``stack`` fixture
+    to use instead of its own empty ones (here, so every folder that borrows ``stack`` has
+    it); tests/vllm overrides it with the staged test model's volumes."""
+    return None
+
+
+@pytest.fixture
 def local_node(db: None) -> Node:
     return deployment_services.register_node(
         None,

@@ -20,13 +20,6 @@ SIM_IMAGE = "tollgate/engine-sim:latest"
 
 
 @pytest.fixture
-def stack_volumes() -> tuple[str, str] | None:
-    """Existing (model cache, compile cache) volumes for the stack to use instead of its own
-    empty ones; a conftest overrides this (tests/vllm: the staged test model)."""
-    return None
-
-
-@pytest.fixture
 def stack(
     settings: object, request: pytest.FixtureRequest, stack_volumes: tuple[str, str] | None
 ) -> Iterator[str]:
