@@ -43,8 +43,6 @@ START_TIMEOUT = 600.0
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 LABEL = "tollgate.test.vllm"
 
-pytestmark = pytest.mark.vllm
-
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
