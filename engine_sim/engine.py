@@ -6,11 +6,15 @@ running sequence shares the same bandwidth, so per-sequence speed falls as the b
 grows), tracks KV-cache blocks and the prefix cache, and keeps the metrics.
 
 The waiting queue is ordered by (priority, arrival); with `--scheduling-policy fcfs` every
-priority is 0, so it is FIFO. With `priority`, a waiting request that cannot start and has
-a lower priority value than the worst running one preempts it (vLLM's recompute
-preemption): the victim loses its slot and KV blocks, re-queues with its original arrival,
-and when it runs again its decode loop pays prefill for prompt + generated tokens before it
-continues where it stopped.
+priority is 0, so it is FIFO. As in vLLM's V1 scheduler, a waiting request never preempts a
+running one to get a slot, whatever its priority: it waits for a sequence to finish (vLLM
+0.32's waiting loop stops at `max_num_seqs`; checked on the real CPU engine, where a P0
+request waited 6 s for a 1,900-token P2 reply with `--scheduling-policy priority`).
+Preemption happens only when a running sequence needs a new KV block and none is free: the
+victim is the worst running sequence by (priority, arrival) under `priority`, the one
+scheduled last under `fcfs` (vLLM's recompute preemption): it loses its slot and KV blocks,
+re-queues with its original arrival, and when it runs again its decode loop pays prefill for
+prompt + generated tokens before it continues where it stopped.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Sequence:
         "block_hashes",
         "created_tokens",
         "release_mark",
+        "started",
     )
 
     _order = itertools.count()
@@ -68,6 +73,7 @@ class Sequence:
         self.waiter: asyncio.Future | None = None  # set while the sequence is in the queue
         self.release_mark = 0  # --sim-pause-after-tokens: SIGUSR1s before its last token
         self.preempted = False  # lost its slot; the decode loop must re-queue and re-prefill
+        self.started = 0  # when it last got a slot (an ever-growing count): fcfs preempts the last
         self.arrival = time.monotonic()
         self.scheduled = 0.0
         self.first_token = 0.0
@@ -142,6 +148,7 @@ class Engine:
         return -(-(seq.prompt_tokens + seq.generated + 1) // self.block_size)
 
     def _start(self, seq: Sequence) -> None:
+        seq.started = next(Sequence._order)
         seq.blocks = self._blocks_for(seq)
         self.used_blocks += seq.blocks
         self.running += 1
@@ -192,7 +199,7 @@ class Engine:
         if limit is not None and len(self.waiting) >= limit:
             raise QueueFull()
         fut = self._enqueue(seq)
-        self._wake()  # it may sort ahead of the head, or preempt a worse running sequence
+        self._wake()  # it may sort ahead of the head
         await self._wait_turn(seq, fut)
 
     async def resume(self, seq: Sequence) -> None:
@@ -218,23 +225,12 @@ class Engine:
         self.shared_blocks -= seq.shared_blocks
         seq.shared_blocks = 0
 
-    def _victims(self, head: Sequence) -> list[Sequence]:
-        """Running sequences to preempt (worst first) so that `head` fits; [] if it cannot."""
-        if not self.priority_policy:
-            return []
-        worse = sorted(
-            (s for s in self.running_seqs if s.priority > head.priority),
-            key=lambda s: s.key,
-            reverse=True,
-        )
-        need = self._blocks_for(head)
-        running, used = self.running, self.used_blocks
-        for i, victim in enumerate(worse):
-            running -= 1
-            used -= victim.blocks
-            if running == 0 or (running < self.max_running and used + need <= self.total_blocks):
-                return worse[: i + 1]
-        return []
+    def _victim(self) -> Sequence:
+        """The running sequence vLLM preempts when the KV cache is full: the worst by
+        (priority, arrival) under ``priority``, the one scheduled last under ``fcfs``."""
+        if self.priority_policy:
+            return max(self.running_seqs, key=lambda s: s.key)
+        return max(self.running_seqs, key=lambda s: s.started)
 
     def _preempt(self, seq: Sequence) -> None:
         """vLLM's recompute preemption: free the slot and the KV blocks, back to the queue."""
@@ -247,12 +243,7 @@ class Engine:
         while self.waiting:
             seq = self.waiting[0]
             if not (self._fits(seq) or self.running == 0):
-                victims = self._victims(seq)
-                if not victims:
-                    return
-                for victim in victims:
-                    self._preempt(victim)
-                continue
+                return  # it waits for a running sequence to finish (or be preempted)
             self.waiting.pop(0)
             fut, seq.waiter = seq.waiter, None
             self._start(seq)
@@ -385,11 +376,17 @@ class Engine:
             self.metrics.itl.observe(now - seq.last_token)
             seq.last_token = now
         if (seq.prompt_tokens + seq.generated) % self.block_size == 1 and seq.generated > 1:
-            if self.used_blocks >= self.total_blocks:
-                self.metrics.preemptions += 1  # vLLM would preempt; we only count it
-            else:
-                self.used_blocks += 1
-                seq.blocks += 1
+            # A sequence alone always runs (vLLM sizes its KV cache for one at max length).
+            if self.used_blocks >= self.total_blocks and self.running > 1:
+                victim = self._victim()
+                self._preempt(victim)
+                if victim is not seq:  # else it grows again when it resumes (recomputed)
+                    self.used_blocks += 1
+                    seq.blocks += 1
+                self._wake()  # the freed slot and blocks go to the head of the queue
+                return
+            self.used_blocks += 1
+            seq.blocks += 1
 
     def on_finish(self, seq: Sequence) -> None:
         if seq.finish_reason == "abort":
