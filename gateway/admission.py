@@ -420,7 +420,7 @@ class Admission:
         raw = await self.redis.mget([engine_metrics_key(u.replica_id) for _, u in replicas])
         now, verdict, capacity = time.time(), {}, {}
         share = settings.TOLLGATE_ADMISSION_KV_SHARE
-        for (model_id, upstream), blob in zip(replicas, raw, strict=True):
+        for (model_id, _upstream), blob in zip(replicas, raw, strict=True):
             figures = orjson.loads(blob) if blob else None
             fresh = figures and now - figures.get("scraped_at", 0) < TELEMETRY_FRESH_SECONDS
             # The KV cache requests may fill, summed over the replicas that report one; a
@@ -428,12 +428,8 @@ class Admission:
             kv = int(figures.get("kv_capacity_tokens", 0) * share) if fresh else 0
             if capacity.get(model_id, 0) >= 0:
                 capacity[model_id] = capacity.get(model_id, 0) + kv if kv > 0 else -1
-            # Without fresh telemetry only the slot ceiling limits P2. An engine that schedules
-            # by priority has P2 requests waiting whenever P0 preempted them: that is its own
-            # scheduler at work, not a lack of room, so only its KV cache counts there.
-            queued = (
-                0 if upstream.priority_scheduling else figures.get("waiting", 0) if fresh else 0
-            )
+            # Without fresh telemetry only the slot ceiling limits P2.
+            queued = figures.get("waiting", 0) if fresh else 0
             spare = not fresh or (queued == 0 and figures.get("kv_cache_usage", 0) < threshold)
             verdict[model_id] = verdict.get(model_id, False) or spare
         self.p2_open = verdict

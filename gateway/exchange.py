@@ -293,14 +293,16 @@ class Exchange:
         )
         priority = self.priority = lowered(tenant.priority_at(occurred), asked)
         budget = self.budget = sum(u.max_num_seqs for u in upstreams)
-        # Engines that schedule by priority preempt lower classes themselves: P0 may go past
-        # the ceiling (up to twice the budget) instead of waiting for a P2 request to finish.
-        preempts = all(u.priority_scheduling for u in upstreams)
-        p0_extra = self.p0_extra = budget if preempts else 0
-        if preempts:
-            payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
-        # On engines that serve first come, first served the gateway preempts instead.
-        gateway_preempts = not preempts and preempt.enabled()
+        # Engines that schedule by priority get the class as vLLM's integer (lower runs
+        # first): it orders their waiting queue and picks whom a full KV cache preempts. But a
+        # waiting request never takes a running one's slot there (vLLM 0.32;
+        # tests/vllm/test_priority.py), so on every engine the slot is the gateway's to give:
+        # P0 heads the gateway's queue, or preempts.
+        ordered = all(u.priority_scheduling for u in upstreams)
+        p0_extra = self.p0_extra = 0
+        if ordered:
+            payload["priority"] = CLASS_INDEX[priority]
+        gateway_preempts = preempt.enabled()
         self.preempts = gateway_preempts and priority != "P2"
         victim = self.victim = (
             gateway_preempts
@@ -308,7 +310,7 @@ class Exchange:
             and self.plan is None
             and preempt.preemptible(self.endpoint, payload)
         )
-        changed = preempts or client_priority is not None
+        changed = ordered or client_priority is not None
         stream_options = payload.get("stream") is True and self.endpoint in STREAM_OPTIONS
         self.body = upstream_body(payload, self.body, stream_options, changed)
         admission = rt.admission

@@ -73,7 +73,7 @@ class Upstream:
     base_url: str
     max_num_seqs: int
     auth_header: str = ""  # external engines that expect their own key
-    priority_scheduling: bool = False  # vLLM --scheduling-policy priority: it preempts by class
+    priority_scheduling: bool = False  # vLLM --scheduling-policy priority: its queue by class
     outstanding: int = 0
 
 

@@ -67,6 +67,12 @@ class RealEngine:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def address(self) -> str:
+        """The container's address on Docker's default bridge (reachable from this host)."""
+        self.container.reload()
+        return self.container.attrs["NetworkSettings"]["IPAddress"]
+
     def logs(self, lines: int = 60) -> str:
         return self.container.logs(tail=lines).decode(errors="replace")
 
