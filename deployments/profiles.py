@@ -50,7 +50,7 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
             "NVIDIA DGX Spark (GB10, 128 GB unified memory): CUDA 13 arm64 vLLM image; "
             "0.80 of the ~121.7 GiB unified pool so the OS keeps room; 4 sequences at once "
             "(more costs per-token bandwidth); prefix caching on; priority scheduling, so "
-            "interactive (P0) requests preempt batch work inside the engine."
+            "the engine queues and preempts (when its KV cache is full) by Tollgate's class."
         ),
         "image": DGX_SPARK_IMAGE,
         "engine_args": {

@@ -1,8 +1,9 @@
-"""Preemption by the gateway, for engines that serve first come, first served.
+"""Preemption by the gateway, on every engine.
 
-An engine that schedules by priority (vLLM ``--scheduling-policy priority``) preempts lower
-classes itself. One that does not (vLLM's default, llama.cpp, SGLang, Ollama) keeps a P0
-request waiting until a P2 reply ends. So on those engines the gateway preempts: admission
+vLLM (0.32, also with ``--scheduling-policy priority``), llama.cpp, SGLang and Ollama keep a
+P0 request that finds every slot busy waiting until a P2 reply ends: vLLM's priority policy
+orders its queue but preempts only when the KV cache is full, never for a slot
+(tests/vllm/test_priority.py). So the gateway preempts: admission
 (acquire.lua) gives a P0/P1 request the slot of the youngest preemptible lower-class
 request and announces it on a channel; the process serving that request aborts it upstream
 (closing the connection, which frees the engine's slot at once) and queues it again at the
