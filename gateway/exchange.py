@@ -299,8 +299,12 @@ class Exchange:
         p0_extra = self.p0_extra = budget if preempts else 0
         if preempts:
             payload["priority"] = CLASS_INDEX[priority]  # vLLM's integer: lower runs first
-        # On engines that serve first come, first served the gateway preempts instead.
-        gateway_preempts = not preempts and preempt.enabled()
+        # On engines that serve first come, first served the gateway preempts instead, where
+        # that frees an engine slot: not on engines that finish what it aborts (the
+        # controller's verdict, read with the engine telemetry; the headroom protects P0 there).
+        gateway_preempts = (
+            not preempts and preempt.enabled() and rt.admission.preempt_frees.get(model.id, True)
+        )
         self.preempts = gateway_preempts and priority != "P2"
         victim = self.victim = (
             gateway_preempts
