@@ -39,7 +39,11 @@ Admission (gateway/admission.py and its Lua; the console reads it through
   times; ``…:ceiling``: the adaptive concurrency ceiling; ``…:tok``: what the slot holders
   hold (request id -> predicted tokens × 4 + class, ``_tok`` their total, ``_c0``/``_c1``/
   ``_c2`` holders by class); ``…:hi``: recent higher-class demand (the headroom lower
-  classes leave free); ``…:ctl``: the controller's last reading (gateway/tuning.py).
+  classes leave free); ``…:pre``: preemptible slot holders; ``…:preempted``: the gateway's
+  preemptions on the model (``n`` their count, ``t`` the last one's time, ms), written by
+  acquire.lua and judged by the controller; ``…:ctl``: the controller's last reading
+  (gateway/tuning.py); ``…:pfree``: its verdict on whether preempting frees an engine slot
+  (``1``/``0``, kept ``PREEMPT_VERDICT_TTL_SECONDS``), read by every gateway process.
 - ``adm:waits:<hour>``: queue waits of one UTC hour (hours since the epoch), a hash.
 - ``adm:wake``: channel; the payload is a model id whose engine slot was freed.
 
@@ -62,6 +66,10 @@ from functools import lru_cache
 from core.hot import setting
 
 PREFIX_SETTING = "TOLLGATE_REDIS_PREFIX"
+
+# A verdict on gateway preemption lapses after this: preemption is then tried (and judged)
+# again, in case the engine changed.
+PREEMPT_VERDICT_TTL_SECONDS = 600
 
 # A quota hash outlives the longest (monthly) period.
 QUOTA_TTL_SECONDS = 40 * 24 * 3600
@@ -120,14 +128,18 @@ def responses_log() -> str:
     return rkey("responses", "log")
 
 
-def pool_keys(model_id: int) -> tuple[str, str, str, str, str, str, str, str]:
+PoolKeys = tuple[str, str, str, str, str, str, str, str, str]
+
+
+def pool_keys(model_id: int) -> PoolKeys:
     """(running, queue, queue expiry, fair share, ceiling, in-flight tokens, recent demand,
-    preemptible slot holders) of a model's engine pool: the order of acquire.lua's pool."""
+    preemptible slot holders, preemptions) of a model's engine pool: the order of
+    acquire.lua's pool."""
     return _pool_keys(setting(PREFIX_SETTING), model_id)
 
 
 @lru_cache(maxsize=4096)
-def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str, str, str]:
+def _pool_keys(prefix: str, model_id: int) -> PoolKeys:
     base = ("adm", model_id)
     return (
         rkey(*base, "run"),
@@ -138,6 +150,7 @@ def _pool_keys(prefix: str, model_id: int) -> tuple[str, str, str, str, str, str
         rkey(*base, "tok"),
         rkey(*base, "hi"),
         rkey(*base, "pre"),
+        rkey(*base, "preempted"),
     )
 
 
@@ -154,6 +167,12 @@ def _route_keys(prefix: str, model_id: int) -> tuple[str, str]:
 def controller_key(model_id: int) -> str:
     """The admission controller's last reading of a model's engines."""
     return rkey("adm", model_id, "ctl")
+
+
+def preempt_verdict_key(model_id: int) -> str:
+    """The controller's verdict on a model: does the gateway's preemption free an engine
+    slot there (``1``), or do its engines finish the abandoned request anyway (``0``)?"""
+    return rkey("adm", model_id, "pfree")
 
 
 def wait_stats_key(hour: int) -> str:

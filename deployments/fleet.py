@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from core.changes import publish_change
-from core.keyspace import engine_metrics_key, rkey
+from core.keyspace import engine_metrics_key, pool_keys, rkey
 from core.redis import get_redis
 from deployments import engine, nodes, relay, runtime
 from deployments.choices import (
@@ -186,6 +186,9 @@ def scrape_replica(replica: Replica) -> dict[str, float] | None:
         return None
     figures["scraped_at"] = timezone.now().timestamp()
     figures["deployment_id"] = replica.deployment_id
+    # The gateway's slot holders for the model, read right after the engine's own count: the
+    # admission controller compares the two to tell whether preempting frees an engine slot.
+    figures["slot_holders"] = get_redis().zcard(pool_keys(replica.deployment.model_id)[0])
     get_redis().set(
         telemetry_key(replica.pk), orjson.dumps(figures), ex=settings.TOLLGATE_TELEMETRY_TTL_SECONDS
     )

@@ -135,6 +135,14 @@ KNOBS = [
         "exact token without racing the clock)",
     ),
     Knob(
+        "finish-abandoned",
+        bool,
+        False,
+        "NOT vLLM: a request whose client disconnects is not aborted; it keeps its slot and "
+        "generates to its end, its output discarded (engines and proxies that finish abandoned "
+        "requests; Tollgate's preemption must notice it frees no slot there)",
+    ),
+    Knob(
         "hold-load",
         bool,
         False,

@@ -41,9 +41,13 @@ Handler = Callable[[Request, "Connection"], Awaitable[None]]
 class Connection(asyncio.Protocol):
     """One client connection; runs one task that serves its requests in order."""
 
-    def __init__(self, app: Handler, connections: set[Connection]) -> None:
+    def __init__(
+        self, app: Handler, connections: set[Connection], finish_abandoned: bool = False
+    ) -> None:
         self.app = app
         self.connections = connections
+        # --sim-finish-abandoned: a request whose client left runs to its end (not vLLM).
+        self.finish_abandoned = finish_abandoned
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -79,7 +83,13 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.connections.discard(self)
         if self.task is not None and not self.task.done():
-            self.task.cancel()  # aborts the request being generated, like vLLM does
+            if self.busy and self.finish_abandoned:
+                # Not vLLM: the request keeps its slot and generates to its end; what it
+                # writes goes nowhere (send and flush skip a closed connection), and the
+                # request loop ends after it (`closed`).
+                pass
+            else:
+                self.task.cancel()  # aborts the request being generated, like vLLM does
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
@@ -255,15 +265,18 @@ class Connection(asyncio.Protocol):
 class Server:
     """Owns the listening socket and the live connections."""
 
-    def __init__(self, app: Handler) -> None:
+    def __init__(self, app: Handler, finish_abandoned: bool = False) -> None:
         self.app = app
+        self.finish_abandoned = finish_abandoned
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
 
     async def serve(self, sock: object) -> None:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
-            lambda: Connection(self.app, self.connections), sock=sock, backlog=2048
+            lambda: Connection(self.app, self.connections, self.finish_abandoned),
+            sock=sock,
+            backlog=2048,
         )
 
     def stop_listening(self) -> None:

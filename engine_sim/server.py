@@ -145,7 +145,7 @@ class Process:
         self.cfg = cfg
         self.engine = Engine(cfg)
         self.app = App(cfg, self.engine)
-        self.server = Server(self.app)
+        self.server = Server(self.app, finish_abandoned=bool(cfg.sim.sim_finish_abandoned))
         self.exit: asyncio.Future[int] | None = None
         self.stop: asyncio.Event | None = None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from core.keyspace import (
     open_keys,
     pool_keys,
     preempt_channel,
+    preempt_verdict_key,
     wait_stats_key,
 )
 from core.redis import get_redis
@@ -155,6 +157,11 @@ class Admission:
         self.latency: dict[int, float] = {}  # EWMA seconds per request, per model
         self.kv_capacity: dict[int, int] = {}  # from engine telemetry, tokens, per model
         self.output: dict[int, float] = {}  # EWMA completion tokens per request, per model
+        # The controller's verdict per model: False where the gateway's preemption frees no
+        # engine slot (the engines finish what it aborts), so the gateway does not preempt
+        # there; absent or True: it does (gateway/controller.py judge_preemption).
+        self.preempt_frees: dict[int, bool] = {}
+        self._verdicts_shown: dict[int, int] = {}  # model id -> the gauge's value
 
     def predicted_tokens(self, model_id: int, prompt: int, asked_output: int, limit: int) -> int:
         """What a request will hold in the KV cache: its prompt estimate plus the output it
@@ -403,21 +410,33 @@ class Admission:
             except Exception:  # noqa: BLE001 - Redis away: leases outlive a short outage
                 log.warning("could not renew leases", exc_info=True)
 
-    async def watch_telemetry(self, routes: object) -> None:
-        """Every second: may P2 run on each model (engines not waiting, KV cache not full)?"""
+    async def watch_telemetry(self, routes: object, models: Callable[[], dict] = dict) -> None:
+        """Every second: may P2 run on each model (engines not waiting, KV cache not full)?
+        And does preempting free an engine slot there? (``models``: served name -> ModelInfo,
+        for the metric's labels.)"""
         threshold = settings.TOLLGATE_P2_KV_CACHE_THRESHOLD
         while True:
             await asyncio.sleep(1.0)
             try:
-                await self._refresh_p2(routes(), threshold)
+                await self._refresh_p2(routes(), threshold, models)
             except Exception:  # noqa: BLE001 - keep the last answer
                 log.warning("could not read engine telemetry", exc_info=True)
 
-    async def _refresh_p2(self, routes: dict, threshold: float) -> None:
+    async def _refresh_p2(
+        self, routes: dict, threshold: float, models: Callable[[], dict] = dict
+    ) -> None:
         replicas = [(model_id, u) for model_id, ups in routes.items() for u in ups]
         if not replicas:
             return
-        raw = await self.redis.mget([engine_metrics_key(u.replica_id) for _, u in replicas])
+        # The verdicts come in the same read as the telemetry: no extra round trip.
+        model_ids = list(routes)
+        raw = await self.redis.mget(
+            [engine_metrics_key(u.replica_id) for _, u in replicas]
+            + [preempt_verdict_key(m) for m in model_ids]
+        )
+        raw, verdicts = raw[: len(replicas)], raw[len(replicas) :]
+        self.preempt_frees = {m: v != b"0" for m, v in zip(model_ids, verdicts, strict=True)}
+        self._show_verdicts(dict(zip(model_ids, verdicts, strict=True)), models)
         now, verdict, capacity = time.time(), {}, {}
         share = settings.TOLLGATE_ADMISSION_KV_SHARE
         for (model_id, _upstream), blob in zip(replicas, raw, strict=True):
@@ -434,3 +453,15 @@ class Admission:
             verdict[model_id] = verdict.get(model_id, False) or spare
         self.p2_open = verdict
         self.kv_capacity = {m: c for m, c in capacity.items() if c > 0}
+
+    def _show_verdicts(self, verdicts: dict[int, bytes | None], models: Callable[[], dict]) -> None:
+        """tollgate_admission_preemption_effective{model}: 1, 0, or -1 (not judged)."""
+        values = {m: -1 if v is None else int(v != b"0") for m, v in verdicts.items()}
+        changed = {m: v for m, v in values.items() if self._verdicts_shown.get(m) != v}
+        if not changed:
+            return
+        names = {info.id: name for name, info in models().items()}
+        for model_id, value in changed.items():
+            if model_id in names:
+                metrics.child(metrics.PREEMPTION_EFFECTIVE, names[model_id]).set(value)
+                self._verdicts_shown[model_id] = value

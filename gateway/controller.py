@@ -85,3 +85,70 @@ def next_ceiling(
     # A revert is not a new probe: the next interval is judged afresh.
     step = 0 if why == "revert" else ceiling - state.ceiling
     return ControllerState(ceiling, baseline, tps, step), why
+
+
+# --- Does the gateway's preemption free an engine slot? ------------------------------------
+#
+# The gateway preempts by closing the victim's connection (gateway/preempt.py). vLLM then
+# aborts the request and its slot is free; an engine (or proxy) that finishes abandoned
+# requests keeps computing it, so preempting only adds load. The engine's own count tells:
+# shortly after a preemption, its running + waiting requests should be no more than the
+# gateway's slot holders for the model. More (the excess) means the victims still run.
+#
+# False alarms, and why the rule takes them into account:
+# - The two counts are read a moment apart (the scrape, then the gateway's count): a request
+#   the engine reported that the gateway settled in between is a transient excess of one,
+#   and so is an aborted request the engine has not dropped yet. The excess must show on
+#   STRIKES judged scrapes in a row (each a scrape interval, 5 s, apart), long after any
+#   abort has taken effect, and only scrapes at least GRACE after the preemption are judged.
+# - An engine may carry work admitted elsewhere (another model name served by the same
+#   engine, clients outside Tollgate on an external one). So the excess is measured above a
+#   baseline: the excess on the last quiet scrape (no preemption in the QUIET before it).
+# A wrong "does not free" costs little: preemption pauses on the model for the verdict's
+# TTL while the headroom still keeps slots for P0. A wrong "frees" costs the load we avoid,
+# until the next preemption is judged.
+PREEMPT_GRACE_SECONDS = 1.0
+PREEMPT_QUIET_SECONDS = 30.0
+PREEMPT_STRIKES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCount:
+    """One scrape of a model's engines beside the gateway's slot holders."""
+
+    scraped_at: float  # epoch seconds; with several replicas, the oldest scrape
+    engine: float  # running + waiting, summed over the replicas
+    holders: int  # the gateway's slot holders for the model, read right after the scrape
+
+    @property
+    def excess(self) -> float:
+        return self.engine - self.holders
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptJudge:
+    """What the controller keeps between ticks to judge a model's preemptions."""
+
+    judged: float = 0.0  # scraped_at of the last count judged or taken as the baseline
+    strikes: int = 0  # judged counts in a row that showed an excess
+    baseline: float = 0.0  # the excess on the last quiet count
+
+
+def judge_preemption(
+    judge: PreemptJudge, count: EngineCount | None, preempted_at: float | None
+) -> tuple[PreemptJudge, bool | None]:
+    """The new judge and the verdict this count gives: True (preemption frees a slot),
+    False (it does not: the victims still run), or None (nothing to judge: no new scrape,
+    one taken too soon after the last preemption, or none recently)."""
+    if count is None or count.scraped_at <= judge.judged:
+        return judge, None
+    since = count.scraped_at - preempted_at if preempted_at is not None else None
+    if since is None or since >= PREEMPT_QUIET_SECONDS:
+        return PreemptJudge(count.scraped_at, 0, max(count.excess, 0.0)), None
+    if since < PREEMPT_GRACE_SECONDS:
+        return judge, None  # a later scrape will be judged
+    if count.excess > judge.baseline:
+        strikes = judge.strikes + 1
+        verdict = False if strikes >= PREEMPT_STRIKES else None
+        return PreemptJudge(count.scraped_at, strikes, judge.baseline), verdict
+    return PreemptJudge(count.scraped_at, 0, judge.baseline), True

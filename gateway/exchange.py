@@ -302,7 +302,9 @@ class Exchange:
         p0_extra = self.p0_extra = 0
         if ordered:
             payload["priority"] = CLASS_INDEX[priority]
-        gateway_preempts = preempt.enabled()
+        # Where that frees an engine slot: not on engines that finish what it aborts (the
+        # controller's verdict, read with the engine telemetry; the headroom protects P0 there).
+        gateway_preempts = preempt.enabled() and rt.admission.preempt_frees.get(model.id, True)
         self.preempts = gateway_preempts and priority != "P2"
         victim = self.victim = (
             gateway_preempts

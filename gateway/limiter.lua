@@ -2,10 +2,10 @@
 --
 -- KEYS  1 key requests zset   2 key tokens hash    3 tenant requests zset  4 tenant tokens hash
 --       5 key in-flight zset   6 tenant in-flight zset   7 quota hash
---       8-15 the model's engine pool (core.keyspace.pool_keys: running, queue, queue expiry,
---       fair share, ceiling, in-flight tokens, recent demand, preemptible holders)
---       16 open requests zset (request id -> lease deadline)  17 open requests hash (-> record)
---       18 delivered-token checkpoints hash (an entry: the engine has taken the request)
+--       8-16 the model's engine pool (core.keyspace.pool_keys: running, queue, queue expiry,
+--       fair share, ceiling, in-flight tokens, recent demand, preemptible holders, preemptions)
+--       17 open requests zset (request id -> lease deadline)  18 open requests hash (-> record)
+--       19 delivered-token checkpoints hash (an entry: the engine has taken the request)
 -- ARGV  1 now_ms  2 request id  3 estimated tokens  4 window_ms
 --       5 key rpm  6 key tpm  7 tenant rpm  8 tenant tpm  9 key max concurrent  10 tenant max concurrent
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
@@ -217,10 +217,10 @@ redis.call('HINCRBY', KEYS[7], 'money_reserved', est_money)
 redis.call('EXPIRE', KEYS[7], tonumber(A[15]))
 -- Until it settles, the request is on record: if its gateway dies, a reaper bills what it
 -- delivered (see gateway/orphans.py).
-redis.call('ZADD', KEYS[16], tonumber(A[24]), rid)
-redis.call('HSET', KEYS[17], rid, A[23])
+redis.call('ZADD', KEYS[17], tonumber(A[24]), rid)
+redis.call('HSET', KEYS[18], rid, A[23])
 local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14],
-  KEYS[15]},
+  KEYS[15], KEYS[16]},
   {rid = rid, class = tonumber(A[16]), tenant = A[22], weight = tonumber(A[17]), cost = est,
    now = now, lease = tonumber(A[20]), budget = tonumber(A[18]), p2 = A[19],
    giveup = tonumber(A[21]), p0extra = tonumber(A[25]), kv = tonumber(A[26]),
@@ -229,5 +229,5 @@ local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13],
    chan = A[33], fresh = true})
 -- A slot means the request goes to an engine now: from here its prompt is billed even if its
 -- gateway dies before any usage arrives (gateway/orphans.py).
-if slot[1] == 1 then redis.call('HSET', KEYS[18], rid, '0,0,0,0') end
+if slot[1] == 1 then redis.call('HSET', KEYS[19], rid, '0,0,0,0') end
 return {0, 0, best_req_limit, best_req_rem, best_req_reset, best_tok_limit, best_tok_rem, best_tok_reset, slot[1]}

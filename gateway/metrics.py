@@ -39,6 +39,13 @@ PREEMPTIONS = Counter(
     "Requests whose engine slot the gateway gave to a higher class (resumed later).",
     ["model", "priority"],
 )
+PREEMPTION_EFFECTIVE = Gauge(
+    "tollgate_admission_preemption_effective",
+    "Does the gateway's preemption free an engine slot on this model: 1 yes, 0 no (the "
+    "engines finish the requests it aborts, so it is paused), -1 not judged yet.",
+    ["model"],
+    multiprocess_mode="livemostrecent",
+)
 LATENCY = Histogram(
     "tollgate_request_duration_seconds",
     "Time from request to last byte.",

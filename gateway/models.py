@@ -17,6 +17,13 @@ class AdmissionSample(models.Model):
     ttft_ms = models.FloatField(null=True)
     engine_waiting = models.FloatField(default=0)
     gateway_queued = models.PositiveIntegerField(default=0)
+    preemption = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        help_text="The verdict on gateway preemption then: frees (an engine slot), frees none "
+        "(preemption paused on the model), or blank (not judged).",
+    )
 
     class Meta:
         ordering = ["-at"]

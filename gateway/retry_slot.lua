@@ -1,5 +1,5 @@
 -- A queued request tries again for a slot (see acquire.lua for the options).
--- KEYS 1-8: the model's pool (core.keyspace.pool_keys); 9 (optional) the delivered-token
+-- KEYS 1-9: the model's pool (core.keyspace.pool_keys); 10 (optional) the delivered-token
 --      checkpoints hash: a granted slot puts the request on it (it goes to an engine now).
 -- ARGV 1: one JSON array: request id, class, tenant, weight, cost, now_ms, lease_ms, budget,
 --      P2 allowed ('1'/'0'), give-up ms, extra slots for P0, predicted tokens, KV capacity,
@@ -12,5 +12,5 @@ local slot = try_slot(KEYS, {rid = A[1], class = tonumber(A[2]), tenant = A[3],
   kv = tonumber(A[12]), kvcap = tonumber(A[13]), hwin = tonumber(A[14]), hmax = tonumber(A[15]),
   pmax = tonumber(A[16]), preempt = tonumber(A[17]), victim = tonumber(A[18]),
   head = tonumber(A[19]), chan = A[20], fresh = false})
-if slot[1] == 1 and KEYS[9] then redis.call('HSET', KEYS[9], A[1], '0,0,0,0') end
+if slot[1] == 1 and KEYS[10] then redis.call('HSET', KEYS[10], A[1], '0,0,0,0') end
 return slot

@@ -115,7 +115,9 @@ class Runtime:
                 self.admission.renew_leases(self.open_requests), name="gateway-leases"
             ),
             asyncio.create_task(
-                self.admission.watch_telemetry(lambda: self.snapshot.routes),
+                self.admission.watch_telemetry(
+                    lambda: self.snapshot.routes, lambda: self.snapshot.models
+                ),
                 name="gateway-telemetry",
             ),
         ]

@@ -1,19 +1,39 @@
-"""The controller's periodic run: engine telemetry in, each model's ceiling out."""
+"""The controller's periodic run: engine telemetry in, each model's ceiling out, and the
+verdict on whether the gateway's preemption frees an engine slot (gateway/controller.py)."""
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import asdict
 from datetime import timedelta
 
 import orjson
 from django.utils import timezone
 
-from core.keyspace import controller_key, engine_metrics_key, pool_keys
+from core.keyspace import (
+    PREEMPT_VERDICT_TTL_SECONDS,
+    controller_key,
+    engine_metrics_key,
+    pool_keys,
+    preempt_verdict_key,
+)
 from core.redis import get_redis
-from gateway.controller import ControllerState, Sample, next_ceiling
+from gateway.controller import (
+    ControllerState,
+    EngineCount,
+    PreemptJudge,
+    Sample,
+    judge_preemption,
+    next_ceiling,
+)
 from gateway.models import AdmissionSample
 
+log = logging.getLogger("tollgate.gateway")
+
 HISTORY = timedelta(hours=24)
+# AdmissionSample.preemption: the verdict in force when the sample was taken.
+VERDICT_LABELS = {b"1": "frees", b"0": "frees none"}
 
 
 def ready_pools() -> dict[int, tuple[int, list[int]]]:
@@ -34,12 +54,14 @@ def ready_pools() -> dict[int, tuple[int, list[int]]]:
     return pools
 
 
-def _totals(replica_ids: list[int]) -> tuple[float, float, float, float] | None:
-    """Summed (generation tokens, TTFT seconds sum, TTFT count, waiting) over the replicas."""
+def _figures(replica_ids: list[int]) -> list[dict]:
+    """The replicas' latest telemetry (those that have one)."""
     raw = get_redis().mget([engine_metrics_key(rid) for rid in replica_ids])
-    figures = [orjson.loads(blob) for blob in raw if blob]
-    if not figures:
-        return None
+    return [orjson.loads(blob) for blob in raw if blob]
+
+
+def _totals(figures: list[dict]) -> tuple[float, float, float, float]:
+    """Summed (generation tokens, TTFT seconds sum, TTFT count, waiting) over the replicas."""
     return (
         sum(f.get("generation_tokens_total", 0) for f in figures),
         sum(f.get("ttft_seconds_sum", 0) for f in figures),
@@ -54,19 +76,23 @@ def tune_model(
     """One controller tick for one model (a no-op until two telemetry readings exist)."""
     now = time.time() if now is None else now
     client = get_redis()
-    totals = _totals(replica_ids)
-    if totals is None:
+    figures = _figures(replica_ids)
+    if not figures:
         return None
+    totals = _totals(figures)
     state_key = controller_key(model_id)
     previous = client.get(state_key)
+    prev = orjson.loads(previous) if previous is not None else None
+    judge = judge_model(model_id, figures, len(replica_ids), prev)
     client.set(
         state_key,
-        orjson.dumps({"t": now, "totals": totals, "state": _state_of(previous, budget)}),
+        orjson.dumps(
+            {"t": now, "totals": totals, "state": _state_of(previous, budget), "judge": judge}
+        ),
         ex=3600,
     )
-    if previous is None:
+    if prev is None:
         return None
-    prev = orjson.loads(previous)
     elapsed = max(now - prev["t"], 1e-3)
     tokens, ttft_sum, ttft_count, waiting = (
         a - b for a, b in zip(totals, prev["totals"], strict=True)
@@ -84,7 +110,9 @@ def tune_model(
     state, why = next_ceiling(state, sample, budget, preempting=_preempting(replica_ids))
     client.set(pool_keys(model_id)[4], state.ceiling, ex=3600)
     client.set(
-        state_key, orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state)}), ex=3600
+        state_key,
+        orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state), "judge": judge}),
+        ex=3600,
     )
     return AdmissionSample.objects.create(
         model_id=model_id,
@@ -96,7 +124,46 @@ def tune_model(
         ttft_ms=sample.ttft_seconds * 1000 if sample.ttft_seconds is not None else None,
         engine_waiting=sample.engine_waiting,
         gateway_queued=sample.gateway_queued,
+        preemption=VERDICT_LABELS.get(client.get(preempt_verdict_key(model_id)), ""),
     )
+
+
+def engine_count(figures: list[dict], replicas: int) -> EngineCount | None:
+    """The engines' running + waiting beside the gateway's slot holders (None unless every
+    replica reported both)."""
+    if len(figures) < replicas or any("slot_holders" not in f for f in figures):
+        return None
+    return EngineCount(
+        scraped_at=min(f.get("scraped_at", 0) for f in figures),
+        engine=sum(f.get("running", 0) + f.get("waiting", 0) for f in figures),
+        # Each replica's scrape read them; the most is the lenient figure (fewer false alarms).
+        holders=max(f["slot_holders"] for f in figures),
+    )
+
+
+def judge_model(model_id: int, figures: list[dict], replicas: int, prev: dict | None) -> dict:
+    """Judge the model's recent preemptions by its engines' latest scrape; store a verdict
+    (with its TTL) when there is one, and log when it changes. Returns the judge to keep."""
+    client = get_redis()
+    judge = PreemptJudge(**(prev or {}).get("judge", {}))
+    mark = client.hget(pool_keys(model_id)[8], "t")
+    preempted_at = int(mark) / 1000 if mark is not None else None
+    judge, verdict = judge_preemption(judge, engine_count(figures, replicas), preempted_at)
+    if verdict is not None:
+        key = preempt_verdict_key(model_id)
+        value = b"1" if verdict else b"0"
+        if client.set(key, value, ex=PREEMPT_VERDICT_TTL_SECONDS, get=True) != value:
+            if verdict:
+                log.info("model %s: gateway preemption frees an engine slot", model_id)
+            else:
+                log.warning(
+                    "model %s: gateway preemption frees no engine slot (the engines go on "
+                    "with the requests it aborts): off for %d s, the headroom keeps slots "
+                    "for P0 meanwhile",
+                    model_id,
+                    PREEMPT_VERDICT_TTL_SECONDS,
+                )
+    return asdict(judge)
 
 
 def _preempting(replica_ids: list[int]) -> bool:

@@ -28,7 +28,9 @@ def test_every_shared_name_under_the_prefix(settings: object) -> None:
         "tg:adm:3:tok",
         "tg:adm:3:hi",
         "tg:adm:3:pre",
+        "tg:adm:3:preempted",
     )
+    assert keyspace.preempt_verdict_key(3) == "tg:adm:3:pfree"
     assert keyspace.preempt_channel() == "tg:adm:preempt"
     assert keyspace.controller_key(3) == "tg:adm:3:ctl"
     assert keyspace.wait_stats_key(493_000) == "tg:adm:waits:493000"

@@ -158,6 +158,89 @@ def test_client_disconnect_aborts_the_request(start_sim):
     assert sim.metric("vllm:generation_tokens_total") < 100
 
 
+def _post_raw(port: int, body: bytes) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    return s
+
+
+def test_finish_abandoned_runs_a_disconnected_stream_to_its_end(start_sim):
+    """--sim-finish-abandoned (not vLLM): the client hangs up after 5 tokens, while the
+    stream is paused there (--sim-pause-after-tokens); released, the sequence goes on
+    generating to max_tokens on its slot and finishes as `length`."""
+    sim = start_sim(
+        "m",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "50",
+        "--sim-pause-after-tokens",
+        "5",
+        "--sim-finish-abandoned",
+    )
+    body = (
+        b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":100,"ignore_eos":true,'
+        b'"stream":true}'
+    )
+    s = _post_raw(sim.port, body)
+    received = b""
+    deadline = time.monotonic() + 30
+    # The role chunk (its content empty) and five tokens.
+    while received.count(b'"content":"') < 6 and time.monotonic() < deadline:
+        received += s.recv(65536)
+    assert sim.metric("vllm:generation_tokens_total") == 5  # paused after its fifth token
+    s.close()
+    os.kill(sim.proc.pid, signal.SIGUSR1)
+    # Still on its slot, generating for nobody.
+    wait_until(
+        lambda: (
+            sim.metric("vllm:num_requests_running") == 1
+            and sim.metric("vllm:generation_tokens_total") > 5
+        ),
+        what="the abandoned sequence to go on generating",
+    )
+    wait_until(
+        lambda: sim.metric("vllm:request_success_total", 'finished_reason="length"') == 1,
+        what="the abandoned sequence to finish",
+    )
+    assert sim.metric("vllm:generation_tokens_total") == 100
+    assert sim.metric("vllm:num_requests_running") == 0
+    assert sim.metric("vllm:request_success_total", 'finished_reason="abort"') == 0
+
+
+def test_finish_abandoned_also_finishes_a_whole_answer(start_sim):
+    """Non-streaming: the client hangs up while its request runs (--sim-hold keeps it from
+    generating until SIGUSR1); it still generates all its tokens. The same engine without
+    the knob aborts it (vLLM's behaviour, as test_client_disconnect_aborts_the_request)."""
+    sim = start_sim(
+        "m",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "50",
+        "--sim-hold",
+        env={"SIM_FINISH_ABANDONED": "1"},
+    )
+    body = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":60,"ignore_eos":true}'
+    s = _post_raw(sim.port, body)
+    wait_until(lambda: sim.metric("vllm:num_requests_running") == 1, what="the request to run")
+    s.close()
+    os.kill(sim.proc.pid, signal.SIGUSR1)
+    wait_until(
+        lambda: sim.metric("vllm:request_success_total", 'finished_reason="length"') == 1,
+        what="the abandoned request to finish",
+    )
+    assert sim.metric("vllm:generation_tokens_total") == 60
+    assert sim.metric("vllm:num_requests_running") == 0
+
+
 def test_time_to_first_token_grows_with_the_prompt(start_sim):
     sim = start_sim(
         "m",

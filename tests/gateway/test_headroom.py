@@ -53,7 +53,8 @@ def take(
     args = [rid, CLASSES[cls], "7", 1, 10, now, lease, budget, "1", 60_000, p0extra, kv, kvcap]
     args += [hwin, hmax, pmax, preempt, victim, head, CHANNEL]
     client = get_redis()
-    got = client.eval(RETRY_LUA, 8, *pool_keys(MODEL), orjson.dumps(args))[0] == 1
+    pool = pool_keys(MODEL)
+    got = client.eval(RETRY_LUA, len(pool), *pool, orjson.dumps(args))[0] == 1
     if not got:
         client.zrem(pool_keys(MODEL)[1], rid)
         client.zrem(pool_keys(MODEL)[2], rid)

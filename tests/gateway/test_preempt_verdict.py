@@ -1,0 +1,70 @@
+"""The rule that decides whether the gateway's preemption frees an engine slot on a model
+(gateway/controller.py judge_preemption), on its own: counts in, verdicts out."""
+
+from gateway.controller import (
+    PREEMPT_GRACE_SECONDS,
+    PREEMPT_QUIET_SECONDS,
+    EngineCount,
+    PreemptJudge,
+    judge_preemption,
+)
+
+T = 1_000_000.0  # when the gateway last preempted (epoch seconds)
+
+
+def judged(counts: list[EngineCount], preempted_at: float | None = T) -> list[bool | None]:
+    judge, out = PreemptJudge(), []
+    for count in counts:
+        judge, verdict = judge_preemption(judge, count, preempted_at)
+        out.append(verdict)
+    return out
+
+
+def test_an_engine_that_drops_the_aborted_request_frees_a_slot() -> None:
+    # After the preemption the engine runs exactly what holds the gateway's slots.
+    assert judged([EngineCount(T + 2, 4, 4)]) == [True]
+
+
+def test_victims_still_running_on_two_judged_scrapes_free_no_slot() -> None:
+    # One scrape with an excess is not enough (the two counts are read a moment apart).
+    assert judged([EngineCount(T + 2, 5, 4), EngineCount(T + 7, 5, 4)]) == [None, False]
+
+
+def test_a_single_excess_followed_by_a_clean_scrape_frees() -> None:
+    assert judged([EngineCount(T + 2, 5, 4), EngineCount(T + 7, 4, 4)]) == [None, True]
+    # ... and the strikes start again from nothing.
+    judge = PreemptJudge()
+    for count in (EngineCount(T + 2, 5, 4), EngineCount(T + 7, 4, 4), EngineCount(T + 12, 5, 4)):
+        judge, verdict = judge_preemption(judge, count, T)
+    assert verdict is None and judge.strikes == 1
+
+
+def test_scrapes_too_soon_after_the_preemption_are_not_judged() -> None:
+    # Within the grace the engine may not have dropped the aborted request yet; the same
+    # scrape is judged once only; fewer slot holders than engine requests is no excess.
+    soon = T + PREEMPT_GRACE_SECONDS / 2
+    assert judged([EngineCount(soon, 9, 1), EngineCount(soon, 9, 1)]) == [None, None]
+    late = EngineCount(T + 2, 5, 4)
+    assert judged([late, late]) == [None, None]
+    assert judged([EngineCount(T + 2, 2, 4)]) == [True]
+
+
+def test_nothing_is_judged_without_a_recent_preemption() -> None:
+    assert judged([EngineCount(T + 2, 9, 1), EngineCount(T + 7, 9, 1)], None) == [None, None]
+    quiet = T + PREEMPT_QUIET_SECONDS + 1
+    assert judged([EngineCount(quiet, 9, 1), EngineCount(quiet + 5, 9, 1)]) == [None, None]
+    assert judged([None]) == [None]
+
+
+def test_work_the_gateway_did_not_admit_is_a_baseline_not_an_excess() -> None:
+    """An engine that also serves another model, or clients outside Tollgate: the excess on
+    quiet scrapes (no preemption in the 30 s before) is the baseline; only more counts."""
+    later = T + 600
+    judge = PreemptJudge()
+    judge, verdict = judge_preemption(judge, EngineCount(later - 40, 7, 4), T)  # quiet: 3 more
+    assert verdict is None and judge.baseline == 3
+    judge, verdict = judge_preemption(judge, EngineCount(later + 2, 7, 4), later)
+    assert verdict is True  # the same 3: the victim was dropped
+    for at, want in ((later + 7, None), (later + 12, False)):
+        judge, verdict = judge_preemption(judge, EngineCount(at, 8, 4), later)
+        assert verdict is want  # one more than the baseline, twice: the victim still runs
