@@ -40,7 +40,7 @@ Admission (gateway/admission.py and its Lua; the console reads it through
   hold (request id -> predicted tokens × 4 + class, ``_tok`` their total, ``_c0``/``_c1``/
   ``_c2`` holders by class); ``…:hi``: recent higher-class demand (the headroom lower
   classes leave free); ``…:pre``: preemptible slot holders; ``…:preempted``: the gateway's
-  preemptions on the model (``n`` their count, ``t`` the last one's time, ms), written by
+  preemptions on the model (``t`` the last one's time, ms), written by
   acquire.lua and judged by the controller; ``…:ctl``: the controller's last reading
   (gateway/tuning.py); ``…:pfree``: its verdict on whether preempting frees an engine slot
   (``1``/``0``, kept ``PREEMPT_VERDICT_TTL_SECONDS``), read by every gateway process.

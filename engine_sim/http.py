@@ -82,14 +82,12 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.connections.discard(self)
-        if self.task is not None and not self.task.done():
-            if self.busy and self.finish_abandoned:
-                # Not vLLM: the request keeps its slot and generates to its end; what it
-                # writes goes nowhere (send and flush skip a closed connection), and the
-                # request loop ends after it (`closed`).
-                pass
-            else:
-                self.task.cancel()  # aborts the request being generated, like vLLM does
+        # --sim-finish-abandoned (not vLLM) lets a running request go on to its end: what it
+        # writes goes nowhere (send and flush skip a closed connection), and the request loop
+        # ends after it (`closed`).
+        abandoned_runs_on = self.busy and self.finish_abandoned
+        if self.task is not None and not self.task.done() and not abandoned_runs_on:
+            self.task.cancel()  # aborts the request being generated, like vLLM does
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 

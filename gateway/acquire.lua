@@ -7,8 +7,8 @@
 --      tokens * 4 + class; _tok their total, _c0/_c1/_c2 slot holders by class), kh recent
 --      higher-class demand (see headroom below), kp preemptible slot holders (request id ->
 --      class * 1e13 + admission ms; see preemption below), km the gateway's preemptions (a
---      hash: n their count, t the last one's time in ms; the controller judges from it whether
---      preempting frees an engine slot, gateway/tuning.py)
+--      hash: t the last one's time in ms; the controller judges from it whether preempting
+--      frees an engine slot, gateway/tuning.py)
 --   o  rid, class (0 P0, 1 P1, 2 P2), tenant, weight, cost (tokens, for fair share), now,
 --      lease, budget, p2 ('1' when engines have spare capacity), giveup (ms), fresh (true
 --      when called by admission: the request is not queued yet),
@@ -198,7 +198,6 @@ local function try_slot(K, o)
     local v = victim_of(kr, kp, class, CLASS)
     if v and unhold(kr, kt, kp, v) then
       redis.call('PUBLISH', o.chan, v)
-      redis.call('HINCRBY', km, 'n', 1)
       redis.call('HSET', km, 't', now)
       redis.call('PEXPIRE', km, 3600000)
       running = running - 1

@@ -26,6 +26,7 @@ from deployments.models import CatalogModel
 from gateway.admission import pool_status
 from gateway.tuning import tune_all
 from tenants import services as tenant_services
+from tests.engine_sim.conftest import wait_until
 from tests.gateway.conftest import (
     METRICS_TOKEN,
     World,
@@ -52,16 +53,6 @@ def metric(url: str, name: str, model: str) -> float | None:
     return sum(values) if values else None
 
 
-def wait_for(predicate: object, what: str, timeout: float = 30.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def verdict_after_ticks(model: CatalogModel, timeout: float = 30.0) -> bytes:
     """Scrape the engines and run the controller until it stores a verdict on the model."""
 
@@ -71,7 +62,7 @@ def verdict_after_ticks(model: CatalogModel, timeout: float = 30.0) -> bytes:
         return get_redis().get(preempt_verdict_key(model.pk))
 
     try:
-        return wait_for(tick, "the controller's verdict", timeout)
+        return wait_until(tick, timeout, "the controller's verdict")
     finally:
         connections.close_all()  # this runs in a thread of its own (asyncio.to_thread)
 
@@ -140,14 +131,15 @@ def test_preemption_goes_on_only_where_it_frees_a_slot(world: World, setup: Setu
         verdict = await asyncio.to_thread(verdict_after_ticks, setup.model)
         want = 0 if keeps else 1
         await asyncio.to_thread(
-            wait_for, lambda: setup.effective() == want, "the gateway to read the verdict"
+            wait_until, lambda: setup.effective() == want, 30, "the gateway to read the verdict"
         )
         second = asyncio.create_task(p0(setup.url, world.key_b, setup.name))
         if keeps:
             # No preemption: P0 waits for the slot the paused P2 stream holds.
             await asyncio.to_thread(
-                wait_for,
+                wait_until,
                 lambda: pool_status(setup.model.pk, 1).waiting["P0"] == 1,
+                30,
                 "the second P0 request to queue",
             )
             assert setup.preemptions() == 1 and not task.done()
