@@ -262,7 +262,7 @@ def wait_until_refused(url: str, key: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"the gateway still accepts the key after {timeout}s")
 
 
-def wait_until_served(url: str, key: str, model: str, timeout: float = 5.0) -> None:
+def wait_until_served(url: str, key: str, model: str, timeout: float = 30.0) -> None:
     """Poll until every gateway worker knows the key and the model (pub/sub reload)."""
     deadline, streak = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
