@@ -19,7 +19,7 @@ its engines by overshooting and over-correcting. Every decision is recorded for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TTFT_TOLERANCE = 2.0
 BASELINE_DRIFT = 1.05  # the best TTFT seen drifts up slowly, so the baseline can recover
@@ -132,6 +132,9 @@ class PreemptJudge:
     judged: float = 0.0  # scraped_at of the last count judged or taken as the baseline
     strikes: int = 0  # judged counts in a row that showed an excess
     baseline: float = 0.0  # the excess on the last quiet count
+    # When the preemption judged "frees none" happened: later counts of the same episode are
+    # not judged (the victims ending on their own is not a slot freed by preempting).
+    condemned: float = 0.0
 
 
 def judge_preemption(
@@ -147,8 +150,11 @@ def judge_preemption(
         return PreemptJudge(count.scraped_at, 0, max(count.excess, 0.0)), None
     if since < PREEMPT_GRACE_SECONDS:
         return judge, None  # a later scrape will be judged
+    if preempted_at <= judge.condemned:
+        return replace(judge, judged=count.scraped_at), None  # that verdict stands
     if count.excess > judge.baseline:
         strikes = judge.strikes + 1
-        verdict = False if strikes >= PREEMPT_STRIKES else None
-        return PreemptJudge(count.scraped_at, strikes, judge.baseline), verdict
-    return PreemptJudge(count.scraped_at, 0, judge.baseline), True
+        if strikes >= PREEMPT_STRIKES:
+            return PreemptJudge(count.scraped_at, 0, judge.baseline, preempted_at), False
+        return replace(judge, judged=count.scraped_at, strikes=strikes), None
+    return replace(judge, judged=count.scraped_at, strikes=0), True

@@ -68,3 +68,19 @@ def test_work_the_gateway_did_not_admit_is_a_baseline_not_an_excess() -> None:
     for at, want in ((later + 7, None), (later + 12, False)):
         judge, verdict = judge_preemption(judge, EngineCount(at, 8, 4), later)
         assert verdict is want  # one more than the baseline, twice: the victim still runs
+
+
+def test_the_victims_ending_on_their_own_do_not_overturn_frees_none() -> None:
+    """An engine that finishes what the gateway aborted: once judged "frees none", the later
+    scrapes of the same preemption (the victims done by then, no excess left) give no verdict,
+    so preemption stays paused; a newer preemption is judged afresh."""
+    judge, verdicts = PreemptJudge(), []
+    for count in (EngineCount(T + 2, 5, 4), EngineCount(T + 7, 5, 4), EngineCount(T + 12, 4, 4)):
+        judge, verdict = judge_preemption(judge, count, T)
+        verdicts.append(verdict)
+    assert verdicts == [None, False, None]
+    judge, verdict = judge_preemption(judge, EngineCount(T + 17, 4, 4), T)
+    assert verdict is None
+    later = T + 20
+    judge, verdict = judge_preemption(judge, EngineCount(later + 2, 4, 4), later)
+    assert verdict is True
