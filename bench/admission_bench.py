@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,7 +91,7 @@ GAUGE = re.compile(
 # --- processes ---------------------------------------------------------------------------------
 
 
-def start_sim(policy: str) -> tuple[int, Server]:
+def start_sim(policy: str, extra: tuple[str, ...] = ()) -> tuple[int, Server]:
     port = free_port()
     cmd = [
         PY,
@@ -106,6 +107,7 @@ def start_sim(policy: str) -> tuple[int, Server]:
         *SIM_ARGS,
         "--scheduling-policy",
         policy,
+        *extra,
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = Server(proc)
@@ -187,8 +189,16 @@ class JsonProcess:
 class Sampler(threading.Thread):
     """Every 50 ms: the engine's running/waiting and the gateway's queue and ceiling."""
 
-    def __init__(self, engine_url: str, redis_client: object, prefix: str, model_id: int) -> None:
+    def __init__(
+        self,
+        engine_url: str,
+        redis_client: object,
+        prefix: str,
+        model_id: int,
+        every: float = SAMPLE_SECONDS,
+    ) -> None:
         super().__init__(daemon=True)
+        self.every = every
         self.url, self.r = engine_url + "/metrics", redis_client
         base = f"{prefix}:adm:{model_id}"
         self.queue, self.running, self.ceiling = f"{base}:q", f"{base}:run", f"{base}:ceiling"
@@ -220,12 +230,23 @@ class Sampler(threading.Thread):
                         int(ceiling) if ceiling else 0,
                     )
                 )
-            self.done.wait(max(0.0, SAMPLE_SECONDS - (time.perf_counter() - tick)))
+            self.done.wait(max(0.0, self.every - (time.perf_counter() - tick)))
 
     def stop(self) -> list[tuple]:
         self.done.set()
         self.join()
         return self.samples
+
+
+def engine_counter(url: str, name: str) -> float:
+    """The sum of one metric's samples on the engine's /metrics (e.g. tokens generated)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.partition("{")[0].partition(" ")[0] == name
+    )
 
 
 def gateway_queue_wait(url: str, token: str) -> dict[tuple[str, str], tuple[float, float]]:
@@ -271,6 +292,7 @@ class Bench:
     scrape: bool
     tune: bool
     servers: list[Server] = field(default_factory=list)
+    sample_every: float = SAMPLE_SECONDS  # the sampler's period (a real engine: less often)
 
     def reset_admission(self) -> None:
         """A fresh controller (ceiling back to the static budget) and fair-share clock."""
@@ -292,7 +314,8 @@ class Bench:
             time.sleep(0.2)
         raise TimeoutError("engine or gateway queue did not drain")
 
-    def run(self, name: str, groups: dict, duration: float) -> dict:
+    def run(self, name: str, groups: dict, duration: float, url: str | None = None) -> dict:
+        """One scenario through the gateway (or straight to ``url``, e.g. the engine)."""
         self.wait_idle()
         self.reset_admission()
         flags = [f for f, on in (("--scrape", self.scrape), ("--tune", self.tune)) if on]
@@ -301,11 +324,16 @@ class Bench:
         )
         waits0 = gateway_queue_wait(self.gateway, self.metrics_token)
         sampler = Sampler(
-            self.engine, self.redis, self.env["TOLLGATE_REDIS_PREFIX"], self.rows["model_id"]
+            self.engine,
+            self.redis,
+            self.env["TOLLGATE_REDIS_PREFIX"],
+            self.rows["model_id"],
+            self.sample_every,
         )
         sampler.start()
+        generated0 = engine_counter(self.engine, "vllm:generation_tokens_total")
         spec = {
-            "url": self.gateway,
+            "url": url or self.gateway,
             "duration": duration,
             "groups": {
                 g: {**s, "model": MODEL, "key": self.rows["keys"][g]} for g, s in groups.items()
@@ -316,6 +344,9 @@ class Bench:
         samples = sampler.stop()
         ticks = ticker.stop()
         waits1 = gateway_queue_wait(self.gateway, self.metrics_token)
+        result["generated"] = (
+            engine_counter(self.engine, "vllm:generation_tokens_total") - generated0
+        )
         result["samples"] = samples
         result["ticks"] = [t for t in ticks if "ceiling" in t]
         result["queue_wait"] = {
@@ -564,7 +595,17 @@ def write_section(block: str) -> None:
 
 
 @contextlib.contextmanager
-def bench(workers: int, scrape: bool, tune: bool, policy: str):
+def bench(
+    workers: int,
+    scrape: bool,
+    tune: bool,
+    policy: str,
+    engine: Callable[[], tuple[int, object]] | None = None,
+    extra_env: dict | None = None,
+):
+    """Engine, database, tenants and gateway for one series of runs. ``engine`` starts the
+    engine (its loopback port and something with ``stop()``; default: the simulator with
+    ``SIM_ARGS``); ``extra_env`` goes to the gateway and the ticker."""
     import redis
 
     prefix = f"admbench-{secrets.token_hex(4)}"
@@ -579,13 +620,14 @@ def bench(workers: int, scrape: bool, tune: bool, policy: str):
         "TOLLGATE_LOG_LEVEL": "WARNING",
         "TOLLGATE_METRICS_TOKEN": token,
         "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"),
+        **(extra_env or {}),
     }
     client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     servers: list[Server] = []
     load: JsonProcess | None = None
     db_made = False
     try:
-        port, sim = start_sim(policy)
+        port, sim = engine() if engine else start_sim(policy)
         servers.append(sim)
         psql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
         psql(f"CREATE DATABASE {DB_NAME}")

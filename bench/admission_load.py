@@ -10,13 +10,17 @@ tenant's traffic:
   duration ends (a flood), then hanging up whatever they still wait for; a refused
   request (429/503) waits 0.5 s before the next.
 
-Every request streams ``max_tokens`` tokens (``ignore_eos``; or a length drawn per request
-from ``max_tokens_range``, the same sequence in every run); a rate group may start after a
-``delay``. Per request the result has
-its start (seconds from the scenario's start), time to the first content chunk, latency,
-content chunks received (one token each from the simulator), HTTP status and the class the
-gateway put it in (``x-tollgate-priority``). Per group it also has the tokens received in
-each whole second, for token shares over a window.
+Every request asks for ``max_tokens`` tokens (``ignore_eos``; or a length drawn per request
+from ``max_tokens_range``, the same sequence in every run), streamed unless the group says
+``"stream": false``; a rate group may start after a ``delay``. A closed-loop group with
+``"drain": true`` stops sending at the deadline but lets every request it has out finish
+(so no work is thrown away at the end and engine tokens can be compared with received ones).
+Per request the result has its start (seconds from the scenario's start), time to the first
+content chunk (non-streaming: to the whole reply), latency, tokens received (the usage the
+reply reports: ``stream_options.include_usage`` on streams; without usage, content chunks,
+one token each from the simulator), HTTP status and the class the gateway put it in
+(``x-tollgate-priority``). Per group it also has the content chunks received in each whole
+second, for token shares over a window.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import aiohttp
 import orjson
 
 CONTENT = re.compile(rb'"content":\s*"[^"]')
+USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
 PROMPT = "Answer the user's question in a few sentences."
 
 
@@ -41,14 +46,17 @@ class Group:
         self.per_second: dict[int, int] = {}
         self.first_error = ""
         low, high = spec.get("max_tokens_range", (spec.get("max_tokens"), spec.get("max_tokens")))
+        self.stream = spec.get("stream", True)
+        extra = {"stream_options": {"include_usage": True}} if self.stream else {}
         self.bodies = [
             orjson.dumps(
                 {
                     "model": spec["model"],
                     "max_tokens": n,
                     "ignore_eos": True,
-                    "stream": True,
+                    "stream": self.stream,
                     "messages": [{"role": "user", "content": PROMPT}],
+                    **extra,
                 }
             )
             for n in range(low, high + 1)
@@ -62,7 +70,7 @@ class Group:
 
 async def one(session: aiohttp.ClientSession, url: str, g: Group) -> int:
     start = time.perf_counter()
-    first, tokens, status, klass = None, 0, 0, ""
+    first, tokens, usage, status, klass = None, 0, None, 0, ""
     try:
         body = g.random.choice(g.bodies)
         async with session.post(url, data=body, headers=g.headers) as r:
@@ -71,6 +79,10 @@ async def one(session: aiohttp.ClientSession, url: str, g: Group) -> int:
                 raw = await r.read()
                 if not g.first_error:
                     g.first_error = f"HTTP {r.status}: {raw[:200]!r}"
+            elif not g.stream:
+                raw = await r.read()
+                first = time.perf_counter()
+                usage = orjson.loads(raw)["usage"]["completion_tokens"]
             else:
                 buffer = b""
                 async for chunk in r.content.iter_any():
@@ -84,6 +96,8 @@ async def one(session: aiohttp.ClientSession, url: str, g: Group) -> int:
                             tokens += 1
                             sec = int(now - g.t0)
                             g.per_second[sec] = g.per_second.get(sec, 0) + 1
+                        elif b'"usage"' in frame and (found := USAGE.search(frame)):
+                            usage = int(found.group(1))
     except Exception as exc:  # noqa: BLE001 - count it and go on
         status = status or -1
         if not g.first_error:
@@ -94,7 +108,7 @@ async def one(session: aiohttp.ClientSession, url: str, g: Group) -> int:
             round(start - g.t0, 4),
             round(first - start, 5) if first else None,
             round(end - start, 4),
-            tokens,
+            tokens if usage is None else usage,
             status,
             klass,
         ]
@@ -116,13 +130,16 @@ async def run_group(session: aiohttp.ClientSession, url: str, g: Group, deadline
         return
 
     async def client() -> None:
-        while True:
+        while time.perf_counter() < deadline:
             if await one(session, url, g) != 200:
                 await asyncio.sleep(0.5)
 
+    clients = [asyncio.create_task(client()) for _ in range(spec["concurrency"])]
+    if spec.get("drain"):  # every request sent before the deadline finishes
+        await asyncio.gather(*clients)
+        return
     # At the end the flood's clients hang up, queued or streaming, as impatient clients do:
     # nothing of theirs outlives the scenario.
-    clients = [asyncio.create_task(client()) for _ in range(spec["concurrency"])]
     await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
     for task in clients:
         task.cancel()

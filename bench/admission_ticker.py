@@ -63,6 +63,7 @@ def main() -> None:
                             "ttft_ms": round(s.ttft_ms, 1) if s.ttft_ms is not None else None,
                             "engine_waiting": s.engine_waiting,
                             "queued": s.gateway_queued,
+                            "preemption": s.preemption,
                         }
                     ),
                     flush=True,
