@@ -1,7 +1,7 @@
 """A property-based run of the OpenAPI schema against the live admin API (Schemathesis).
 
 Django's live server serves the test database holding ``world`` (both tenants' objects), and
-the ``schemathesis`` command — the one the README gives — fuzzes every operation of
+the ``schemathesis`` command — the one docs/reference/admin-api.md gives — fuzzes every operation of
 ``/api/schema/`` with a platform admin's token: no answer may be a 5xx, an undocumented
 status or content type, or a body or header that breaks the schema, and every method an
 operation does not document must be a 405.

@@ -98,7 +98,7 @@ def run_as(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
 def test_the_gateway_connects_as_its_own_role_when_the_owner_url_is_a_file(
     tmp_path: Path,
 ) -> None:
-    """With both URLs from files (README, "Secrets from files"), the owner's file must not
+    """With both URLs from files (docs/operations/secrets.md), the owner's file must not
     win over the gateway role's URL (config/env.py prefers ``DATABASE_URL_FILE``)."""
     owner = tmp_path / "database_url"
     owner.write_text("postgres://tollgate:owner-secret@db.example.com/tollgate\n")
@@ -114,7 +114,8 @@ def test_the_gateway_connects_as_its_own_role_when_the_owner_url_is_a_file(
         "DATABASE_URL=postgres://tollgate_gateway:gw-secret@db.example.com/tollgate",
         "FILE=",
     ]
-    # Without a gateway role of its own, it keeps the owner's file (README: Least privilege).
+    # Without a gateway role of its own, it keeps the owner's file
+    # (docs/operations/least-privilege.md).
     done = run_as(tmp_path, DATABASE_URL_FILE=str(owner))
     assert done.stdout.splitlines() == ["DATABASE_URL=", f"FILE={owner}"]
 

@@ -38,7 +38,7 @@ LOCAL_IMAGES = {
     "TOLLGATE_REDIS_IMAGE": "tollgate/redis:bookworm",
     "TOLLGATE_CADDY_IMAGE": "tollgate/caddy:bookworm",
 }
-# Where the `https` service keeps its internal CA's root certificate (README.md, "HTTPS").
+# Where the `https` service keeps its internal CA's root certificate (docs/operations/https.md).
 CA_PATH = "/data/caddy/pki/authorities/local/root.crt"
 SIM_IMAGE = "tollgate/engine-sim:latest"
 
@@ -89,7 +89,8 @@ class Stack:
         return done.stdout
 
     def fetch_ca(self, timeout: float = 60) -> str:
-        """Exports the internal CA's root certificate, as README.md tells an admin to."""
+        """Exports the internal CA's root certificate, as docs/operations/https.md tells an admin
+        to."""
         deadline = time.monotonic() + timeout
         while True:
             pem = self.compose("exec", "-T", "https", "cat", CA_PATH, check=False)
@@ -205,33 +206,35 @@ def issue_admin_token(stack: Stack) -> str:
     return next(line[6:] for line in out.splitlines() if line.startswith("TOKEN="))
 
 
-def readme_block(first_line: str) -> str:
-    """The README code block that starts with ``first_line`` (README.md is what admins follow)."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index(f"\n{first_line}\n") + 1
-    return readme[start : readme.index("\n```", start) + 1]
+def docs_block(page: str, first_line: str) -> str:
+    """The code block of docs/``page`` that starts with ``first_line`` (the docs are what admins
+    follow)."""
+    text = (ROOT / "docs" / page).read_text()
+    start = text.index(f"\n{first_line}\n") + 1
+    return text[start : text.index("\n```", start) + 1]
 
 
 METRICS_TOKEN = "compose-test-metrics-token-" + uuid.uuid4().hex
+SECRETS_PAGE = "operations/secrets.md"
 
 
 def secrets_from_files(stack: Stack, folder: Path) -> None:
-    """README, "Secrets from files", as written there: its override file, its .env lines and
+    """docs/operations/secrets.md, as written there: its override file, its .env lines and
     the files, owned by the image's user. The first admin's password and the /metrics token
     then come from files only (not from the environment)."""
     (folder / "secrets").mkdir()
     for name, value in {"admin_password": ADMIN_PASSWORD, "metrics_token": METRICS_TOKEN}.items():
         path = folder / "secrets" / name
         path.write_text(value)
-        os.chown(path, 10001, 10001)  # as README's `sudo chown 10001:10001 secrets/*`
+        os.chown(path, 10001, 10001)  # as the page's `sudo chown 10001:10001 secrets/*`
         path.chmod(0o400)
-    override = readme_block("# compose.secrets.yml, beside docker-compose.yml")
+    override = docs_block(SECRETS_PAGE, "# compose.secrets.yml, beside docker-compose.yml")
     # Relative paths in an override resolve against the project folder (the repository).
     (folder / "compose.secrets.yml").write_text(
         override.replace("./secrets/", f"{folder}/secrets/")
     )
     stack.overrides.append(str(folder / "compose.secrets.yml"))
-    for line in readme_block("# .env").splitlines()[1:]:
+    for line in docs_block(SECRETS_PAGE, "# .env").splitlines()[1:]:
         name, _, value = line.partition("=")
         if name != "COMPOSE_FILE":  # stands for the -f options above
             stack.env[name] = value
@@ -455,10 +458,10 @@ def test_https_front_redirects_pins_and_hardens(stack: Stack) -> None:
 
 
 def test_secrets_from_files_reach_only_the_services_that_read_them(stack: Stack) -> None:
-    """The first admin's password and the /metrics token came from files (README, "Secrets
-    from files"): the admin signs in with it (``issue_admin_token`` checked the password),
-    /metrics answers only with the file's token, the files are mounted only where README's
-    override puts them, and neither value is in any container's configuration."""
+    """The first admin's password and the /metrics token came from files
+    (docs/operations/secrets.md): the admin signs in with it (``issue_admin_token`` checked the
+    password), /metrics answers only with the file's token, the files are mounted only where
+    the page's override puts them, and neither value is in any container's configuration."""
     with stack.client() as client:
         assert client.get("/metrics").status_code == 404
         wrong = client.get("/metrics", headers={"Authorization": "Bearer not-the-token"})
@@ -488,7 +491,7 @@ def test_secrets_from_files_reach_only_the_services_that_read_them(stack: Stack)
 
 def chromium_home_trusting(ca: str, home: Path) -> Path:
     """A HOME whose NSS database trusts the stack's CA, as an admin's browser would once
-    they imported it (README.md, "HTTPS"): Chromium on Linux reads $HOME/.pki/nssdb."""
+    they imported it (docs/operations/https.md): Chromium on Linux reads $HOME/.pki/nssdb."""
     nssdb = home / ".pki" / "nssdb"
     nssdb.mkdir(parents=True)
     subprocess.run(["certutil", "-N", "-d", f"sql:{nssdb}", "--empty-password"], check=True)

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_env_example_documents_every_compose_variable() -> None:
-    # compose/node-agent.yml runs on other boxes with its own env file (deployments/README.md).
+    # compose/node-agent.yml runs on other boxes with its own env file (docs/admins/deployments.md).
     files = [ROOT / "docker-compose.yml", ROOT / "compose/cluster.yml"]
     used = {name for f in files for name in re.findall(r"\$\{([A-Z0-9_]+)", f.read_text())}
     documented = set(re.findall(r"^([A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.M))
@@ -32,7 +32,8 @@ NOT_FROM_ENV_FILE = {
 
 
 def test_every_setting_reaches_the_appliance_processes() -> None:
-    """An admin who puts a setting from README's table in .env sees it take effect."""
+    """An admin who puts a setting from the settings table (docs/reference/configuration.md) in
+    .env sees it take effect."""
     settings_source = (ROOT / "config/settings.py").read_text()
     read = set(re.findall(r'env_[a-z]+\(\s*"([A-Z0-9_]+)"', settings_source))
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -91,8 +92,8 @@ def file_receivers(compose: dict) -> dict[str, set[str]]:
 
 
 def test_every_secret_can_come_from_a_file_under_compose() -> None:
-    """README, "Secrets from files": an admin who names a file in .env for any secret sees
-    it reach the services that read that secret, and README's table names those services."""
+    """docs/operations/secrets.md: an admin who names a file in .env for any secret sees it
+    reach the services that read that secret, and the page's table names those services."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     receivers = file_receivers(compose)
     secrets = secret_settings()
@@ -101,8 +102,8 @@ def test_every_secret_can_come_from_a_file_under_compose() -> None:
     assert {f"{name}_FILE" for name in secrets} == set(receivers), (
         "secrets whose _FILE variant Compose does not pass (or passes for no secret)"
     )
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("| variable | services that read it |", 1)[1].split("\n\n", 1)[0]
+    page = (ROOT / "docs/operations/secrets.md").read_text()
+    table = page.split("| variable | services that read it |", 1)[1].split("\n\n", 1)[0]
     documented: dict[str, set[str]] = {}
     for row in table.splitlines()[2:]:
         names_cell, services_cell = row.strip("|").split("|")

@@ -97,8 +97,9 @@ def test_gateway_role_cannot_write_tenants_keys_or_prices(
 
 
 def test_app_role_writes_rows_but_never_the_schema(app_role: str, tenant_a: object) -> None:
-    """What web, the worker, the batch runner and the usage consumer connect as (README, "Least
-    privilege"): their work is rows; the schema is the migrations' alone."""
+    """What web, the worker, the batch runner and the usage consumer connect as
+    (docs/operations/least-privilege.md): their work is rows; the schema is the migrations'
+    alone."""
     key_id = tenant_services.issue_api_key(None, tenant_a, name="k").key.pk
     with connect_as(app_role) as app_db:
         # Rows of any table: what deployments, usage ingestion and batches write.
