@@ -14,7 +14,7 @@
 #   worker-ping   health check of the worker (answers Celery's ping within 10 s)
 #   manage …  any manage.py command
 #   login, logout, tenants, keys, models, prices, deployments, usage …
-#             the admin command line (tollgate_cli; README "Command line"), speaking the
+#             the admin command line (tollgate_cli; docs/reference/cli.md), speaking the
 #             admin API at TOLLGATE_URL (default http://127.0.0.1:8000, this container's web)
 #   anything else is executed as given
 #
@@ -212,8 +212,8 @@ role_migrate() {
     python3 -m config.redisacl --apply "$SECRETS_DIR"
   fi
   # The bundled database: (re)grant the gateway's and the application role after every
-  # migration. With a database of your own, run `manage.py db_roles` yourself (README.md,
-  # "Least privilege").
+  # migration. With a database of your own, run `manage.py db_roles` yourself
+  # (docs/operations/least-privilege.md).
   if [ $bundled_db = 1 ]; then
     python3 manage.py db_roles --gateway-role "${TOLLGATE_GATEWAY_DB_USER:-tollgate_gateway}" \
       --password-file "$SECRETS_DIR/gateway_db_password" \

@@ -42,7 +42,7 @@ def _list(env: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[
 
 @dataclass(frozen=True)
 class Settings:
-    """The policy's configuration (see README, "The Docker API policy")."""
+    """The policy's configuration (see docs/reference/docker-policy.md)."""
 
     images: tuple[str, ...]  # fnmatch patterns, as TOLLGATE_ENGINE_IMAGES
     volumes: frozenset[str]  # the model cache and the compile cache

@@ -3,7 +3,7 @@
 ``csv_lines(ExportQuery(...))`` yields the CSV text in chunks; the admin API and the
 console both stream it with ``StreamingHttpResponse``. Rows come from PostgreSQL through a
 server-side cursor (``.iterator(chunk_size=…)``), so memory does not grow with row count.
-Two column sets: ``showback`` (Tollgate's own, documented in metering/README.md) and
+Two column sets: ``showback`` (Tollgate's own, documented in docs/admins/metering.md) and
 ``focus`` (the FinOps FOCUS 1.0 columns, one row per token kind).
 """
 

@@ -1,1 +1,1 @@
-"""The ``tollgate`` command line: the admin API for scripts and CI (see README, "Command line")."""
+"""The ``tollgate`` command line: the admin API for scripts and CI (see docs/reference/cli.md)."""
