@@ -145,6 +145,17 @@ def start_vllm(
     return engine
 
 
+@pytest.fixture(scope="session")
+def shared_engine() -> Iterator[RealEngine]:
+    """One engine with the fidelity scenarios' flags for every test that needs no flags of its
+    own (each start costs a minute or more on two cores). It serves ``tiny-llama``."""
+    from tests.vllm.fidelity_scenarios import ENGINE_FLAGS
+
+    engine = start_vllm(*ENGINE_FLAGS[2:])  # start_vllm sets --max-model-len itself
+    yield engine
+    engine.stop()
+
+
 @pytest.fixture
 def vllm_factory() -> Iterator[Callable[..., RealEngine]]:
     """``start_vllm`` whose engines are removed when the test ends."""

@@ -66,12 +66,10 @@ def test_vllm_command_is_the_official_images_entrypoint() -> None:
     assert version == "0.32.0+cpu"
 
 
-def test_engine_serves_the_test_model_with_vllms_own_metrics(
-    vllm_factory: object,
-) -> None:
+def test_engine_serves_the_test_model_with_vllms_own_metrics(shared_engine: RealEngine) -> None:
     """A chat answer with usage, and the /metrics families Tollgate reads, under their real
     names; the counters move by exactly the usage the engine reported."""
-    engine: RealEngine = vllm_factory()
+    engine = shared_engine
     cards = httpx.get(f"{engine.url}/v1/models", timeout=10).json()["data"]
     assert [card["id"] for card in cards] == ["tiny-llama"]
     assert cards[0]["max_model_len"] == 2048

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.engine_sim.conftest import free_port
-from tests.vllm.conftest import TEST_MODEL, RealEngine, start_vllm
+from tests.vllm.conftest import TEST_MODEL, RealEngine
 from tests.vllm.fidelity import differences, observe
 from tests.vllm.fidelity_scenarios import ENGINE_FLAGS, MODEL, SCENARIOS, Scenario
 
@@ -39,10 +39,8 @@ SIM_KNOBS = (
 
 
 @pytest.fixture(scope="module")
-def real_engine() -> Iterator[RealEngine]:
-    engine = start_vllm(*ENGINE_FLAGS[2:])  # start_vllm sets --max-model-len itself
-    yield engine
-    engine.stop()
+def real_engine(shared_engine: RealEngine) -> RealEngine:
+    return shared_engine  # started with ENGINE_FLAGS
 
 
 @pytest.fixture(scope="module")
