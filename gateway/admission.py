@@ -177,7 +177,6 @@ class Admission:
         budget: int,
         priority: str,
         weight: int,
-        p0_extra: int = 0,
         kv: int = 0,
         preempt: bool = False,
         victim: bool = False,
@@ -193,12 +192,10 @@ class Admission:
             p2_open=self.p2_open.get(model_id, True),
             give_up_ms=int(queue_timeout(priority) * 1000) + 5000,
             lease_ms=lease_ms(),
-            p0_extra=p0_extra,
             kv=kv,
             kv_capacity=self.kv_capacity.get(model_id, 0),
             headroom_ms=int(headroom * 1000),
             headroom_max=headroom_slots(budget),
-            preempt_max=setting("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS"),
             preempt=preempt,
             victim=victim,
         )
@@ -217,7 +214,6 @@ class Admission:
         weight: int,
         cost: int,
         disconnected: asyncio.Event,
-        p0_extra: int = 0,
         kv: int = 0,
         flags: tuple[bool, bool, bool] = (False, False, False),
     ) -> Ticket:
@@ -244,7 +240,6 @@ class Admission:
                 cost,
                 budget,
                 disconnected,
-                p0_extra,
                 kv,
                 flags,
             )
@@ -282,7 +277,6 @@ class Admission:
         cost: int,
         budget: int,
         disconnected: asyncio.Event,
-        p0_extra: int = 0,
         kv: int = 0,
         flags: tuple[bool, bool, bool] = (False, False, False),
     ) -> Ticket:
@@ -312,7 +306,6 @@ class Admission:
                 cost,
                 budget,
                 model_id,
-                p0_extra,
                 kv,
                 flags,
             )
@@ -331,11 +324,10 @@ class Admission:
         cost: int,
         budget: int,
         model_id: int,
-        p0_extra: int = 0,
         kv: int = 0,
         flags: tuple[bool, bool, bool] = (False, False, False),
     ) -> list[int]:
-        slot = self.slot_request(model_id, budget, priority, weight, p0_extra, kv)
+        slot = self.slot_request(model_id, budget, priority, weight, kv)
         args = [
             request_id,
             slot.priority_index,
@@ -347,12 +339,10 @@ class Admission:
             budget,
             "1" if slot.p2_open else "0",
             slot.give_up_ms,
-            p0_extra,
             kv,
             slot.kv_capacity,
             slot.headroom_ms,
             slot.headroom_max,
-            slot.preempt_max,
             1 if flags[0] else 0,
             1 if flags[1] else 0,
             1 if flags[2] else 0,

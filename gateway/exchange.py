@@ -224,7 +224,6 @@ class Exchange:
         "request_id",
         "priority",
         "budget",
-        "p0_extra",
         "tokens",
         "kv",
         "price",
@@ -299,7 +298,6 @@ class Exchange:
         # tests/vllm/test_priority.py), so on every engine the slot is the gateway's to give:
         # P0 heads the gateway's queue, or preempts.
         ordered = all(u.priority_scheduling for u in upstreams)
-        p0_extra = self.p0_extra = 0
         if ordered:
             payload["priority"] = CLASS_INDEX[priority]
         # Where that frees an engine slot: not on engines that finish what it aborts (the
@@ -320,7 +318,7 @@ class Exchange:
             model.id, prompt_est, output_est, model.context_length
         )
         slot = admission.slot_request(
-            model.id, budget, priority, tenant.weight, p0_extra, kv, self.preempts, victim
+            model.id, budget, priority, tenant.weight, kv, self.preempts, victim
         )
         key = self.key
         record = {
@@ -430,7 +428,6 @@ class Exchange:
                 tenant.weight,
                 self.tokens,
                 disconnect.event,
-                self.p0_extra,
                 self.kv,
                 (self.preempts, self.victim, False),
             )
@@ -696,7 +693,6 @@ class Exchange:
                 self.tenant.weight,
                 self.tokens,
                 disconnect.event,
-                self.p0_extra,
                 self.kv,
                 (self.preempts, preempt.may_be_victim(self.preemptions), True),
             )

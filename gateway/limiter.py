@@ -95,12 +95,10 @@ class SlotRequest:
     p2_open: bool
     give_up_ms: int
     lease_ms: int
-    p0_extra: int = 0  # slots P0 may use beyond the ceiling (engines that preempt by priority)
     kv: int = 0  # predicted in-flight tokens: prompt estimate + expected output
     kv_capacity: int = 0  # the engines' KV cache for admission, in tokens (0: unknown)
     headroom_ms: int = 0  # window of recent higher-class demand (0: no headroom)
     headroom_max: int = 0  # most slots lower classes leave free
-    preempt_max: int = 0  # engines that preempt: cheaper requests ignore the headroom
     preempt: bool = False  # a P0/P1 request may take a preemptible lower-class slot
     victim: bool = False  # this request may be preempted (the gateway resumes it)
 
@@ -174,12 +172,10 @@ class Limiter:
             str(tenant.id),
             orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}).decode(),
             now_ms + slot.lease_ms,
-            slot.p0_extra,
             slot.kv,
             slot.kv_capacity,
             slot.headroom_ms,
             slot.headroom_max,
-            slot.preempt_max,
             1 if slot.preempt else 0,
             1 if slot.victim else 0,
             preempt_channel(),

@@ -2,7 +2,6 @@
 
 import asyncio
 import time
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
@@ -11,8 +10,6 @@ from django.conf import settings
 from core.keyspace import pool_keys
 from gateway.admission import Admission, lowered, pool_status, wait_stats
 from gateway.controller import ControllerState, Sample, next_ceiling
-from gateway.exchange import Disconnect, Exchange
-from gateway.state import KeyInfo, Limits, ModelInfo, TenantInfo
 
 
 def run(coro: object) -> object:
@@ -172,75 +169,6 @@ def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_
     assert not batch.admitted and batch.retry_after >= 1 and 0.9 < waited < 3
     assert standard.admitted  # the free slots were there all along: only P2 was held back
     assert leftovers == 0  # a timed-out request leaves the queue
-
-
-def test_a_queued_p0_request_retries_with_its_extra_slots(settings: object) -> None:
-    """Engines that preempt by priority let P0 past the ceiling (by the budget): a P0 request
-    that admission queued takes an extra slot on its next try, not after a P2 request ends."""
-    settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS = {"P0": 3, "P1": 3, "P2": 3}
-    key = KeyInfo(
-        id=1,
-        prefix="abcdefgh",
-        secret_hash="x",
-        tenant_id=2,
-        expires_at=0,
-        limits=Limits(),
-        model_ids=frozenset(),
-    )
-    tenant = TenantInfo(
-        id=2,
-        slug="t",
-        priority="P0",
-        boost_until=0,
-        weight=1,
-        limits=Limits(),
-        quota_period="monthly",
-        quota_tokens=0,
-        quota_money_nano=0,
-        currency="USD",
-        model_ids=frozenset({900012}),
-    )
-    model = ModelInfo(id=900012, served_name="m", task="generate", context_length=4096, created=0)
-
-    async def scenario() -> tuple[list[dict], float, bool]:
-        adm, client = await admission()
-        sent: list[dict] = []
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        async def never() -> dict:
-            await asyncio.Event().wait()
-            return {}
-
-        try:
-            assert (await acquire(adm, model.id, 1, "batch", "P2", 1, 10)).admitted  # the one slot
-            ex = Exchange(
-                SimpleNamespace(admission=adm),
-                send,
-                "chat",
-                {"model": "m"},
-                b"{}",
-                key,
-                tenant,
-                model,
-                [],
-                time.perf_counter(),
-            )  # no replica: forwarding answers 503
-            ex.request_id, ex.priority, ex.budget, ex.p0_extra, ex.tokens = "urgent", "P0", 1, 1, 10
-            ex.kv = 10
-            ex.headers, ex.disconnect = [], Disconnect(never)
-            started = time.monotonic()
-            await ex.queue_then_forward()
-            ex.disconnect.close()
-            return sent, time.monotonic() - started, "urgent" in adm.running
-        finally:
-            await client.delete(*pool_keys(model.id))
-            await client.aclose()
-
-    sent, waited, holding = run(scenario())
-    assert holding and waited < 2  # not the 3 s queue timeout
-    assert sent[0]["status"] == 503 and b"No engine" in sent[1]["body"]
 
 
 def test_a_dead_gateways_slot_lease_lapses() -> None:
