@@ -219,16 +219,3 @@ def test_controller_stays_within_the_budget_and_takes_back_steps_that_did_not_pa
     for tps in range(100, 140):
         state, _ = next_ceiling(state, Sample(float(tps * 10), 0.2, 0, 9), budget=8)
     assert state.ceiling == 8
-
-
-def test_engines_that_preempt_by_priority_do_not_lower_the_ceiling_for_their_own_queue() -> None:
-    state = ControllerState(ceiling=4)
-    # P0 preempted P2 inside the engine: P2 waits there and its TTFT is long.
-    state, why = next_ceiling(state, Sample(100.0, 0.2, 0, 3), budget=4, preempting=True)
-    state, why = next_ceiling(state, Sample(100.0, 3.0, 2, 3), budget=4, preempting=True)
-    assert (why, state.ceiling) == ("hold", 4)
-    # Without priority scheduling the same figures mean overload.
-    state, why = next_ceiling(
-        ControllerState(ceiling=4, baseline_ttft=0.2), Sample(100.0, 3.0, 2, 3), budget=4
-    )
-    assert (why, state.ceiling) == ("decrease", 3)
