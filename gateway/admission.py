@@ -34,8 +34,7 @@ from core.keyspace import (
 )
 from core.redis import get_redis
 from gateway import metrics
-from gateway.limiter import SlotRequest
-from gateway.orphans import lease_ms
+from gateway.limiter import SlotRequest, lease_ms
 
 log = logging.getLogger("tollgate.gateway")
 

@@ -27,20 +27,18 @@ from gateway import billing, messages, metrics, preempt, responses
 from gateway.admission import CLASS_INDEX, lowered
 from gateway.errors import error_body
 from gateway.limiter import Decision, Reservation
-from gateway.orphans import checkpoint_value
 from gateway.relay import (
-    Outcome,
     Preempted,
     StreamState,
     UpstreamRefused,
     forward_stream,
     forward_whole,
-    read_usage,
     respond,
     resume_stream,
 )
 from gateway.runtime import Runtime
 from gateway.state import KeyInfo, ModelInfo, TenantInfo, Upstream
+from gateway.usage import USAGE_SHAPES, Outcome, UsageShape, checkpoint_value
 from metering.periods import period_end
 
 log = logging.getLogger("tollgate.gateway")
@@ -498,7 +496,7 @@ class Exchange:
             if st is not None:
                 dialect.attach(st)
             answer = dialect.answer
-        read = messages.read_usage if endpoint == "messages" else read_usage
+        shape = USAGE_SHAPES[endpoint]
         path = UPSTREAM_PATHS[endpoint]
         up_headers = {"content-type": "application/json", "x-request-id": self.request_id}
         task = asyncio.current_task()
@@ -524,7 +522,7 @@ class Exchange:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
                     if self.victim:
                         await self.relay_preemptible(
-                            upstream, url, sent_headers, stream, st, outcome, read
+                            upstream, url, sent_headers, stream, st, outcome, shape
                         )
                     elif stream:
                         await forward_stream(
@@ -546,7 +544,7 @@ class Exchange:
                             send,
                             headers,
                             outcome,
-                            read,
+                            shape,
                             answer,
                         )
                     break
@@ -618,7 +616,7 @@ class Exchange:
         stream: bool,
         st: StreamState | None,
         outcome: Outcome,
-        read: Any,
+        shape: UsageShape,
     ) -> None:
         """Relay a request the gateway may preempt; when it is, queue it again at the head
         of its class and resume it once readmitted (gateway/preempt.py)."""
@@ -642,7 +640,7 @@ class Exchange:
                         )
                     else:
                         await forward_whole(
-                            rt.session, url, body, up_headers, send, self.headers, outcome, read
+                            rt.session, url, body, up_headers, send, self.headers, outcome, shape
                         )
                     return
                 except asyncio.CancelledError:

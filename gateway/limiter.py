@@ -121,6 +121,12 @@ _ADMIT = Script(ADMIT_LUA)
 _SETTLE = Script(SETTLE_LUA)
 
 
+def lease_ms() -> int:
+    """How long an engine slot and an open request's record outlive their gateway process's
+    last renewal (then the reaper settles the request: gateway/orphans.py)."""
+    return int(setting("TOLLGATE_GATEWAY_LEASE_SECONDS") * 1000)
+
+
 class Limiter:
     """Atomic admission and settlement against one Redis (a pipelined connection: see
     gateway/redispipe.py; a call that gets no answer within its timeout fails closed)."""
