@@ -14,6 +14,7 @@ import logging
 import math
 import secrets
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +25,7 @@ from core.keyspace import open_keys
 from core.pricing import cost_nano
 from core.usage import UsageRecord
 from gateway import billing, messages, metrics, preempt, responses
-from gateway.admission import CLASS_INDEX, lowered
+from gateway.admission import CLASS_INDEX, Claim, lowered
 from gateway.errors import error_body
 from gateway.limiter import Decision, Reservation
 from gateway.relay import (
@@ -220,16 +221,11 @@ class Exchange:
         "started",
         "occurred",
         "request_id",
-        "priority",
-        "budget",
-        "tokens",
-        "kv",
+        "claim",
         "price",
         "headers",
         "disconnect",
         "plan",
-        "preempts",
-        "victim",
         "preemptions",
         "preempted",
         "relay_task",
@@ -262,8 +258,6 @@ class Exchange:
         self.upstreams = upstreams
         self.started = started  # perf_counter() when the request arrived
         self.plan = plan  # /v1/responses: the id it gets and what to keep of it
-        self.preempts = False  # it may take a lower class's slot (gateway/preempt.py)
-        self.victim = False  # the gateway may preempt it
         self.relay_task: asyncio.Task | None = None  # set while a preemptible one is relayed
 
     async def admit_and_forward(self, scope: dict, receive: Any) -> None:
@@ -288,8 +282,7 @@ class Exchange:
             (v.decode("latin-1") for n, v in scope["headers"] if n == b"x-tollgate-priority"),
             client_priority,
         )
-        priority = self.priority = lowered(tenant.priority_at(occurred), asked)
-        budget = self.budget = sum(u.max_num_seqs for u in upstreams)
+        priority = lowered(tenant.priority_at(occurred), asked)
         # Engines that schedule by priority get the class as vLLM's integer (lower runs
         # first): it orders their waiting queue and picks whom a full KV cache preempts. But a
         # waiting request never takes a running one's slot there (vLLM 0.32;
@@ -301,8 +294,7 @@ class Exchange:
         # Where that frees an engine slot: not on engines that finish what it aborts (the
         # controller's verdict, read with the engine telemetry; the headroom protects P0 there).
         gateway_preempts = preempt.enabled() and rt.admission.preempt_frees.get(model.id, True)
-        self.preempts = gateway_preempts and priority != "P2"
-        victim = self.victim = (
+        victim = (
             gateway_preempts
             and priority != "P0"
             and self.plan is None
@@ -312,12 +304,20 @@ class Exchange:
         stream_options = payload.get("stream") is True and self.endpoint in STREAM_OPTIONS
         self.body = upstream_body(payload, self.body, stream_options, changed)
         admission = rt.admission
-        kv = self.kv = admission.predicted_tokens(
-            model.id, prompt_est, output_est, model.context_length
+        tokens = prompt_est + output_est
+        self.claim = Claim(
+            request_id=request_id,
+            model_id=model.id,
+            budget=sum(u.max_num_seqs for u in upstreams),
+            priority=priority,
+            tenant_id=tenant.id,
+            weight=tenant.weight,
+            cost=tokens,
+            kv=admission.predicted_tokens(model.id, prompt_est, output_est, model.context_length),
+            preempts=gateway_preempts and priority != "P2",
+            victim=victim,
         )
-        slot = admission.slot_request(
-            model.id, budget, priority, tenant.weight, kv, self.preempts, victim
-        )
+        slot = admission.slot_request(self.claim)
         key = self.key
         record = {
             "event": {
@@ -344,7 +344,6 @@ class Exchange:
         prompt = billing.orphan_prompt(self.endpoint, payload, self.body)
         if prompt is not None:
             record["prompt"] = prompt
-        tokens = self.tokens = prompt_est + output_est
         try:
             decision = await rt.limiter.admit(
                 request_id, key, tenant, tokens, money_est, slot, record, occurred
@@ -413,22 +412,11 @@ class Exchange:
             self.send,
             self.tenant,
             self.model,
-            self.priority,
+            self.claim.priority,
             self.disconnect,
         )
         try:
-            ticket = await self.rt.admission.wait(
-                model.id,
-                self.budget,
-                self.request_id,
-                priority,
-                tenant.id,
-                tenant.weight,
-                self.tokens,
-                disconnect.event,
-                self.kv,
-                (self.preempts, self.victim, False),
-            )
+            ticket = await self.rt.admission.wait(self.claim, disconnect.event)
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             await respond(
                 send,
@@ -520,7 +508,7 @@ class Exchange:
                     sent_headers = up_headers
                     if upstream.auth_header:
                         sent_headers = {**up_headers, "authorization": upstream.auth_header}
-                    if self.victim:
+                    if self.claim.victim:
                         await self.relay_preemptible(
                             upstream, url, sent_headers, stream, st, outcome, shape
                         )
@@ -657,7 +645,7 @@ class Exchange:
                     self.relay_task = None
             self.preempted = False
             self.preemptions += 1
-            metrics.PREEMPTIONS.labels(self.model.served_name, self.priority).inc()
+            metrics.PREEMPTIONS.labels(self.model.served_name, self.claim.priority).inc()
             if stream and outcome.started:
                 st.preempt = False
                 text, ident, created = preempt.delivered(st, self.endpoint)
@@ -682,18 +670,10 @@ class Exchange:
         disconnect, task = self.disconnect, self.disconnect.cancel_on
         disconnect.cancel_on = None  # a client leaving now ends the wait (which cleans up)
         try:
-            ticket = await self.rt.admission.wait(
-                self.model.id,
-                self.budget,
-                self.request_id,
-                self.priority,
-                self.tenant.id,
-                self.tenant.weight,
-                self.tokens,
-                disconnect.event,
-                self.kv,
-                (self.preempts, preempt.may_be_victim(self.preemptions), True),
-            )
+            # At the head of its class; preempted at most so many times.
+            victim = preempt.may_be_victim(self.preemptions)
+            claim = replace(self.claim, victim=victim, head=True)
+            ticket = await self.rt.admission.wait(claim, disconnect.event)
         finally:
             disconnect.cancel_on = task
         if ticket.admitted:
@@ -704,7 +684,7 @@ class Exchange:
                 outcome.completion_tokens = 0
             return False
         message = (
-            f"The model `{self.model.served_name}` is busy: this {self.priority} request was "
+            f"The model `{self.model.served_name}` is busy: this {self.claim.priority} request was "
             f"paused for a higher class and waited {ticket.waited:.0f}s to resume."
         )
         outcome.status = "error"
@@ -761,7 +741,7 @@ class Exchange:
             model_id=model.id,
             deployment_id=upstream.deployment_id if upstream else None,
             endpoint=self.endpoint,
-            priority=self.priority,
+            priority=self.claim.priority,
             prompt_tokens=outcome.prompt_tokens,
             cached_tokens=outcome.cached_tokens,
             completion_tokens=outcome.completion_tokens,

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from core.keyspace import pool_keys
-from gateway.admission import Admission, lowered, pool_status, wait_stats
+from gateway.admission import Admission, Claim, Ticket, lowered, pool_status, wait_stats
 from gateway.controller import ControllerState, Sample, next_ceiling
 
 
@@ -32,13 +32,12 @@ async def acquire(
     gone: asyncio.Event | None = None,
 ) -> object:
     """As the gateway does: one try at admission (which queues the request), then wait."""
-    from gateway.admission import Ticket
-
-    got, _, _ = await adm._try(pool_keys(model), rid, prio, tenant, 1, cost, budget, model)
+    claim = Claim(rid, model, budget, prio, tenant, weight=1, cost=cost)
+    got, _, _ = await adm._try(claim)
     if got:
         adm.holding(rid, model)
         return Ticket(True, 0.0)
-    return await adm.wait(model, budget, rid, prio, tenant, 1, cost, gone or asyncio.Event())
+    return await adm.wait(claim, gone or asyncio.Event())
 
 
 @pytest.mark.parametrize(
