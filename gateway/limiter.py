@@ -189,23 +189,8 @@ class Limiter:
         result = await self.pipe.evalsha(
             _ADMIT, (*keys, *slot.pool, *open_keys()), (orjson.dumps(argv),)
         )
-        code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = result
-        reason, scope = REASONS.get(code, ("", ""))
-        reservation = Reservation(request_id, keys, tokens, money_nano) if code == 0 else None
-        return Decision(
-            admitted=code == 0,
-            reason=reason,
-            scope=scope,
-            retry_ms=retry,
-            limit_requests=lreq,
-            remaining_requests=rreq,
-            reset_requests_ms=sreq,
-            limit_tokens=ltok,
-            remaining_tokens=rtok,
-            reset_tokens_ms=stok,
-            reservation=reservation,
-            slot=got_slot == 1,
-        )
+        reservation = Reservation(request_id, keys, tokens, money_nano)
+        return _decision(result, reservation)
 
     async def settle(
         self, reservation: Reservation, tokens: int, money_nano: int, event: bytes, model_id: int
@@ -214,6 +199,26 @@ class Limiter:
         append the usage event."""
         keys, args = settle_keys(reservation, tokens, money_nano, event, model_id)
         await self.pipe.evalsha(_SETTLE, keys, args)
+
+
+def _decision(result: list[int], reservation: Reservation) -> Decision:
+    """limiter.lua's answer; ``reservation``: what it set aside if it admitted."""
+    code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = result
+    reason, scope = REASONS.get(code, ("", ""))
+    return Decision(
+        admitted=code == 0,
+        reason=reason,
+        scope=scope,
+        retry_ms=retry,
+        limit_requests=lreq,
+        remaining_requests=rreq,
+        reset_requests_ms=sreq,
+        limit_tokens=ltok,
+        remaining_tokens=rtok,
+        reset_tokens_ms=stok,
+        reservation=reservation if code == 0 else None,
+        slot=got_slot == 1,
+    )
 
 
 def settle_keys(
