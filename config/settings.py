@@ -434,10 +434,6 @@ TOLLGATE_P2_KV_CACHE_THRESHOLD = env_float("TOLLGATE_P2_KV_CACHE_THRESHOLD", 0.9
 TOLLGATE_ADMISSION_HEADROOM_SECONDS = env_float("TOLLGATE_ADMISSION_HEADROOM_SECONDS", 5.0)
 # The headroom never exceeds this share of a model's slot budget.
 TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE = env_float("TOLLGATE_ADMISSION_HEADROOM_MAX_SHARE", 0.5)
-# Read by admission for engines that would give P0 a running request's slot themselves (a
-# lower-class request predicted at no more than this many tokens would ignore the headroom).
-# vLLM 0.32 does not (tests/vllm/test_priority.py), so no engine takes that path today.
-TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS = env_int("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS", 2048)
 # On every engine (vLLM's priority scheduling never preempts for a slot), a P0/P1
 # request that finds every slot taken preempts the youngest lower-class chat/completions
 # request: the gateway aborts it upstream and resumes it when a slot frees, continuing from

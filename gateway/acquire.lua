@@ -12,15 +12,11 @@
 --   o  rid, class (0 P0, 1 P1, 2 P2), tenant, weight, cost (tokens, for fair share), now,
 --      lease, budget, p2 ('1' when engines have spare capacity), giveup (ms), fresh (true
 --      when called by admission: the request is not queued yet),
---      p0extra  slots P0 may use beyond the ceiling when the engines preempt by priority
---               (vLLM --scheduling-policy priority): P0 then never waits behind P2;
 --      kv       the request's predicted in-flight tokens (prompt estimate + expected output),
 --      kvcap    the engines' KV-cache capacity in tokens for admission (0: unknown, no limit),
 --      hwin     headroom window (ms, 0: no headroom), hmax most slots the headroom keeps,
---      pmax     on engines that preempt, a lower-class request predicted at no more than
---               this many tokens ignores the headroom (preempting it is cheap)
 --      preempt  1: this P0/P1 request may take the slot of a preemptible lower-class one
---               (engines that serve first come, first served; the gateway preempts)
+--               (the gateway preempts on every engine: gateway/preempt.py)
 --      victim   1: this request may be preempted (it then ignores the headroom)
 --      head     1: a preempted request queueing again: at the head of its class (it ignores
 --               the headroom, and is the last of its class to be preempted again)
@@ -29,7 +25,7 @@
 -- Rank = class * 1e13 + virtual start time: P0 before P1 before P2; inside a class, start-
 -- time fair queueing by tokens (a tenant's virtual time advances by cost / weight), so one
 -- tenant's burst cannot starve another's. A request takes a slot only when no better-ranked
--- request waits, a slot is free under its class's limit, and its predicted tokens fit in
+-- request waits, a slot is free under the ceiling, and its predicted tokens fit in
 -- the KV cache beside those in flight (a request alone always fits: the engine decides).
 --
 -- Headroom: on engines that serve first come, first served, a P0 request arriving while
@@ -37,7 +33,7 @@
 -- the slots higher classes recently needed: k = the most higher-class requests that ran at
 -- once (holding a slot or asking for one) in the last one to two windows (0 once they stop
 -- coming), at most hmax and never every slot. A lower-class request takes a slot only while
--- running + max(0, k - higher-class slot holders now) < limit.
+-- running + max(0, k - higher-class slot holders now) < ceiling.
 --
 -- Preemption (first-come-first-served engines, where the headroom alone costs throughput
 -- and still leaves P0 behind a P2 reply now and then): a P0/P1 request that finds every
@@ -127,9 +123,6 @@ local function try_slot(K, o)
   local CLASS = 1e13
   local ceiling = tonumber(redis.call('GET', kc) or o.budget)
   if ceiling < 1 then ceiling = 1 end
-  local preempting = (o.p0extra or 0) > 0
-  local limit = ceiling
-  if class == 0 then limit = ceiling + (o.p0extra or 0) end
 
   -- A fresh request (from admission) cannot be queued yet; a retry has its rank.
   local rank, tag = -1, nil
@@ -163,13 +156,12 @@ local function try_slot(K, o)
   local reserved = 0
   -- Preemptible requests ignore the headroom (P0 takes their slot when it needs one), and so
   -- does a preempted one coming back: it heads its class, so waiting would hold up the class.
-  local exempt = o.victim == 1 or o.head == 1 or (preempting and o.kv <= o.pmax)
+  local exempt = o.victim == 1 or o.head == 1
   if class > 0 and o.hwin > 0 and not exempt then
     reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
   end
-  local kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
-      or in_flight + o.kv <= o.kvcap
-  if running + reserved >= limit or not kv_ok then
+  local kv_ok = o.kvcap <= 0 or running == 0 or in_flight + o.kv <= o.kvcap
+  if running + reserved >= ceiling or not kv_ok then
     reap(kr, kt, kp, now)
     running = redis.call('ZCARD', kr)
     if running == 0 then redis.call('DEL', kt) end  -- nothing runs: nothing is in flight
@@ -181,8 +173,7 @@ local function try_slot(K, o)
     if reserved > 0 then
       reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
     end
-    kv_ok = o.kvcap <= 0 or running == 0 or (preempting and class == 0)
-      or in_flight + o.kv <= o.kvcap
+    kv_ok = o.kvcap <= 0 or running == 0 or in_flight + o.kv <= o.kvcap
   end
   local ahead = redis.call('ZCOUNT', kq, '-inf', '(' .. rank)
   if ahead > 0 then
@@ -193,7 +184,7 @@ local function try_slot(K, o)
       ahead = redis.call('ZCOUNT', kq, '-inf', '(' .. rank)
     end
   end
-  if running + reserved >= limit and running <= limit and o.preempt == 1 and class < 2 and kv_ok
+  if running + reserved >= ceiling and running <= ceiling and o.preempt == 1 and class < 2 and kv_ok
       and ahead == 0 then
     local v = victim_of(kr, kp, class, CLASS)
     if v and unhold(kr, kt, kp, v) then
@@ -204,7 +195,7 @@ local function try_slot(K, o)
       reserved = 0
     end
   end
-  if running + reserved < limit and kv_ok and (class < 2 or o.p2 == '1') and ahead == 0 then
+  if running + reserved < ceiling and kv_ok and (class < 2 or o.p2 == '1') and ahead == 0 then
     if not o.fresh then
       redis.call('ZREM', kq, o.rid)
       redis.call('ZREM', kx, o.rid)

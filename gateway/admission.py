@@ -34,8 +34,7 @@ from core.keyspace import (
 )
 from core.redis import get_redis
 from gateway import metrics
-from gateway.limiter import SlotRequest
-from gateway.orphans import lease_ms
+from gateway.limiter import SlotRequest, lease_ms
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -131,8 +130,31 @@ def wait_stats(hours: int = 2, now: float | None = None) -> list[WaitStat]:
 
 
 @dataclass(slots=True)
-class Waiter:
+class Claim:
+    """One request's claim on an engine slot of its model: what the queue ranks it by (its
+    class, its tenant's fair share of tokens), what admits it (a free slot, room in the KV
+    cache), and what it may do to others or they to it (preemption, gateway/preempt.py)."""
+
     request_id: str
+    model_id: int
+    budget: int  # the static budget of the model's engines (their max_num_seqs)
+    priority: str  # P0, P1 or P2
+    tenant_id: int
+    weight: int  # the tenant's fair-share weight
+    cost: int  # the tokens reserved for it: fair share is counted in these
+    kv: int = 0  # predicted in-flight tokens: prompt estimate + expected output
+    preempts: bool = False  # it may take the slot of a preemptible lower-class request
+    victim: bool = False  # it may be preempted
+    head: bool = False  # preempted: it queues again at the head of its class
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A claim waiting in this process; ``event`` set: try for a slot now."""
+
+    claim: Claim
+    gone: asyncio.Event  # set when the client leaves
+    started: float = field(default_factory=time.monotonic)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -171,89 +193,47 @@ class Admission:
         output = min(asked_output, max(int(expected), 16)) if asked_output else 0
         return min(prompt + output, limit) if limit > 0 else prompt + output
 
-    def slot_request(
-        self,
-        model_id: int,
-        budget: int,
-        priority: str,
-        weight: int,
-        p0_extra: int = 0,
-        kv: int = 0,
-        preempt: bool = False,
-        victim: bool = False,
-    ) -> SlotRequest:
-        """What the admission call needs to also take (or queue for) an engine slot
-        (``preempt``: it may take a preemptible lower-class slot; ``victim``: it is one)."""
+    def slot_request(self, claim: Claim) -> SlotRequest:
+        """What the admission call (or a queued claim's next try) needs to take, or queue
+        for, an engine slot: the claim beside this process's view of the model's engines."""
+        model_id, budget = claim.model_id, claim.budget
         headroom = setting("TOLLGATE_ADMISSION_HEADROOM_SECONDS")
         return SlotRequest(
             pool=pool_keys(model_id),
-            priority_index=CLASS_INDEX[priority],
-            weight=weight,
+            priority_index=CLASS_INDEX[claim.priority],
+            weight=claim.weight,
             budget=budget,
             p2_open=self.p2_open.get(model_id, True),
-            give_up_ms=int(queue_timeout(priority) * 1000) + 5000,
+            give_up_ms=int(queue_timeout(claim.priority) * 1000) + 5000,
             lease_ms=lease_ms(),
-            p0_extra=p0_extra,
-            kv=kv,
+            kv=claim.kv,
             kv_capacity=self.kv_capacity.get(model_id, 0),
             headroom_ms=int(headroom * 1000),
             headroom_max=headroom_slots(budget),
-            preempt_max=setting("TOLLGATE_ADMISSION_PREEMPT_MAX_TOKENS"),
-            preempt=preempt,
-            victim=victim,
+            preempt=claim.preempts,
+            victim=claim.victim,
         )
 
     def holding(self, request_id: str, model_id: int) -> None:
         """The request holds a slot: keep its lease renewed until it finishes."""
         self.running[request_id] = model_id
 
-    async def wait(
-        self,
-        model_id: int,
-        budget: int,
-        request_id: str,
-        priority: str,
-        tenant_id: int,
-        weight: int,
-        cost: int,
-        disconnected: asyncio.Event,
-        p0_extra: int = 0,
-        kv: int = 0,
-        flags: tuple[bool, bool, bool] = (False, False, False),
-    ) -> Ticket:
-        """Wait in the queue (where admission put the request) up to the class's timeout.
-        ``flags``: (may preempt, may be preempted, preempted: queue again at the head of its
-        class and try at once)."""
-        started = time.monotonic()
-        deadline = started + queue_timeout(priority)
-        keys = pool_keys(model_id)
-        waiter = Waiter(request_id)
-        self.waiters.setdefault(model_id, []).append(waiter)
-        labels = (priority, str(tenant_id))
+    async def wait(self, claim: Claim, gone: asyncio.Event) -> Ticket:
+        """Wait in the queue (where admission put the request) up to its class's timeout, or
+        until ``gone`` is set (its client left). A claim at the ``head`` of its class (a
+        preempted request) tries at once: a slot may be free."""
+        waiter = Waiter(claim, gone)
+        self.waiters.setdefault(claim.model_id, []).append(waiter)
+        labels = (claim.priority, str(claim.tenant_id))
         metrics.QUEUE_DEPTH.labels(*labels).inc()
         try:
-            return await self._wait(
-                model_id,
-                keys,
-                waiter,
-                deadline,
-                started,
-                priority,
-                tenant_id,
-                weight,
-                cost,
-                budget,
-                disconnected,
-                p0_extra,
-                kv,
-                flags,
-            )
+            return await self._wait(waiter)
         finally:
-            waited = time.monotonic() - started
+            waited = time.monotonic() - waiter.started
             metrics.QUEUE_DEPTH.labels(*labels).dec()
             metrics.QUEUE_WAIT.labels(*labels).observe(waited)
-            self.waiters[model_id].remove(waiter)
-            await self._record_wait(priority, tenant_id, waited)
+            self.waiters[claim.model_id].remove(waiter)
+            await self._record_wait(claim.priority, claim.tenant_id, waited)
 
     async def _record_wait(self, priority: str, tenant_id: int, waited: float) -> None:
         """Per-hour count and total of queue waits by class and tenant, for the console."""
@@ -269,98 +249,60 @@ class Admission:
         except Exception:  # noqa: BLE001 - statistics only
             pass
 
-    async def _wait(
-        self,
-        model_id: int,
-        keys: tuple,
-        waiter: Waiter,
-        deadline: float,
-        started: float,
-        priority: str,
-        tenant_id: int,
-        weight: int,
-        cost: int,
-        budget: int,
-        disconnected: asyncio.Event,
-        p0_extra: int = 0,
-        kv: int = 0,
-        flags: tuple[bool, bool, bool] = (False, False, False),
-    ) -> Ticket:
-        ahead, ceiling = 1, budget
-        if flags[2]:  # preempted: take the head of the class now (a slot may be free)
+    async def _wait(self, waiter: Waiter) -> Ticket:
+        claim = waiter.claim
+        deadline = waiter.started + queue_timeout(claim.priority)
+        ahead, ceiling = 1, claim.budget
+        if claim.head:
             waiter.event.set()
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or disconnected.is_set():
-                await self.redis.zrem(keys[1], waiter.request_id)
-                await self.redis.zrem(keys[2], waiter.request_id)
-                return Ticket(
-                    False, time.monotonic() - started, self.retry_after(model_id, ahead, ceiling)
-                )
+            if remaining <= 0 or waiter.gone.is_set():
+                _, queue, expiry, *_ = pool_keys(claim.model_id)
+                await self.redis.zrem(queue, claim.request_id)
+                await self.redis.zrem(expiry, claim.request_id)
+                retry = self.retry_after(claim.model_id, ahead, ceiling)
+                return Ticket(False, time.monotonic() - waiter.started, retry)
             if not waiter.event.is_set():
                 try:
                     await asyncio.wait_for(waiter.event.wait(), min(remaining, RETRY_SECONDS))
                 except TimeoutError:
                     pass
             waiter.event.clear()
-            got, ahead, ceiling = await self._try(
-                keys,
-                waiter.request_id,
-                priority,
-                tenant_id,
-                weight,
-                cost,
-                budget,
-                model_id,
-                p0_extra,
-                kv,
-                flags,
-            )
+            got, ahead, ceiling = await self._try(claim)
             if got == 1:
-                self.running[waiter.request_id] = model_id
-                self.wake_local(model_id)  # more slots may be free: let the next local waiter try
-                return Ticket(True, time.monotonic() - started)
+                self.running[claim.request_id] = claim.model_id
+                # More slots may be free: let the next local waiter try.
+                self.wake_local(claim.model_id)
+                return Ticket(True, time.monotonic() - waiter.started)
 
-    async def _try(
-        self,
-        keys: tuple,
-        request_id: str,
-        priority: str,
-        tenant_id: int,
-        weight: int,
-        cost: int,
-        budget: int,
-        model_id: int,
-        p0_extra: int = 0,
-        kv: int = 0,
-        flags: tuple[bool, bool, bool] = (False, False, False),
-    ) -> list[int]:
-        slot = self.slot_request(model_id, budget, priority, weight, p0_extra, kv)
+    async def _try(self, claim: Claim) -> list[int]:
+        """One try of a queued claim for a slot (retry_slot.lua): [1, running, ceiling] when
+        it got one, else [0, requests ranked ahead, ceiling]."""
+        slot = self.slot_request(claim)
         args = [
-            request_id,
+            claim.request_id,
             slot.priority_index,
-            str(tenant_id),
-            weight,
-            cost,
+            str(claim.tenant_id),
+            claim.weight,
+            claim.cost,
             int(time.time() * 1000),
             slot.lease_ms,
-            budget,
+            claim.budget,
             "1" if slot.p2_open else "0",
             slot.give_up_ms,
-            p0_extra,
-            kv,
+            claim.kv,
             slot.kv_capacity,
             slot.headroom_ms,
             slot.headroom_max,
-            slot.preempt_max,
-            1 if flags[0] else 0,
-            1 if flags[1] else 0,
-            1 if flags[2] else 0,
+            1 if claim.preempts else 0,
+            1 if claim.victim else 0,
+            1 if claim.head else 0,
             preempt_channel(),
         ]
         async with asyncio.timeout(5.0):
             # With the checkpoints hash: a granted slot marks the request as taken by an engine.
-            result = await self._retry(keys=[*keys, open_keys()[2]], args=[orjson.dumps(args)])
+            result = await self._retry(keys=[*slot.pool, open_keys()[2]], args=[orjson.dumps(args)])
         return [int(x) for x in result]
 
     def wake_local(self, model_id: int) -> None:

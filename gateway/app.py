@@ -24,6 +24,7 @@ from gateway.exchange import Exchange
 from gateway.messages import AnthropicSend
 from gateway.relay import respond
 from gateway.runtime import Runtime
+from gateway.serving import admit_and_forward
 from gateway.state import KeyInfo, ModelInfo, TenantInfo
 from tenants.keys import parse_key, verify_key
 
@@ -285,7 +286,7 @@ class Gateway:
         exchange = Exchange(
             self.rt, send, endpoint, payload, body, key, tenant, model, upstreams, started, plan
         )
-        await exchange.admit_and_forward(scope, receive)
+        await admit_and_forward(exchange, scope, receive)
 
     def parse(self, body: bytes, endpoint: str) -> tuple[dict, tuple | None]:
         try:

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.relay import Outcome
 from gateway.responses import chat_messages, chat_tools
 from gateway.state import Upstream
+from gateway.usage import Outcome
 
 if TYPE_CHECKING:
     import httpx

@@ -46,14 +46,9 @@ class ControllerState:
 
 
 def next_ceiling(
-    state: ControllerState, sample: Sample, budget: int, preempting: bool = False
+    state: ControllerState, sample: Sample, budget: int
 ) -> tuple[ControllerState, str]:
-    """The new state and why (``increase``, ``decrease``, ``revert`` or ``hold``).
-
-    ``preempting``: the engines schedule by priority, so P0 goes past the ceiling and the
-    requests it preempts wait inside the engine (and show a long TTFT): that queue is the
-    engine's scheduler at work, not overload, so it never lowers the ceiling there.
-    """
+    """The new state and why (``increase``, ``decrease``, ``revert`` or ``hold``)."""
     high = max(1, budget)
     baseline = state.baseline_ttft
     if sample.ttft_seconds is not None:
@@ -69,13 +64,9 @@ def next_ceiling(
     step, why = 0, "hold"
     if state.last_step > 0 and tps < last * PAID_OFF and not slow:
         step, why = -1, "revert"
-    elif (
-        state.last_step < 0
-        and tps < last * COST_TOO_MUCH
-        and (sample.engine_waiting == 0 or preempting)
-    ):
+    elif state.last_step < 0 and tps < last * COST_TOO_MUCH and sample.engine_waiting == 0:
         step, why = +1, "revert"
-    elif (sample.engine_waiting > 0 or slow) and not preempting:
+    elif sample.engine_waiting > 0 or slow:
         step, why = -1, "decrease"
     elif sample.gateway_queued > 0 and state.ceiling < high:
         step, why = +1, "increase"

@@ -11,10 +11,9 @@
 --       11 quota tokens  12 quota money (nano)  13 estimated money (nano)  14 in-flight deadline_ms
 --       15 quota ttl seconds  16 class  17 tenant weight  18 static budget  19 P2 allowed
 --       20 slot lease ms  21 queue give-up ms  22 tenant id  23 open-request record (JSON)
---       24 open-request lease deadline ms  25 extra slots for P0  26 predicted in-flight tokens
---       27 KV-cache capacity (tokens, 0: unknown)  28 headroom window ms  29 headroom max slots
---       30 preempt max tokens  31 may preempt (0/1)  32 may be preempted (0/1)
---       33 preemption channel (see acquire.lua)
+--       24 open-request lease deadline ms  25 predicted in-flight tokens
+--       26 KV-cache capacity (tokens, 0: unknown)  27 headroom window ms  28 headroom max slots
+--       29 may preempt (0/1)  30 may be preempted (0/1)  31 preemption channel (see acquire.lua)
 -- Limits of 0 are off. A window is a zset (request id -> admission time) plus a hash
 -- (request id -> tokens, "_sum" -> total); entries older than the window are pruned here,
 -- each exactly once and a bounded number per call (see prune), and never counted once
@@ -223,10 +222,9 @@ local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13],
   KEYS[15], KEYS[16]},
   {rid = rid, class = tonumber(A[16]), tenant = A[22], weight = tonumber(A[17]), cost = est,
    now = now, lease = tonumber(A[20]), budget = tonumber(A[18]), p2 = A[19],
-   giveup = tonumber(A[21]), p0extra = tonumber(A[25]), kv = tonumber(A[26]),
-   kvcap = tonumber(A[27]), hwin = tonumber(A[28]), hmax = tonumber(A[29]),
-   pmax = tonumber(A[30]), preempt = tonumber(A[31]), victim = tonumber(A[32]), head = 0,
-   chan = A[33], fresh = true})
+   giveup = tonumber(A[21]), kv = tonumber(A[25]), kvcap = tonumber(A[26]),
+   hwin = tonumber(A[27]), hmax = tonumber(A[28]), preempt = tonumber(A[29]),
+   victim = tonumber(A[30]), head = 0, chan = A[31], fresh = true})
 -- A slot means the request goes to an engine now: from here its prompt is billed even if its
 -- gateway dies before any usage arrives (gateway/orphans.py).
 if slot[1] == 1 then redis.call('HSET', KEYS[19], rid, '0,0,0,0') end

@@ -95,12 +95,10 @@ class SlotRequest:
     p2_open: bool
     give_up_ms: int
     lease_ms: int
-    p0_extra: int = 0  # slots P0 may use beyond the ceiling (engines that preempt by priority)
     kv: int = 0  # predicted in-flight tokens: prompt estimate + expected output
     kv_capacity: int = 0  # the engines' KV cache for admission, in tokens (0: unknown)
     headroom_ms: int = 0  # window of recent higher-class demand (0: no headroom)
     headroom_max: int = 0  # most slots lower classes leave free
-    preempt_max: int = 0  # engines that preempt: cheaper requests ignore the headroom
     preempt: bool = False  # a P0/P1 request may take a preemptible lower-class slot
     victim: bool = False  # this request may be preempted (the gateway resumes it)
 
@@ -121,6 +119,12 @@ def _keys(key: KeyInfo, tenant: TenantInfo, at: float) -> tuple[str, ...]:
 
 _ADMIT = Script(ADMIT_LUA)
 _SETTLE = Script(SETTLE_LUA)
+
+
+def lease_ms() -> int:
+    """How long an engine slot and an open request's record outlive their gateway process's
+    last renewal (then the reaper settles the request: gateway/orphans.py)."""
+    return int(setting("TOLLGATE_GATEWAY_LEASE_SECONDS") * 1000)
 
 
 class Limiter:
@@ -174,12 +178,10 @@ class Limiter:
             str(tenant.id),
             orjson.dumps({**record, "keys": keys, "tokens": tokens, "money": money_nano}).decode(),
             now_ms + slot.lease_ms,
-            slot.p0_extra,
             slot.kv,
             slot.kv_capacity,
             slot.headroom_ms,
             slot.headroom_max,
-            slot.preempt_max,
             1 if slot.preempt else 0,
             1 if slot.victim else 0,
             preempt_channel(),
@@ -187,23 +189,8 @@ class Limiter:
         result = await self.pipe.evalsha(
             _ADMIT, (*keys, *slot.pool, *open_keys()), (orjson.dumps(argv),)
         )
-        code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = result
-        reason, scope = REASONS.get(code, ("", ""))
-        reservation = Reservation(request_id, keys, tokens, money_nano) if code == 0 else None
-        return Decision(
-            admitted=code == 0,
-            reason=reason,
-            scope=scope,
-            retry_ms=retry,
-            limit_requests=lreq,
-            remaining_requests=rreq,
-            reset_requests_ms=sreq,
-            limit_tokens=ltok,
-            remaining_tokens=rtok,
-            reset_tokens_ms=stok,
-            reservation=reservation,
-            slot=got_slot == 1,
-        )
+        reservation = Reservation(request_id, keys, tokens, money_nano)
+        return _decision(result, reservation)
 
     async def settle(
         self, reservation: Reservation, tokens: int, money_nano: int, event: bytes, model_id: int
@@ -212,6 +199,26 @@ class Limiter:
         append the usage event."""
         keys, args = settle_keys(reservation, tokens, money_nano, event, model_id)
         await self.pipe.evalsha(_SETTLE, keys, args)
+
+
+def _decision(result: list[int], reservation: Reservation) -> Decision:
+    """limiter.lua's answer; ``reservation``: what it set aside if it admitted."""
+    code, retry, lreq, rreq, sreq, ltok, rtok, stok, got_slot = result
+    reason, scope = REASONS.get(code, ("", ""))
+    return Decision(
+        admitted=code == 0,
+        reason=reason,
+        scope=scope,
+        retry_ms=retry,
+        limit_requests=lreq,
+        remaining_requests=rreq,
+        reset_requests_ms=sreq,
+        limit_tokens=ltok,
+        remaining_tokens=rtok,
+        reset_tokens_ms=stok,
+        reservation=reservation if code == 0 else None,
+        slot=got_slot == 1,
+    )
 
 
 def settle_keys(

@@ -12,7 +12,8 @@ to vLLM's own ``/v1/messages``, settling); what differs is how they look to the 
   the end); until then the tokens delivered are the content deltas handed to the client.
 
 Anthropic counts input as ``input_tokens`` + ``cache_read_input_tokens`` +
-``cache_creation_input_tokens``; all of it is the prompt billed, the cache reads as cached.
+``cache_creation_input_tokens``; all of it is the prompt billed, the cache reads as cached
+(gateway/usage.py reads it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from gateway.relay import Outcome, StreamState
+from gateway.relay import StreamState
+from gateway.usage import MESSAGES
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -88,21 +90,6 @@ def stream_error(message: str) -> bytes:
     return b"event: error\ndata: " + body + b"\n\n"
 
 
-def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
-    """A Messages ``usage`` object: input (cache reads included) and output tokens."""
-    cached = int(usage.get("cache_read_input_tokens") or 0)
-    prompt = (
-        int(usage.get("input_tokens") or 0)
-        + cached
-        + int(usage.get("cache_creation_input_tokens") or 0)
-    )
-    if prompt > 0:
-        outcome.prompt_tokens, outcome.cached_tokens = prompt, cached
-        outcome.prompt_known = True
-    if "output_tokens" in usage:
-        outcome.completion_tokens = int(usage.get("output_tokens") or 0)
-
-
 _DELTA = b"event: content_block_delta\n"
 _EMPTY_DELTAS = (b'"text":""', b'"thinking":""', b'"partial_json":""', b'"signature_delta"')
 
@@ -142,13 +129,10 @@ def _note_usage(data: bytes, st: StreamState, final: bool) -> None:
     usage = obj.get("usage") if final else (obj.get("message") or {}).get("usage")
     if not isinstance(usage, dict):
         return
-    out = st.outcome
-    before = out.completion_tokens
-    read_usage(out, usage)
-    out.completion_tokens = before  # the relay sets what was delivered
-    if final and "output_tokens" in usage:
+    output = MESSAGES.read(usage, st.outcome)  # the relay sets what was delivered
+    if final and output is not None:
         st.saw_usage = True
-        st.pending_completion = int(usage.get("output_tokens") or 0)
+        st.pending_completion = output
 
 
 def _engine_message(data: bytes) -> str:

@@ -20,25 +20,16 @@ import time
 
 import orjson
 
-from core.hot import setting
 from core.keyspace import open_keys
 from core.pricing import Rates, cost_nano
 from core.redis import get_redis
 from core.usage import UsageRecord
+from gateway.billing import count_prompt_sync
 from gateway.limiter import SETTLE_LUA, Reservation, settle_keys
 from gateway.state import Upstream, load_routes
+from gateway.usage import checkpoint_counts
 
 log = logging.getLogger("tollgate.gateway")
-
-CHECKPOINT_SECONDS = 1.0
-
-
-def lease_ms() -> int:
-    return int(setting("TOLLGATE_GATEWAY_LEASE_SECONDS") * 1000)
-
-
-def checkpoint_value(prompt: int, completion: int, cached: int, reasoning: int) -> str:
-    return f"{prompt},{completion},{cached},{reasoning}"
 
 
 def reap(now: float | None = None, limit: int = 500) -> int:
@@ -56,9 +47,7 @@ def reap(now: float | None = None, limit: int = 500) -> int:
             client.zrem(zset, request_id)
             continue
         opened = orjson.loads(record)
-        prompt, completion, cached, reasoning = (
-            [int(x) for x in checkpoint.decode().split(",")] if checkpoint else [0, 0, 0, 0]
-        )
+        prompt, completion, cached, reasoning = checkpoint_counts(checkpoint)
         estimated = False
         kept = opened.get("prompt")
         if checkpoint is None or kept is None:
@@ -67,9 +56,6 @@ def reap(now: float | None = None, limit: int = 500) -> int:
             if not completion:
                 prompt = cached = reasoning = 0
         elif not prompt:
-            # Imported here: gateway.billing imports gateway.responses, which imports this module.
-            from gateway.billing import count_prompt_sync
-
             if engines is None:  # only when some orphan needs counting
                 engines = load_routes()
             prompt, estimated = count_prompt_sync(

@@ -20,8 +20,8 @@ import aiohttp
 import orjson
 
 from gateway.errors import error_body, normalise_upstream_error
-from gateway.orphans import CHECKPOINT_SECONDS
 from gateway.upstream import UpstreamRefused
+from gateway.usage import CHAT, CHECKPOINT_SECONDS, Outcome, UsageShape
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -41,23 +41,6 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-@dataclass(slots=True)
-class Outcome:
-    """What happened upstream, for billing and metrics."""
-
-    http_status: int = 0
-    status: str = "error"  # metering.choices.UsageStatus value
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    ttft_ms: int | None = None
-    started: bool = False  # response bytes went to the client
-    forwarded: bool = False  # the request was sent to an engine
-    prompt_known: bool = False  # the engine reported the prompt's tokens
-    prompt_estimated: bool = False  # neither the engine nor its tokenizer counted the prompt
-
-
 def carries_tokens(data: bytes) -> bool:
     """Whether a chat or completion chunk with choices holds generated tokens: a role-only
     chunk, an empty delta or the finishing chunk does not (unless it also carries reasoning
@@ -73,20 +56,6 @@ def carries_tokens(data: bytes) -> bool:
     return (
         b'"reasoning":"' in data or b'"reasoning_content":"' in data or b'"tool_calls":[{' in data
     )
-
-
-def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
-    # Rerank answers count only total_tokens (all of them prompt: nothing is generated).
-    prompt = usage.get("prompt_tokens", usage.get("total_tokens"))
-    outcome.prompt_tokens = int(prompt or 0)
-    outcome.prompt_known = outcome.prompt_tokens > 0
-    outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict):
-        outcome.cached_tokens = int(details.get("cached_tokens") or 0)
-    details = usage.get("completion_tokens_details")
-    if isinstance(details, dict):
-        outcome.reasoning_tokens = int(details.get("reasoning_tokens") or 0)
 
 
 async def _post(session: Any, url: str, body: bytes, headers: dict[str, str]) -> Any:
@@ -106,12 +75,12 @@ async def forward_whole(
     send: Any,
     extra_headers: list[tuple[bytes, bytes]],
     outcome: Outcome,
-    read: Callable[[Outcome, dict[str, Any]], None] = read_usage,
+    shape: UsageShape = CHAT,
     answer: Callable[[Outcome, bytes], Awaitable[bytes]] | None = None,
 ) -> None:
-    """Non-streaming: wait for the engine's answer and pass it on unchanged (``read``: how
-    its ``usage`` is read; ``answer``: another dialect's reading of a 200 answer, which
-    may also change it)."""
+    """Non-streaming: wait for the engine's answer and pass it on unchanged (``shape``: its
+    API's ``usage``; ``answer``: another dialect's reading of a 200 answer, which may also
+    change it)."""
     resp = await _post(session, url, body, headers)
     try:
         raw = await resp.read()
@@ -127,7 +96,7 @@ async def forward_whole(
             except (orjson.JSONDecodeError, AttributeError):
                 usage = None
             if isinstance(usage, dict):
-                read(outcome, usage)
+                outcome.completion_tokens = shape.read(usage, outcome) or 0
         outcome.status = "ok"
     else:
         raw = normalise_upstream_error(resp.status, raw)
@@ -196,7 +165,7 @@ def transform_frame(frame: bytes, st: StreamState) -> bytes | None:
             usage = None
         if isinstance(usage, dict):
             st.saw_usage = True
-            read_usage_pending(st, usage)
+            st.pending_completion = CHAT.read(usage, st.outcome) or 0
             if b'"choices":[]' in data[:at]:  # the final usage-only chunk
                 return frame + b"\n\n" if st.wants_usage else None
             if st.wants_continuous:
@@ -225,7 +194,7 @@ def _transform_parsed(frame: bytes, data: bytes, st: StreamState) -> bytes | Non
     choices = obj.get("choices")
     if isinstance(usage, dict):
         st.saw_usage = True
-        read_usage_pending(st, usage)
+        st.pending_completion = CHAT.read(usage, st.outcome) or 0
         if choices == []:  # the final usage-only chunk
             if not st.wants_usage:
                 return None
@@ -237,19 +206,6 @@ def _transform_parsed(frame: bytes, data: bytes, st: StreamState) -> bytes | Non
     elif choices and carries_tokens(data):
         st.content_frames += 1
     return frame + b"\n\n"
-
-
-def read_usage_pending(st: StreamState, usage: dict[str, Any]) -> None:
-    out = st.outcome
-    out.prompt_tokens = int(usage.get("prompt_tokens") or out.prompt_tokens)
-    out.prompt_known = out.prompt_tokens > 0
-    st.pending_completion = int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict):
-        out.cached_tokens = int(details.get("cached_tokens") or 0)
-    details = usage.get("completion_tokens_details")
-    if isinstance(details, dict):
-        out.reasoning_tokens = int(details.get("reasoning_tokens") or 0)
 
 
 async def forward_stream(

@@ -29,8 +29,9 @@ import orjson
 import redis.exceptions
 
 from gateway.errors import error_body
-from gateway.relay import Outcome, StreamState, respond
+from gateway.relay import StreamState, respond
 from gateway.response_store import ResponseStore
+from gateway.usage import RESPONSES, Outcome
 
 log = logging.getLogger("tollgate.gateway")
 
@@ -258,18 +259,6 @@ async def prepare(
 # --- Relaying the answer -----------------------------------------------------------------------
 
 
-def read_usage(outcome: Outcome, usage: dict[str, Any]) -> None:
-    outcome.prompt_tokens = int(usage.get("input_tokens") or 0)
-    outcome.prompt_known = outcome.prompt_tokens > 0
-    outcome.completion_tokens = int(usage.get("output_tokens") or 0)
-    details = usage.get("input_tokens_details")
-    if isinstance(details, dict):
-        outcome.cached_tokens = int(details.get("cached_tokens") or 0)
-    details = usage.get("output_tokens_details")
-    if isinstance(details, dict):
-        outcome.reasoning_tokens = int(details.get("reasoning_tokens") or 0)
-
-
 async def keep(
     store: ResponseStore, plan: ResponsePlan, response: dict, raw: bytes | None = None
 ) -> None:
@@ -338,7 +327,7 @@ class ResponseRelay:
             response = None
         if isinstance(response, dict):
             if isinstance(response.get("usage"), dict):
-                read_usage(outcome, response["usage"])
+                outcome.completion_tokens = RESPONSES.read(response["usage"], outcome) or 0
             await keep(self.store, self.plan, response, raw)
         return raw
 
@@ -380,8 +369,8 @@ class ResponseRelay:
             st.before_send = self.keep_final  # sent to Redis before this event goes out
             if isinstance(response.get("usage"), dict):
                 st.saw_usage = True
-                read_usage(st.outcome, response["usage"])
-                st.pending_completion = st.outcome.completion_tokens
+                output = RESPONSES.read(response["usage"], st.outcome) or 0
+                st.outcome.completion_tokens = st.pending_completion = output
 
     async def keep_final(self) -> None:
         final, self.final = self.final, None

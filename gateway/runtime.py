@@ -75,7 +75,8 @@ class Runtime:
         self.admission: Admission | None = None
         self.responses: ResponseStore | None = None  # kept /v1/responses answers
         self.open_requests: set[str] = set()  # admitted, not yet settled
-        # Preemptible requests of this process (request id -> its Exchange, gateway/preempt.py)
+        # Preemptible requests of this process (request id -> its forwarding, which
+        # on_preempt() stops: gateway/preemptible.py)
         self.preemptible: dict[str, Any] = {}
         self._tasks: list[asyncio.Task] = []
         self._reload_requested = asyncio.Event()

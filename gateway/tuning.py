@@ -107,7 +107,7 @@ def tune_model(
     state = ControllerState(**prev["state"])
     if state.ceiling > budget:  # the replicas changed: the budget is the bound
         state = ControllerState(budget, state.baseline_ttft, state.last_tokens_per_second)
-    state, why = next_ceiling(state, sample, budget, preempting=_preempting(replica_ids))
+    state, why = next_ceiling(state, sample, budget)
     client.set(pool_keys(model_id)[4], state.ceiling, ex=3600)
     client.set(
         state_key,
@@ -164,16 +164,6 @@ def judge_model(model_id: int, figures: list[dict], replicas: int, prev: dict | 
                     PREEMPT_VERDICT_TTL_SECONDS,
                 )
     return asdict(judge)
-
-
-def _preempting(replica_ids: list[int]) -> bool:
-    """Do all these replicas' engines schedule by priority (vLLM --scheduling-policy)?"""
-    from deployments.models import Replica
-
-    replicas = Replica.objects.filter(pk__in=replica_ids).select_related("deployment__profile")
-    return bool(replicas) and all(
-        r.deployment.effective_args.get("scheduling-policy") == "priority" for r in replicas
-    )
 
 
 def _state_of(previous: bytes | None, budget: int) -> dict:

@@ -2,17 +2,14 @@
 
 import asyncio
 import time
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
 from core.keyspace import pool_keys
-from gateway.admission import Admission, lowered, pool_status, wait_stats
+from gateway.admission import Admission, Claim, Ticket, lowered, pool_status, wait_stats
 from gateway.controller import ControllerState, Sample, next_ceiling
-from gateway.exchange import Disconnect, Exchange
-from gateway.state import KeyInfo, Limits, ModelInfo, TenantInfo
 
 
 def run(coro: object) -> object:
@@ -35,13 +32,12 @@ async def acquire(
     gone: asyncio.Event | None = None,
 ) -> object:
     """As the gateway does: one try at admission (which queues the request), then wait."""
-    from gateway.admission import Ticket
-
-    got, _, _ = await adm._try(pool_keys(model), rid, prio, tenant, 1, cost, budget, model)
+    claim = Claim(rid, model, budget, prio, tenant, weight=1, cost=cost)
+    got, _, _ = await adm._try(claim)
     if got:
         adm.holding(rid, model)
         return Ticket(True, 0.0)
-    return await adm.wait(model, budget, rid, prio, tenant, 1, cost, gone or asyncio.Event())
+    return await adm.wait(claim, gone or asyncio.Event())
 
 
 @pytest.mark.parametrize(
@@ -174,75 +170,6 @@ def test_p2_waits_while_engines_have_no_spare_capacity_and_times_out_with_retry_
     assert leftovers == 0  # a timed-out request leaves the queue
 
 
-def test_a_queued_p0_request_retries_with_its_extra_slots(settings: object) -> None:
-    """Engines that preempt by priority let P0 past the ceiling (by the budget): a P0 request
-    that admission queued takes an extra slot on its next try, not after a P2 request ends."""
-    settings.TOLLGATE_QUEUE_TIMEOUT_SECONDS = {"P0": 3, "P1": 3, "P2": 3}
-    key = KeyInfo(
-        id=1,
-        prefix="abcdefgh",
-        secret_hash="x",
-        tenant_id=2,
-        expires_at=0,
-        limits=Limits(),
-        model_ids=frozenset(),
-    )
-    tenant = TenantInfo(
-        id=2,
-        slug="t",
-        priority="P0",
-        boost_until=0,
-        weight=1,
-        limits=Limits(),
-        quota_period="monthly",
-        quota_tokens=0,
-        quota_money_nano=0,
-        currency="USD",
-        model_ids=frozenset({900012}),
-    )
-    model = ModelInfo(id=900012, served_name="m", task="generate", context_length=4096, created=0)
-
-    async def scenario() -> tuple[list[dict], float, bool]:
-        adm, client = await admission()
-        sent: list[dict] = []
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        async def never() -> dict:
-            await asyncio.Event().wait()
-            return {}
-
-        try:
-            assert (await acquire(adm, model.id, 1, "batch", "P2", 1, 10)).admitted  # the one slot
-            ex = Exchange(
-                SimpleNamespace(admission=adm),
-                send,
-                "chat",
-                {"model": "m"},
-                b"{}",
-                key,
-                tenant,
-                model,
-                [],
-                time.perf_counter(),
-            )  # no replica: forwarding answers 503
-            ex.request_id, ex.priority, ex.budget, ex.p0_extra, ex.tokens = "urgent", "P0", 1, 1, 10
-            ex.kv = 10
-            ex.headers, ex.disconnect = [], Disconnect(never)
-            started = time.monotonic()
-            await ex.queue_then_forward()
-            ex.disconnect.close()
-            return sent, time.monotonic() - started, "urgent" in adm.running
-        finally:
-            await client.delete(*pool_keys(model.id))
-            await client.aclose()
-
-    sent, waited, holding = run(scenario())
-    assert holding and waited < 2  # not the 3 s queue timeout
-    assert sent[0]["status"] == 503 and b"No engine" in sent[1]["body"]
-
-
 def test_a_dead_gateways_slot_lease_lapses() -> None:
     async def scenario() -> bool:
         adm, client = await admission()
@@ -291,16 +218,3 @@ def test_controller_stays_within_the_budget_and_takes_back_steps_that_did_not_pa
     for tps in range(100, 140):
         state, _ = next_ceiling(state, Sample(float(tps * 10), 0.2, 0, 9), budget=8)
     assert state.ceiling == 8
-
-
-def test_engines_that_preempt_by_priority_do_not_lower_the_ceiling_for_their_own_queue() -> None:
-    state = ControllerState(ceiling=4)
-    # P0 preempted P2 inside the engine: P2 waits there and its TTFT is long.
-    state, why = next_ceiling(state, Sample(100.0, 0.2, 0, 3), budget=4, preempting=True)
-    state, why = next_ceiling(state, Sample(100.0, 3.0, 2, 3), budget=4, preempting=True)
-    assert (why, state.ceiling) == ("hold", 4)
-    # Without priority scheduling the same figures mean overload.
-    state, why = next_ceiling(
-        ControllerState(ceiling=4, baseline_ttft=0.2), Sample(100.0, 3.0, 2, 3), budget=4
-    )
-    assert (why, state.ceiling) == ("decrease", 3)

@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from gateway import billing, messages
-from gateway.relay import Outcome, StreamState, carries_tokens
+from gateway.relay import StreamState, carries_tokens
 from gateway.state import Upstream
 from gateway.upstream import make_client
+from gateway.usage import Outcome
 from tests.gateway.conftest import Engine, free_port, start_engine, stop
 
 CHAT = [

@@ -41,8 +41,6 @@ def take(
     kvcap: int = 0,
     hwin: int = WINDOW,
     hmax: int = 2,
-    p0extra: int = 0,
-    pmax: int = 2048,
     lease: int = 60_000,
     preempt: int = 0,
     victim: int = 0,
@@ -50,8 +48,8 @@ def take(
 ) -> bool:
     """One try for a slot, as a queued request makes it; True when it got one. A request
     that did not get one leaves the queue again, so the next try ranks on its own."""
-    args = [rid, CLASSES[cls], "7", 1, 10, now, lease, budget, "1", 60_000, p0extra, kv, kvcap]
-    args += [hwin, hmax, pmax, preempt, victim, head, CHANNEL]
+    args = [rid, CLASSES[cls], "7", 1, 10, now, lease, budget, "1", 60_000, kv, kvcap]
+    args += [hwin, hmax, preempt, victim, head, CHANNEL]
     client = get_redis()
     pool = pool_keys(MODEL)
     got = client.eval(RETRY_LUA, len(pool), *pool, orjson.dumps(args))[0] == 1
@@ -137,17 +135,6 @@ def test_the_headroom_is_capped() -> None:
     for i in range(4):
         release(f"p0-{i}")
     assert fill("P2", T0 + 10, 5, hmax=1) == 3
-
-
-def test_engines_that_preempt_keep_preempting_cheap_requests() -> None:
-    """With priority scheduling, P0 goes past the ceiling and the engine preempts P2: short
-    P2 requests ignore the headroom; long ones (expensive to recompute) keep it."""
-    assert take("p0-a", "P0", T0, p0extra=4)
-    release("p0-a")
-    assert fill("P2", T0 + 10, 5, p0extra=4, kv=500) == 4
-    for i in range(4):
-        release(f"P2-{T0 + 10}-{i}")
-    assert fill("P2", T0 + 20, 5, p0extra=4, kv=5000) == 3
 
 
 def test_predicted_tokens_are_held_against_the_kv_cache() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from core.keyspace import quota_key
 from core.redis import get_redis
-from gateway.exchange import quota_reset_seconds
+from gateway.admit import quota_reset_seconds
 from metering.periods import period_id
 from tenants import services as tenant_services
 from tests.gateway.conftest import World, wait_until_served

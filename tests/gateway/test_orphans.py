@@ -13,8 +13,9 @@ from core.redis import get_redis
 from core.usage import UsageRecord
 from gateway.billing import estimate_prompt
 from gateway.limiter import Limiter, SlotRequest
-from gateway.orphans import checkpoint_value, reap
+from gateway.orphans import reap
 from gateway.state import KeyInfo, Limits, TenantInfo
+from gateway.usage import checkpoint_value
 from metering.periods import period_id
 
 KEY = KeyInfo(
