@@ -35,8 +35,9 @@
 -- coming), at most hmax and never every slot. A lower-class request takes a slot only while
 -- running + max(0, k - higher-class slot holders now) < ceiling.
 --
--- Preemption (first-come-first-served engines, where the headroom alone costs throughput
--- and still leaves P0 behind a P2 reply now and then): a P0/P1 request that finds every
+-- Preemption (on every engine: none of vLLM, llama.cpp, SGLang or Ollama gives a waiting P0
+-- request a running one's slot, and the headroom alone costs throughput and still leaves
+-- P0 behind a P2 reply now and then; gateway/preempt.py): a P0/P1 request that finds every
 -- slot taken, with nothing better queued, takes the slot of the youngest preemptible
 -- request of the lowest class below it. The slot changes hands here, atomically; the
 -- victim's gateway process hears it on `chan`, aborts the engine request (the engine frees

@@ -1,9 +1,10 @@
 """The OpenAI-compatible ``/v1`` gateway: a bare ASGI application on the hot path.
 
 Here: the ASGI entry, routing, authentication and request checks, from cached state. An
-accepted request then goes through gateway/exchange.py: one Lua call to admit (rate limits,
-concurrency, quota), forwarding over a pooled keep-alive connection, one Lua call to settle
-(real usage, release, usage event). No ORM, no Django request machinery.
+accepted request then goes through gateway/serving.py's steps: one Lua call to admit
+(admit.py: rate limits, concurrency, quota; then the queue), forwarding over a pooled
+keep-alive connection (forwarding.py, preemptible.py), one Lua call to settle (settling.py:
+real usage, release, usage event); exchange.py holds the request's record. No ORM, no Django request machinery.
 """
 
 from __future__ import annotations
