@@ -21,6 +21,8 @@
 --      head     1: a preempted request queueing again: at the head of its class (it ignores
 --               the headroom, and is the last of its class to be preempted again)
 --      chan     the channel that tells the victim's gateway process to let go of its slot
+--      open     the open requests zset (request id -> lease deadline): a queue entry ahead
+--               whose request is not on it (settled, or its gateway died) is dropped
 --
 -- Rank = class * 1e13 + virtual start time: P0 before P1 before P2; inside a class, start-
 -- time fair queueing by tokens (a tenant's virtual time advances by cost / weight), so one
@@ -179,6 +181,15 @@ local function try_slot(K, o)
   local ahead = redis.call('ZCOUNT', kq, '-inf', '(' .. rank)
   if ahead > 0 then
     local gone = redis.call('ZRANGEBYSCORE', kx, '-inf', now, 'LIMIT', 0, 200)
+    -- A request that is no longer open (settled, or its gateway's lease on the record
+    -- lapsed) waits for nothing: its entry must not hold up the queue until it gives up.
+    if o.open then
+      local first = redis.call('ZRANGEBYSCORE', kq, '-inf', '(' .. rank, 'LIMIT', 0, 8)
+      for _, rid in ipairs(first) do
+        local until_ms = redis.call('ZSCORE', o.open, rid)
+        if not until_ms or tonumber(until_ms) < now then gone[#gone + 1] = rid end
+      end
+    end
     if #gone > 0 then
       redis.call('ZREM', kq, unpack(gone))
       redis.call('ZREM', kx, unpack(gone))

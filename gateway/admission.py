@@ -226,14 +226,32 @@ class Admission:
         self.waiters.setdefault(claim.model_id, []).append(waiter)
         labels = (claim.priority, str(claim.tenant_id))
         metrics.QUEUE_DEPTH.labels(*labels).inc()
+        admitted = False
         try:
-            return await self._wait(waiter)
+            ticket = await self._wait(waiter)
+            admitted = ticket.admitted
+            return ticket
         finally:
+            if not admitted:  # also on an error or a cancellation: leave no queue entry
+                await self._leave_queue(claim)
             waited = time.monotonic() - waiter.started
             metrics.QUEUE_DEPTH.labels(*labels).dec()
             metrics.QUEUE_WAIT.labels(*labels).observe(waited)
             self.waiters[claim.model_id].remove(waiter)
             await self._record_wait(claim.priority, claim.tenant_id, waited)
+
+    async def _leave_queue(self, claim: Claim) -> None:
+        """Take a request that stops waiting off the queue (best effort: an entry left behind
+        is dropped by the next request behind it, once this one's record is closed)."""
+        _, queue, expiry, *_ = pool_keys(claim.model_id)
+        try:
+            async with asyncio.timeout(2.0):
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.zrem(queue, claim.request_id)
+                pipe.zrem(expiry, claim.request_id)
+                await asyncio.shield(pipe.execute())
+        except Exception:  # noqa: BLE001 - see above
+            log.warning("could not take request %s off the queue", claim.request_id)
 
     async def _record_wait(self, priority: str, tenant_id: int, waited: float) -> None:
         """Per-hour count and total of queue waits by class and tenant, for the console."""
@@ -258,9 +276,6 @@ class Admission:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or waiter.gone.is_set():
-                _, queue, expiry, *_ = pool_keys(claim.model_id)
-                await self.redis.zrem(queue, claim.request_id)
-                await self.redis.zrem(expiry, claim.request_id)
                 retry = self.retry_after(claim.model_id, ahead, ceiling)
                 return Ticket(False, time.monotonic() - waiter.started, retry)
             if not waiter.event.is_set():
@@ -302,7 +317,10 @@ class Admission:
         ]
         async with asyncio.timeout(5.0):
             # With the checkpoints hash: a granted slot marks the request as taken by an engine.
-            result = await self._retry(keys=[*slot.pool, open_keys()[2]], args=[orjson.dumps(args)])
+            opened, _, checkpoints = open_keys()
+            result = await self._retry(
+                keys=[*slot.pool, checkpoints, opened], args=[orjson.dumps(args)]
+            )
         return [int(x) for x in result]
 
     def wake_local(self, model_id: int) -> None:

@@ -4,7 +4,8 @@ Here: the ASGI entry, routing, authentication and request checks, from cached st
 accepted request then goes through gateway/serving.py's steps: one Lua call to admit
 (admit.py: rate limits, concurrency, quota; then the queue), forwarding over a pooled
 keep-alive connection (forwarding.py, preemptible.py), one Lua call to settle (settling.py:
-real usage, release, usage event); exchange.py holds the request's record. No ORM, no Django request machinery.
+real usage, release, usage event); exchange.py holds the request's record. No ORM, no
+Django request machinery.
 """
 
 from __future__ import annotations

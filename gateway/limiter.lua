@@ -224,7 +224,7 @@ local slot = try_slot({KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13],
    now = now, lease = tonumber(A[20]), budget = tonumber(A[18]), p2 = A[19],
    giveup = tonumber(A[21]), kv = tonumber(A[25]), kvcap = tonumber(A[26]),
    hwin = tonumber(A[27]), hmax = tonumber(A[28]), preempt = tonumber(A[29]),
-   victim = tonumber(A[30]), head = 0, chan = A[31], fresh = true})
+   victim = tonumber(A[30]), head = 0, chan = A[31], open = KEYS[17], fresh = true})
 -- A slot means the request goes to an engine now: from here its prompt is billed even if its
 -- gateway dies before any usage arrives (gateway/orphans.py).
 if slot[1] == 1 then redis.call('HSET', KEYS[19], rid, '0,0,0,0') end

@@ -7,7 +7,7 @@ import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from core.keyspace import pool_keys
+from core.keyspace import open_keys, pool_keys
 from gateway.admission import Admission, Claim, Ticket, lowered, pool_status, wait_stats
 from gateway.controller import ControllerState, Sample, next_ceiling
 
@@ -31,8 +31,10 @@ async def acquire(
     cost: int,
     gone: asyncio.Event | None = None,
 ) -> object:
-    """As the gateway does: one try at admission (which queues the request), then wait."""
+    """As the gateway does: the request on record as open, one try at admission (which
+    queues the request), then wait."""
     claim = Claim(rid, model, budget, prio, tenant, weight=1, cost=cost)
+    await adm.redis.zadd(open_keys()[0], {rid: int(time.time() * 1000) + 600_000})
     got, _, _ = await adm._try(claim)
     if got:
         adm.holding(rid, model)
@@ -218,3 +220,57 @@ def test_controller_stays_within_the_budget_and_takes_back_steps_that_did_not_pa
     for tps in range(100, 140):
         state, _ = next_ceiling(state, Sample(float(tps * 10), 0.2, 0, 9), budget=8)
     assert state.ceiling == 8
+
+
+def test_a_queue_entry_whose_request_is_closed_holds_up_nobody() -> None:
+    """A request that settled (or whose gateway died) while still queued, e.g. after an error
+    or a cancellation, leaves no entry that keeps the requests behind it waiting until its
+    give-up time (minutes): the next request's try drops it."""
+
+    async def scenario() -> None:
+        adm, client = await admission()
+        model = 9111
+        running, queue, expiry, *_ = pool_keys(model)
+        assert (await acquire(adm, model, 1, "holder", "P2", 1, 10)).admitted
+        waiting = asyncio.create_task(acquire(adm, model, 1, "ghost", "P2", 1, 10))
+        await wait_for(lambda: client.zscore(queue, "ghost"))
+        behind = asyncio.create_task(acquire(adm, model, 1, "behind", "P2", 2, 10))
+        await wait_for(lambda: client.zscore(queue, "behind"))
+        # The first waiter's request ends without its wait cleaning up (its task is gone)
+        # and its open record is closed, as settling does.
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await client.zadd(queue, {"ghost": 1.0})  # put back, as a lost cleanup would leave it
+        await client.zadd(expiry, {"ghost": int(time.time() * 1000) + 600_000})
+        await client.zrem(open_keys()[0], "ghost")
+        await client.zrem(running, "holder")  # the slot frees
+        ticket = await asyncio.wait_for(behind, 10)
+        assert ticket.admitted
+        assert await client.zscore(queue, "ghost") is None
+        await client.aclose()
+
+    run(scenario())
+
+
+def test_a_cancelled_wait_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        adm, client = await admission()
+        model = 9112
+        _, queue, expiry, *_ = pool_keys(model)
+        assert (await acquire(adm, model, 1, "holder", "P2", 1, 10)).admitted
+        waiting = asyncio.create_task(acquire(adm, model, 1, "cancelled", "P2", 1, 10))
+        await wait_for(lambda: client.zscore(queue, "cancelled"))
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert await client.zscore(queue, "cancelled") is None
+        assert await client.zscore(expiry, "cancelled") is None
+        await client.aclose()
+
+    run(scenario())
+
+
+async def wait_for(probe: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await probe():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
