@@ -27,7 +27,6 @@ class LineState(models.TextChoices):
 
 # Work a runner may hold (under a lease); anything else is settled for good.
 ACTIVE = (Status.VALIDATING, Status.IN_PROGRESS, Status.FINALIZING, Status.CANCELLING)
-TERMINAL = (Status.COMPLETED, Status.FAILED, Status.EXPIRED, Status.CANCELLED)
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}

@@ -47,10 +47,6 @@ class ModelSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     """A model row in the admin API."""
 
 
-# Kept for older imports: the same thing under its first name.
-RejectUnknownFieldsMixin = StrictFieldsMixin
-
-
 class UserScopedMixin:
     """Viewsets whose rows depend on who asks. Subclasses implement ``scope(user)``.
 

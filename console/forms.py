@@ -288,12 +288,6 @@ def _scalar(raw: str) -> Any:
     return raw
 
 
-def flags_text(flags: dict[str, Any]) -> str:
-    return "\n".join(
-        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (flags or {}).items()
-    )
-
-
 class DeploymentForm(forms.Form):
     name = forms.SlugField(
         max_length=64, help_text="Letters, digits and hyphens, e.g. qwen3-8b-main."

@@ -133,9 +133,3 @@ def exchange_join_token(token: str, name: str, **fields: Any) -> JoinedNode:
     password = credentials.issue_credential(node)
     record(None, AuditAction.UPDATE, node, changes={"joined_with": row.prefix})
     return JoinedNode(node, credentials.acl_user(name), password, relay.key_base(name))
-
-
-def revoke_join_token(actor: Actor, row: JoinToken) -> None:
-    """Withdraw an unused token."""
-    record(actor, AuditAction.DELETE, row, changes={"node_name": row.node_name})
-    row.delete()

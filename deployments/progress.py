@@ -4,7 +4,6 @@ import re
 
 SHARDS_RE = re.compile(r"Loading \S+ checkpoint shards:\s*(\d+)%[^|]*\|\s*(\d+)/(\d+)")
 FETCH_RE = re.compile(r"Fetching (\d+) files:\s*(\d+)%[^|]*\|[^|]*\|\s*(\d+)/(\d+)")
-TQDM_PCT_RE = re.compile(r"(\d{1,3})%\|")
 
 
 def shard_progress(log: str) -> tuple[int, int] | None:
