@@ -12,8 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from config.api import AdminViewSetMixin, UserScopedMixin
 from config.permissions import IsPlatformAdmin, PlatformAdminWrites
+from core.api import AdminViewSetMixin, UserScopedMixin
 from deployments import credentials, joining, services, staging
 from deployments.choices import DesiredState
 from deployments.models import (

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from config.fields import EncryptedTextField
+from core.fields import EncryptedTextField
 from deployments.choices import (
     Arch,
     DeploymentState,

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from config.api import ModelSerializer, Serializer
+from core.api import ModelSerializer, Serializer
 from deployments.models import (
     AllowedImage,
     CatalogModel,

@@ -8,8 +8,8 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import AdminViewSetMixin, UserScopedMixin
 from config.permissions import PlatformAdminWrites, admin_tenant_ids, member_tenant_ids
+from core.api import AdminViewSetMixin, UserScopedMixin
 from deployments.services import models_visible_to
 from metering import services
 from metering.models import Price, UsageEvent

@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from config.api import ModelSerializer
+from core.api import ModelSerializer
 from deployments.models import CatalogModel
 from metering.models import Price, UsageEvent
 

@@ -12,7 +12,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from config.api import AdminViewSetMixin, UserScopedMixin
 from config.permissions import (
     IsPlatformAdmin,
     PlatformAdminWrites,
@@ -21,6 +20,7 @@ from config.permissions import (
     is_tenant_admin,
     member_tenant_ids,
 )
+from core.api import AdminViewSetMixin, UserScopedMixin
 from tenants import services
 from tenants.choices import TenantStatus
 from tenants.models import AdminToken, ApiKey, AuditLog, Membership, Tenant

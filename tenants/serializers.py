@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from config.api import ModelSerializer, Serializer
+from core.api import ModelSerializer, Serializer
 from deployments.models import CatalogModel
 from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, AuditLog, Membership, Tenant
 
