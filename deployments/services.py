@@ -6,9 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Q, QuerySet
 
-from config.permissions import member_tenant_ids
 from core.changes import publish_change
 from core.errors import Conflict
 from deployments import credentials, lifecycle, placement, planner, relay, runtime
@@ -18,7 +16,6 @@ from deployments.choices import (
     NodeStatus,
     OperationKind,
     ReplicaState,
-    Visibility,
 )
 from deployments.engine_args import validate_engine_args
 from deployments.engine_env import validate_engine_env
@@ -34,8 +31,8 @@ from deployments.models import (
 )
 from deployments.operations import queue_operation
 from tenants.audit import Actor, diff, record, snapshot
-from tenants.choices import AuditAction, ModelAccess
-from tenants.models import ApiKey, Tenant
+from tenants.choices import AuditAction
+from tenants.models import Tenant
 
 MODEL_FIELDS = [
     "served_name",
@@ -83,35 +80,7 @@ DEPLOYMENT_FIELDS = [
 REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node", "worker_node"}
 
 
-# --- Catalogue and access ---------------------------------------------------------------
-
-
-def models_for_tenant(tenant: Tenant) -> QuerySet[CatalogModel]:
-    """The catalogue models a tenant may call."""
-    visible = CatalogModel.objects.filter(
-        Q(visibility=Visibility.PUBLIC) | Q(grants__tenant=tenant)
-    )
-    if tenant.model_access == ModelAccess.LISTED:
-        visible = visible.filter(pk__in=tenant.allowed_models.values("pk"))
-    return visible.distinct()
-
-
-def models_visible_to(user: Any) -> QuerySet[CatalogModel]:
-    """Every model for platform admins; for others, what any of their tenants may call."""
-    if user.is_staff:
-        return CatalogModel.objects.all()
-    ids: set[int] = set()
-    for tenant in Tenant.objects.filter(pk__in=member_tenant_ids(user)):
-        ids |= set(models_for_tenant(tenant).values_list("pk", flat=True))
-    return CatalogModel.objects.filter(pk__in=ids)
-
-
-def models_for_key(key: ApiKey) -> QuerySet[CatalogModel]:
-    """The models one API key may call: its tenant's, narrowed by the key's own list."""
-    allowed = models_for_tenant(key.tenant)
-    if key.allowed_models.exists():
-        allowed = allowed.filter(pk__in=key.allowed_models.values("pk"))
-    return allowed
+# --- Catalogue and grants ---------------------------------------------------------------
 
 
 @transaction.atomic

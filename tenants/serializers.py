@@ -3,21 +3,35 @@
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import ModelSerializer, Serializer
-from deployments.models import CatalogModel
+from tenants import access
 from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, AuditLog, Membership, Tenant
 
 User = get_user_model()
 
 
+@extend_schema_field(OpenApiTypes.STR)
+class VisibleModelsField(serializers.SlugRelatedField):
+    """Catalogue models by served name, limited to those the requesting user may see.
+
+    A private model of another tenant is "does not exist", exactly like a missing one.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(slug_field="served_name", **kwargs)
+
+    def get_queryset(self) -> Any:
+        return access.catalogue().models_visible_to(self.context["request"].user)
+
+
 class TenantSerializer(ModelSerializer):
-    allowed_models = serializers.SlugRelatedField(
-        slug_field="served_name",
+    allowed_models = VisibleModelsField(
         many=True,
         required=False,
-        queryset=CatalogModel.objects.all(),
         help_text="With model_access 'listed': the served names this tenant may call.",
     )
 
@@ -56,27 +70,7 @@ class TenantSlugField(serializers.SlugRelatedField):
         super().__init__(slug_field="slug", queryset=Tenant.objects.all(), **kwargs)
 
     def get_queryset(self) -> Any:
-        from config.permissions import member_tenant_ids
-
-        user = self.context["request"].user
-        if user.is_staff:
-            return Tenant.objects.all()
-        return Tenant.objects.filter(pk__in=member_tenant_ids(user))
-
-
-class VisibleModelsField(serializers.SlugRelatedField):
-    """Catalogue models by served name, limited to those the requesting user may see.
-
-    A private model of another tenant is "does not exist", exactly like a missing one.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(slug_field="served_name", queryset=CatalogModel.objects.all(), **kwargs)
-
-    def get_queryset(self) -> Any:
-        from deployments.services import models_visible_to
-
-        return models_visible_to(self.context["request"].user)
+        return access.tenants_of(self.context["request"].user)
 
 
 class ApiKeySerializer(ModelSerializer):

@@ -8,12 +8,12 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
 from core.changes import publish_change
 from core.errors import Conflict
+from tenants.access import catalogue
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, Role, TenantStatus
 from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key
@@ -129,21 +129,6 @@ def set_tenant_status(actor: Actor, tenant: Tenant, status: str) -> Tenant:
     return tenant
 
 
-def tenants_of(user: AbstractBaseUser) -> QuerySet[Tenant]:
-    """The tenants a user may see: all for platform admins, else their memberships."""
-    if user.is_staff:
-        return Tenant.objects.all()
-    return Tenant.objects.filter(memberships__user=user)
-
-
-def role_in(user: AbstractBaseUser, tenant: Tenant) -> str | None:
-    """The user's role in the tenant (platform admins act as tenant admins), or None."""
-    if user.is_staff:
-        return Role.ADMIN
-    membership = Membership.objects.filter(user=user, tenant=tenant).first()
-    return membership.role if membership else None
-
-
 # --- Members ----------------------------------------------------------------------------
 
 
@@ -242,9 +227,7 @@ def issue_api_key(
 
 
 def _check_models_allowed(tenant: Tenant, models: list) -> None:
-    from deployments.services import models_for_tenant
-
-    allowed = set(models_for_tenant(tenant).values_list("pk", flat=True))
+    allowed = set(catalogue().models_for_tenant(tenant).values_list("pk", flat=True))
     refused = [str(m) for m in models if m.pk not in allowed]
     if refused:
         raise ValidationError(

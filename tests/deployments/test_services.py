@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def test_model_access_public_granted_listed_and_per_key(
     tenant_a: Tenant, tenant_b: Tenant, public_model: CatalogModel, private_model_a: CatalogModel
 ) -> None:
-    from deployments.services import models_for_key, models_for_tenant
+    from deployments.access import models_for_key, models_for_tenant
 
     assert set(models_for_tenant(tenant_a)) == {public_model, private_model_a}
     assert set(models_for_tenant(tenant_b)) == {public_model}
