@@ -21,6 +21,11 @@ from deployments.engine_args import validate_engine_args
 from deployments.engine_env import validate_engine_env
 from deployments.fleet import read_log_tail
 from deployments.models import (
+    ALLOWED_IMAGE_FIELDS,
+    DEPLOYMENT_FIELDS,
+    MODEL_FIELDS,
+    NODE_FIELDS,
+    PROFILE_FIELDS,
     AllowedImage,
     CatalogModel,
     Deployment,
@@ -34,48 +39,6 @@ from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction
 from tenants.models import Tenant
 
-MODEL_FIELDS = [
-    "served_name",
-    "source",
-    "revision",
-    "task",
-    "params_billions",
-    "active_params_billions",
-    "quantization",
-    "context_length",
-    "visibility",
-    "trust_remote_code",
-]
-NODE_FIELDS = [
-    "name",
-    "docker_url",
-    "queue",
-    "engine_host",
-    "arch",
-    "gpu_description",
-    "gpu_count",
-    "total_memory_bytes",
-    "gpu_memory_bytes",
-    "unified_memory",
-    "memory_limit_bytes",
-    "high_speed_interface",
-    "high_speed_address",
-    "status",
-]
-DEPLOYMENT_FIELDS = [
-    "name",
-    "model",
-    "node",
-    "worker_node",
-    "profile",
-    "image",
-    "engine_args",
-    "env",
-    "replicas",
-    "desired_state",
-    "external",
-    "external_url",
-]  # never the upstream key: audit rows must not hold secrets
 # Changing these replaces running containers; replicas only scales.
 REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node", "worker_node"}
 
@@ -432,13 +395,15 @@ def update_deployment(actor: Actor, deployment: Deployment, **changes: Any) -> D
 
     if "external" in changes and changes["external"] != deployment.external:
         raise ValidationError({"external": "Create a new deployment to change this."})
-    before = snapshot(deployment, DEPLOYMENT_FIELDS)
+    before, old_key = snapshot(deployment, DEPLOYMENT_FIELDS), deployment.upstream_key
     for name, value in changes.items():
         setattr(deployment, name, value)
     _validate_deployment(deployment)
     _check_memory_fit(deployment)
     deployment.save()
     changed = diff(before, snapshot(deployment, DEPLOYMENT_FIELDS))
+    if deployment.upstream_key != old_key:
+        changed["upstream_key"] = "changed"  # a new key for an old one: never either key
     record(actor, AuditAction.UPDATE, deployment, changes=changed)
     if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
         if REPLACING_FIELDS & changed.keys():
@@ -543,8 +508,6 @@ def replica_logs(deployment: Deployment, index: int, lines: int = 200) -> str:
 
 # --- Engine profiles and allowed images -------------------------------------------------------
 
-PROFILE_FIELDS = ["name", "description", "image", "engine_args", "env"]
-
 
 def _validate_profile(profile: EngineProfile) -> None:
     profile.image = check_image(profile.image)
@@ -584,7 +547,7 @@ def allow_image(actor: Actor, pattern: str, note: str = "") -> AllowedImage:
         raise ValidationError({"pattern": "An image reference or fnmatch pattern, no spaces."})
     allowed.full_clean()
     allowed.save()
-    record(actor, AuditAction.CREATE, allowed, changes={"pattern": allowed.pattern})
+    record(actor, AuditAction.CREATE, allowed, changes=snapshot(allowed, ALLOWED_IMAGE_FIELDS))
     return allowed
 
 

@@ -15,9 +15,9 @@ from core.errors import Conflict
 from deployments.access import models_visible_to
 from deployments.models import CatalogModel
 from metering import export
-from metering.models import Price, UsageEvent, UsageRollup
+from metering.models import PRICE_FIELDS, Price, UsageEvent, UsageRollup
 from tenants.access import own_rows
-from tenants.audit import Actor, record
+from tenants.audit import Actor, record, snapshot
 from tenants.choices import AuditAction
 
 # A price may start slightly in the past (clock skew between the admin and the box),
@@ -60,18 +60,7 @@ def set_price(
         raise Conflict(
             {"effective_from": "A price for this model starts at that moment already."}
         ) from None
-    record(
-        actor,
-        AuditAction.CREATE,
-        price,
-        changes={
-            "currency": currency,
-            "input_per_mtok": str(price.input_per_mtok),
-            "cached_input_per_mtok": str(price.cached_input_per_mtok),
-            "output_per_mtok": str(price.output_per_mtok),
-            "effective_from": effective_from.isoformat(),
-        },
-    )
+    record(actor, AuditAction.CREATE, price, changes=snapshot(price, PRICE_FIELDS))
     publish_change("price", model.pk)
     return price
 

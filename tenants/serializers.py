@@ -9,7 +9,19 @@ from rest_framework import serializers
 
 from core.api import ModelSerializer, Serializer
 from tenants import access
-from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, AuditLog, Membership, Tenant
+from tenants.models import (
+    KEY_FIELDS,
+    LIMIT_FIELDS,
+    MEMBERSHIP_FIELDS,
+    TENANT_FIELDS,
+    TOKEN_FIELDS,
+    USER_FIELDS,
+    AdminToken,
+    ApiKey,
+    AuditLog,
+    Membership,
+    Tenant,
+)
 
 User = get_user_model()
 
@@ -39,19 +51,9 @@ class TenantSerializer(ModelSerializer):
         model = Tenant
         fields = [
             "id",
-            "name",
-            "slug",
+            *TENANT_FIELDS,
             "status",
-            "priority",
-            *LIMIT_FIELDS,
-            "quota_period",
-            "quota_tokens",
-            "quota_amount",
-            "currency",
-            "model_access",
-            "allowed_models",
             "priority_boost_until",
-            "fair_share_weight",
             "created_at",
             "updated_at",
         ]
@@ -88,18 +90,14 @@ class ApiKeySerializer(ModelSerializer):
         model = ApiKey
         fields = [
             "id",
-            "tenant",
-            "name",
+            *KEY_FIELDS,
             "prefix",
             "key_hint",
             "status",
             "created_by",
             "created_at",
-            "expires_at",
             "revoked_at",
             "last_used_at",
-            *LIMIT_FIELDS,
-            "allowed_models",
         ]
         read_only_fields = ["prefix", "created_at", "revoked_at", "last_used_at"]
 
@@ -134,7 +132,7 @@ class MembershipSerializer(ModelSerializer):
 
     class Meta:
         model = Membership
-        fields = ["id", "tenant", "user", "role", "created_at"]
+        fields = ["id", *MEMBERSHIP_FIELDS, "created_at"]
         read_only_fields = ["created_at"]
 
 
@@ -146,19 +144,7 @@ class UserSerializer(ModelSerializer):
 
     class Meta:
         model = User
-        fields = [
-            "id",
-            "username",
-            "email",
-            "first_name",
-            "last_name",
-            "is_staff",
-            "is_active",
-            "password",
-            "tenants",
-            "date_joined",
-            "last_login",
-        ]
+        fields = ["id", *USER_FIELDS, "password", "tenants", "date_joined", "last_login"]
         read_only_fields = ["date_joined", "last_login"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -182,11 +168,10 @@ class AdminTokenSerializer(ModelSerializer):
         model = AdminToken
         fields = [
             "id",
-            "name",
+            *TOKEN_FIELDS,
             "prefix",
             "token_hint",
             "created_at",
-            "expires_at",
             "revoked_at",
             "last_used_at",
         ]
