@@ -133,6 +133,7 @@ def provide_catalogue(catalogue: ModelCatalogue) -> None:
 
 
 def catalogue() -> ModelCatalogue:
+    """The model catalogue, as its app provided it at start."""
     if _catalogue is None:
         raise ImproperlyConfigured("No model catalogue: the deployments app provides it.")
     return _catalogue
