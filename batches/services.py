@@ -17,7 +17,7 @@ from django.utils import timezone
 from batches.choices import COMPLETION_WINDOWS, ENDPOINTS, LineState, Purpose, Status
 from batches.jsonl import InvalidFile, parse_requests
 from batches.models import Batch, BatchLine, File
-from config.celery import enqueue
+from core.tasks import enqueue
 from tenants.models import ApiKey, Tenant
 
 MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512

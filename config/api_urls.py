@@ -3,7 +3,7 @@ password-for-token exchange."""
 
 from django.urls import path
 
-from config.api import AdminRouter
+from core.api import AdminRouter
 from deployments.api import (
     AllowedImageViewSet,
     CatalogModelViewSet,

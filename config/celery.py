@@ -1,7 +1,6 @@
 """The Celery application shared by the worker, beat and the web process (to queue tasks)."""
 
 import os
-from functools import cache
 from typing import Any
 
 from celery import Celery, Task
@@ -31,22 +30,3 @@ def close_old_connections(sender: Task | None = None, **kwargs: Any) -> None:
     from django.db import close_old_connections as close_old
 
     close_old()
-
-
-def enqueue(name: str, *args: Any, queue: str, **options: Any) -> None:
-    """Queue the task registered as ``name`` on ``queue``.
-
-    By name, so services need not import the tasks module that calls them (it imports
-    them). The apps' task modules are imported once here, as a worker does at start, so
-    the name finds the task object itself: its options and tests' eager mode apply, and
-    the message is the one ``task.apply_async`` sends. An unknown name is a KeyError.
-    """
-    _discover_tasks()
-    app.tasks[name].apply_async(args=list(args), queue=queue, **options)
-
-
-@cache
-def _discover_tasks() -> None:
-    # Only the installed apps' tasks modules: the worker's full start would also run
-    # Django's system checks in this process.
-    app.autodiscover_tasks(force=True)

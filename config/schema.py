@@ -4,7 +4,7 @@ alternatives a value may match together with another (``anyOf``, not ``oneOf``).
 
 from typing import Any
 
-from config.problems import MEDIA_TYPE, PROBLEM_TYPES
+from core.problems import MEDIA_TYPE, PROBLEM_TYPES
 
 WRITES = {"post", "put", "patch", "delete"}
 THROTTLED = {"auth_token_create"}

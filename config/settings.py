@@ -277,9 +277,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "config.problems.exception_handler",
+    "EXCEPTION_HANDLER": "core.problems.exception_handler",
     "DEFAULT_PARSER_CLASSES": [
-        "config.parsers.ObjectJSONParser",
+        "core.parsers.ObjectJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],

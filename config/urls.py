@@ -3,14 +3,14 @@
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from config import problems
 from config.views import favicon, healthz, v1_not_found
+from core import problems
 
 # Under /api/ these answer problem+json; everywhere else the console's pages.
-handler400 = "config.problems.bad_request"
-handler403 = "config.problems.permission_denied"
-handler404 = "config.problems.page_not_found"
-handler500 = "config.problems.server_error"
+handler400 = "core.problems.bad_request"
+handler403 = "core.problems.permission_denied"
+handler404 = "core.problems.page_not_found"
+handler500 = "core.problems.server_error"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

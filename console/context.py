@@ -4,7 +4,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from config.permissions import admin_tenant_ids
+from tenants.access import admin_tenant_ids
 
 
 def console(request: HttpRequest) -> dict[str, Any]:

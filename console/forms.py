@@ -8,9 +8,9 @@ from django import forms
 from django.utils import timezone
 
 from deployments.choices import Arch, NodeStatus
-from deployments.models import CatalogModel, EngineProfile, Node
+from deployments.models import MODEL_FIELDS, CatalogModel, EngineProfile, Node
 from tenants.choices import Role
-from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
+from tenants.models import LIMIT_FIELDS, TENANT_FIELDS, ApiKey, Tenant
 
 LIMIT_LABELS = {
     "requests_per_minute": "Requests per minute",
@@ -30,18 +30,7 @@ class DateTimeInput(forms.DateTimeInput):
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = [
-            "name",
-            "slug",
-            "priority",
-            *LIMIT_FIELDS,
-            "quota_period",
-            "quota_tokens",
-            "quota_amount",
-            "currency",
-            "model_access",
-            "allowed_models",
-        ]
+        fields = TENANT_FIELDS
         labels = {
             **LIMIT_LABELS,
             "quota_tokens": "Token quota per period (tokens)",
@@ -49,6 +38,7 @@ class TenantForm(forms.ModelForm):
             "priority": "Priority class",
             "model_access": "Model access",
             "allowed_models": "Listed models",
+            "fair_share_weight": "Fair share weight",
         }
         help_texts = {
             **{f: UNLIMITED for f in LIMIT_FIELDS},
@@ -58,17 +48,21 @@ class TenantForm(forms.ModelForm):
             "currency": "ISO 4217 code, e.g. USD or EUR; prices are looked up in it.",
             "allowed_models": "Only used with “Only the listed models”.",
             "priority": "P0 requests are admitted before P1, P1 before P2 (batch).",
+            "fair_share_weight": "The tenant's share of a saturated model among tenants of the "
+            "same priority class. Empty: 1 for a new tenant, unchanged on edit.",
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["slug"].required = False
+        self.fields["fair_share_weight"].required = False
 
     def service_data(self) -> dict[str, Any]:
         data = dict(self.cleaned_data)
         data["allowed_models"] = list(data.get("allowed_models") or [])
-        if not data.get("slug"):
-            data.pop("slug", None)
+        for name in ("slug", "fair_share_weight"):
+            if data.get(name) in (None, ""):
+                data.pop(name, None)
         return data
 
 
@@ -136,20 +130,7 @@ class KeyForm(forms.Form):
 class CatalogModelForm(forms.ModelForm):
     class Meta:
         model = CatalogModel
-        fields = [
-            "served_name",
-            "source",
-            "revision",
-            "task",
-            "params_billions",
-            "active_params_billions",
-            "quantization",
-            "context_length",
-            "visibility",
-            "trust_remote_code",
-            "kv_bytes_per_token",
-            "description",
-        ]
+        fields = MODEL_FIELDS
         labels = {
             "served_name": "Served name",
             "params_billions": "Parameters (billions)",

@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from config.problems import problem
+from core.problems import problem
 from tenants.services import must_change_password
 
 # Reachable with a one-time password: the page to change it, logging out, and the

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
-from tenants.sso import _discover, oidc_setting
+from tenants.sso import oidc_setting
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ class SSOLoginView(OIDCAuthenticationRequestView):
         try:
             self.OIDC_OP_AUTH_ENDPOINT = oidc_setting("OIDC_OP_AUTHORIZATION_ENDPOINT")
         except (requests.RequestException, ValueError) as exc:
+            # Nothing to forget: a discovery that failed was never cached (lru_cache).
             log.warning("sso: discovery at %s failed: %s", settings.TOLLGATE_OIDC_ISSUER, exc)
-            _discover.cache_clear()
             return refused(request, "The single sign-on provider cannot be reached.", 502)
         self.OIDC_RP_CLIENT_ID = settings.OIDC_RP_CLIENT_ID
         return super().get(request)

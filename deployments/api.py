@@ -12,9 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from config.api import AdminViewSetMixin, UserScopedMixin
-from config.permissions import IsPlatformAdmin, PlatformAdminWrites
-from deployments import credentials, joining, services, staging
+from core.api import AdminViewSetMixin, UserScopedMixin
+from deployments import access, credentials, joining, services, staging
 from deployments.choices import DesiredState
 from deployments.models import (
     AllowedImage,
@@ -44,6 +43,7 @@ from deployments.serializers import (
     StagedModelSerializer,
     StageSerializer,
 )
+from tenants.permissions import IsPlatformAdmin, PlatformAdminWrites
 
 
 class CatalogModelViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
@@ -60,7 +60,7 @@ class CatalogModelViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelView
     queryset = CatalogModel.objects.none()
 
     def scope(self, user: object) -> QuerySet[CatalogModel]:
-        return services.models_visible_to(user).prefetch_related("granted_tenants")
+        return access.models_visible_to(user).prefetch_related("granted_tenants")
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         serializer.instance = services.create_model(self.request.user, **serializer.validated_data)

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from config.fields import EncryptedTextField
+from core.fields import EncryptedTextField
 from deployments.choices import (
     Arch,
     DeploymentState,
@@ -17,6 +17,56 @@ from deployments.choices import (
     Task,
     Visibility,
 )
+
+# What an admin sets, one list per model: the admin API's serializers write these fields, the
+# console's forms show them (or some of them), the services change them and the audit log
+# records them (tenants.audit.snapshot; the upstream key only as set or changed).
+MODEL_FIELDS = (
+    "served_name",
+    "source",
+    "revision",
+    "task",
+    "params_billions",
+    "active_params_billions",
+    "quantization",
+    "context_length",
+    "visibility",
+    "trust_remote_code",
+    "kv_bytes_per_token",
+    "description",
+)
+NODE_FIELDS = (
+    "name",
+    "docker_url",
+    "queue",
+    "engine_host",
+    "arch",
+    "gpu_description",
+    "gpu_count",
+    "total_memory_bytes",
+    "gpu_memory_bytes",
+    "unified_memory",
+    "memory_limit_bytes",
+    "high_speed_interface",
+    "high_speed_address",
+    "status",
+)
+DEPLOYMENT_FIELDS = (
+    "name",
+    "model",
+    "node",
+    "worker_node",
+    "profile",
+    "image",
+    "engine_args",
+    "env",
+    "external",
+    "external_url",
+    "upstream_key",
+    "replicas",
+)
+PROFILE_FIELDS = ("name", "description", "image", "engine_args", "env")
+ALLOWED_IMAGE_FIELDS = ("pattern", "note")
 
 served_name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",

@@ -17,9 +17,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from config.celery import enqueue
 from core.keyspace import rkey
 from core.redis import get_redis
+from core.tasks import enqueue
 from deployments.choices import OperationKind, OperationStatus
 from deployments.models import Deployment, Node, Operation
 from deployments.runtime import RuntimeFailure

@@ -4,8 +4,13 @@ from typing import Any
 
 from rest_framework import serializers
 
-from config.api import ModelSerializer, Serializer
+from core.api import ModelSerializer, Serializer
 from deployments.models import (
+    ALLOWED_IMAGE_FIELDS,
+    DEPLOYMENT_FIELDS,
+    MODEL_FIELDS,
+    NODE_FIELDS,
+    PROFILE_FIELDS,
     AllowedImage,
     CatalogModel,
     Deployment,
@@ -23,23 +28,7 @@ class CatalogModelSerializer(ModelSerializer):
 
     class Meta:
         model = CatalogModel
-        fields = [
-            "id",
-            "served_name",
-            "source",
-            "revision",
-            "task",
-            "params_billions",
-            "active_params_billions",
-            "quantization",
-            "context_length",
-            "visibility",
-            "granted_tenants",
-            "trust_remote_code",
-            "kv_bytes_per_token",
-            "description",
-            "created_at",
-        ]
+        fields = ["id", *MODEL_FIELDS, "granted_tenants", "created_at"]
         read_only_fields = ["created_at"]
 
     def to_representation(self, instance: CatalogModel) -> dict[str, Any]:
@@ -64,23 +53,10 @@ class NodeSerializer(ModelSerializer):
         model = Node
         fields = [
             "id",
-            "name",
-            "docker_url",
-            "queue",
-            "engine_host",
-            "arch",
-            "gpu_description",
-            "gpu_count",
-            "total_memory_bytes",
-            "gpu_memory_bytes",
+            *NODE_FIELDS,
             "available_memory_bytes",
             "cpu_count",
             "docker_version",
-            "unified_memory",
-            "memory_limit_bytes",
-            "high_speed_interface",
-            "high_speed_address",
-            "status",
             "last_seen_at",
             "credential_issued_at",
             "revoked_at",
@@ -165,19 +141,8 @@ class DeploymentSerializer(ModelSerializer):
         model = Deployment
         fields = [
             "id",
-            "name",
-            "model",
-            "node",
-            "worker_node",
-            "profile",
-            "image",
-            "engine_args",
-            "env",
-            "external",
-            "external_url",
-            "upstream_key",
+            *DEPLOYMENT_FIELDS,
             "has_upstream_key",
-            "replicas",
             "desired_state",
             "state",
             "state_message",
@@ -222,23 +187,14 @@ class OperationSerializer(ModelSerializer):
 class EngineProfileSerializer(ModelSerializer):
     class Meta:
         model = EngineProfile
-        fields = [
-            "id",
-            "name",
-            "description",
-            "image",
-            "engine_args",
-            "env",
-            "builtin",
-            "created_at",
-        ]
+        fields = ["id", *PROFILE_FIELDS, "builtin", "created_at"]
         read_only_fields = ["builtin", "created_at"]
 
 
 class AllowedImageSerializer(ModelSerializer):
     class Meta:
         model = AllowedImage
-        fields = ["id", "pattern", "note", "created_at"]
+        fields = ["id", *ALLOWED_IMAGE_FIELDS, "created_at"]
         read_only_fields = ["created_at"]
 
 

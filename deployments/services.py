@@ -6,9 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Q, QuerySet
 
-from config.permissions import member_tenant_ids
 from core.changes import publish_change
 from core.errors import Conflict
 from deployments import credentials, lifecycle, placement, planner, relay, runtime
@@ -18,12 +16,16 @@ from deployments.choices import (
     NodeStatus,
     OperationKind,
     ReplicaState,
-    Visibility,
 )
 from deployments.engine_args import validate_engine_args
 from deployments.engine_env import validate_engine_env
 from deployments.fleet import read_log_tail
 from deployments.models import (
+    ALLOWED_IMAGE_FIELDS,
+    DEPLOYMENT_FIELDS,
+    MODEL_FIELDS,
+    NODE_FIELDS,
+    PROFILE_FIELDS,
     AllowedImage,
     CatalogModel,
     Deployment,
@@ -34,84 +36,14 @@ from deployments.models import (
 )
 from deployments.operations import queue_operation
 from tenants.audit import Actor, diff, record, snapshot
-from tenants.choices import AuditAction, ModelAccess
-from tenants.models import ApiKey, Tenant
+from tenants.choices import AuditAction
+from tenants.models import Tenant
 
-MODEL_FIELDS = [
-    "served_name",
-    "source",
-    "revision",
-    "task",
-    "params_billions",
-    "active_params_billions",
-    "quantization",
-    "context_length",
-    "visibility",
-    "trust_remote_code",
-]
-NODE_FIELDS = [
-    "name",
-    "docker_url",
-    "queue",
-    "engine_host",
-    "arch",
-    "gpu_description",
-    "gpu_count",
-    "total_memory_bytes",
-    "gpu_memory_bytes",
-    "unified_memory",
-    "memory_limit_bytes",
-    "high_speed_interface",
-    "high_speed_address",
-    "status",
-]
-DEPLOYMENT_FIELDS = [
-    "name",
-    "model",
-    "node",
-    "worker_node",
-    "profile",
-    "image",
-    "engine_args",
-    "env",
-    "replicas",
-    "desired_state",
-    "external",
-    "external_url",
-]  # never the upstream key: audit rows must not hold secrets
 # Changing these replaces running containers; replicas only scales.
 REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node", "worker_node"}
 
 
-# --- Catalogue and access ---------------------------------------------------------------
-
-
-def models_for_tenant(tenant: Tenant) -> QuerySet[CatalogModel]:
-    """The catalogue models a tenant may call."""
-    visible = CatalogModel.objects.filter(
-        Q(visibility=Visibility.PUBLIC) | Q(grants__tenant=tenant)
-    )
-    if tenant.model_access == ModelAccess.LISTED:
-        visible = visible.filter(pk__in=tenant.allowed_models.values("pk"))
-    return visible.distinct()
-
-
-def models_visible_to(user: Any) -> QuerySet[CatalogModel]:
-    """Every model for platform admins; for others, what any of their tenants may call."""
-    if user.is_staff:
-        return CatalogModel.objects.all()
-    ids: set[int] = set()
-    for tenant in Tenant.objects.filter(pk__in=member_tenant_ids(user)):
-        ids |= set(models_for_tenant(tenant).values_list("pk", flat=True))
-    return CatalogModel.objects.filter(pk__in=ids)
-
-
-def models_for_key(key: ApiKey) -> QuerySet[CatalogModel]:
-    """The models one API key may call: its tenant's, narrowed by the key's own list."""
-    allowed = models_for_tenant(key.tenant)
-    if key.allowed_models.exists():
-        allowed = allowed.filter(pk__in=key.allowed_models.values("pk"))
-    return allowed
+# --- Catalogue and grants ---------------------------------------------------------------
 
 
 @transaction.atomic
@@ -463,13 +395,15 @@ def update_deployment(actor: Actor, deployment: Deployment, **changes: Any) -> D
 
     if "external" in changes and changes["external"] != deployment.external:
         raise ValidationError({"external": "Create a new deployment to change this."})
-    before = snapshot(deployment, DEPLOYMENT_FIELDS)
+    before, old_key = snapshot(deployment, DEPLOYMENT_FIELDS), deployment.upstream_key
     for name, value in changes.items():
         setattr(deployment, name, value)
     _validate_deployment(deployment)
     _check_memory_fit(deployment)
     deployment.save()
     changed = diff(before, snapshot(deployment, DEPLOYMENT_FIELDS))
+    if deployment.upstream_key != old_key:
+        changed["upstream_key"] = "changed"  # a new key for an old one: never either key
     record(actor, AuditAction.UPDATE, deployment, changes=changed)
     if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
         if REPLACING_FIELDS & changed.keys():
@@ -574,8 +508,6 @@ def replica_logs(deployment: Deployment, index: int, lines: int = 200) -> str:
 
 # --- Engine profiles and allowed images -------------------------------------------------------
 
-PROFILE_FIELDS = ["name", "description", "image", "engine_args", "env"]
-
 
 def _validate_profile(profile: EngineProfile) -> None:
     profile.image = check_image(profile.image)
@@ -615,7 +547,7 @@ def allow_image(actor: Actor, pattern: str, note: str = "") -> AllowedImage:
         raise ValidationError({"pattern": "An image reference or fnmatch pattern, no spaces."})
     allowed.full_clean()
     allowed.save()
-    record(actor, AuditAction.CREATE, allowed, changes={"pattern": allowed.pattern})
+    record(actor, AuditAction.CREATE, allowed, changes=snapshot(allowed, ALLOWED_IMAGE_FIELDS))
     return allowed
 
 

@@ -154,7 +154,7 @@ def _load_models(snap: Snapshot) -> None:
 
 
 def _load_tenants(snap: Snapshot) -> None:
-    from deployments.services import models_for_tenant
+    from deployments.access import models_for_tenant
     from tenants.models import Tenant
 
     for tenant in Tenant.objects.all():

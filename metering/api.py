@@ -8,12 +8,11 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import AdminViewSetMixin, UserScopedMixin
-from config.permissions import PlatformAdminWrites, admin_tenant_ids, member_tenant_ids
-from deployments.services import models_visible_to
+from core.api import AdminViewSetMixin, UserScopedMixin
 from metering import services
 from metering.models import Price, UsageEvent
 from metering.serializers import PriceSerializer, UsageEventSerializer
+from tenants.permissions import PlatformAdminWrites
 
 
 class PriceViewSet(
@@ -28,7 +27,7 @@ class PriceViewSet(
     queryset = Price.objects.none()
 
     def scope(self, user: Any) -> QuerySet[Price]:
-        return Price.objects.select_related("model").filter(model__in=models_visible_to(user))
+        return services.prices_visible_to(user)
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
@@ -62,10 +61,4 @@ class UsageEventViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ReadOnlyMod
     queryset = UsageEvent.objects.none()
 
     def scope(self, user: Any) -> QuerySet[UsageEvent]:
-        events = UsageEvent.objects.select_related("tenant", "api_key", "model", "deployment")
-        if user.is_staff:
-            return events
-        admin_of = admin_tenant_ids(user)
-        return events.filter(tenant_id__in=admin_of) | events.filter(
-            tenant_id__in=member_tenant_ids(user) - admin_of, api_key__created_by=user
-        )
+        return services.usage_events_visible_to(user)

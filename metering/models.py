@@ -20,6 +20,18 @@ UNIT_PRICE = {
 }
 
 
+# What an admin sets on a price (the admin API's serializer writes these fields, the audit
+# log records them; tenants.models says more).
+PRICE_FIELDS = (
+    "model",
+    "currency",
+    "input_per_mtok",
+    "cached_input_per_mtok",
+    "output_per_mtok",
+    "effective_from",
+)
+
+
 class Price(models.Model):
     """One version of a model's price per 1M tokens, in force from ``effective_from``.
 

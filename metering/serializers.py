@@ -2,9 +2,9 @@
 
 from rest_framework import serializers
 
-from config.api import ModelSerializer
+from core.api import ModelSerializer
 from deployments.models import CatalogModel
-from metering.models import Price, UsageEvent
+from metering.models import PRICE_FIELDS, Price, UsageEvent
 
 
 class PriceSerializer(ModelSerializer):
@@ -24,16 +24,7 @@ class PriceSerializer(ModelSerializer):
 
     class Meta:
         model = Price
-        fields = [
-            "id",
-            "model",
-            "currency",
-            "input_per_mtok",
-            "cached_input_per_mtok",
-            "output_per_mtok",
-            "effective_from",
-            "created_at",
-        ]
+        fields = ["id", *PRICE_FIELDS, "created_at"]
         read_only_fields = ["created_at"]
         validators = []  # uniqueness is checked by the service with a readable message
 

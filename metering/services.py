@@ -1,8 +1,9 @@
-"""Rules for prices (versioned, never edited, looked up by the time of a request), and
-which usage an export query covers."""
+"""Rules for prices (versioned, never edited, looked up by the time of a request), who sees
+which prices and usage, and which usage an export query covers."""
 
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -11,10 +12,12 @@ from django.utils import timezone
 
 from core.changes import publish_change
 from core.errors import Conflict
+from deployments.access import models_visible_to
 from deployments.models import CatalogModel
 from metering import export
-from metering.models import Price, UsageRollup
-from tenants.audit import Actor, record
+from metering.models import PRICE_FIELDS, Price, UsageEvent, UsageRollup
+from tenants.access import own_rows
+from tenants.audit import Actor, record, snapshot
 from tenants.choices import AuditAction
 
 # A price may start slightly in the past (clock skew between the admin and the box),
@@ -57,18 +60,7 @@ def set_price(
         raise Conflict(
             {"effective_from": "A price for this model starts at that moment already."}
         ) from None
-    record(
-        actor,
-        AuditAction.CREATE,
-        price,
-        changes={
-            "currency": currency,
-            "input_per_mtok": str(price.input_per_mtok),
-            "cached_input_per_mtok": str(price.cached_input_per_mtok),
-            "output_per_mtok": str(price.output_per_mtok),
-            "effective_from": effective_from.isoformat(),
-        },
-    )
+    record(actor, AuditAction.CREATE, price, changes=snapshot(price, PRICE_FIELDS))
     publish_change("price", model.pk)
     return price
 
@@ -86,3 +78,22 @@ def filter_usage(q: export.ExportQuery) -> QuerySet[UsageRollup]:
     """The hourly usage rollups an export query covers: what the console charts for a
     query is what the showback CSV of the same query bills."""
     return export.filter_rows(UsageRollup.objects.all(), q)
+
+
+# --- Who sees what (the rules: tenants.access, deployments.access) ----------------------------
+
+
+def prices_visible_to(user: Any) -> QuerySet[Price]:
+    """The prices of the models the user may see."""
+    return Price.objects.select_related("model").filter(model__in=models_visible_to(user))
+
+
+def usage_events_visible_to(user: Any) -> QuerySet[UsageEvent]:
+    """Requests' usage: tenant admins see their tenants', members their own keys'."""
+    events = UsageEvent.objects.select_related("tenant", "api_key", "model", "deployment")
+    return own_rows(user, events, owner="api_key__created_by")
+
+
+def usage_rollups_visible_to(user: Any) -> QuerySet[UsageRollup]:
+    """Hourly usage, seen as the requests it sums are."""
+    return own_rows(user, UsageRollup.objects.all(), owner="api_key__created_by")

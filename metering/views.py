@@ -16,12 +16,11 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from config.permissions import admin_tenant_ids, member_tenant_ids
 from metering import export, usage
 from metering.export import parse_moment
 from metering.periods import period_end, period_start
+from tenants import access
 from tenants.auth import authenticate_api_key, invalid_key
-from tenants.models import Tenant
 
 
 def _bad_request(message: str, param: str) -> JsonResponse:
@@ -115,17 +114,13 @@ class UsageExportView(APIView):
 
     def _scope(self, request: Request) -> frozenset[int] | None:
         user, slug = request.user, request.query_params.get("tenant")
-        if user.is_staff:
-            if slug and not Tenant.objects.filter(slug=slug).exists():
-                raise NotFound("No such tenant.")
-            return None
-        admin_of = admin_tenant_ids(user)
+        scope = access.report_tenant_ids(user)
         if slug:
-            tenant = Tenant.objects.filter(slug=slug, pk__in=member_tenant_ids(user)).first()
+            tenant = access.tenants_of(user).filter(slug=slug).first()
             if tenant is None:
-                raise NotFound("No such tenant.")
-            if tenant.pk not in admin_of:
+                raise NotFound("No such tenant.")  # another tenant's: as if it did not exist
+            if scope is not None and tenant.pk not in scope:
                 raise PermissionDenied("Only tenant admins can export usage.")
-        elif not admin_of:
+        elif scope is not None and not scope:
             raise PermissionDenied("Only tenant admins can export usage.")
-        return frozenset(admin_of)
+        return scope

@@ -8,22 +8,16 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from config.api import AdminViewSetMixin, UserScopedMixin
-from config.permissions import (
-    IsPlatformAdmin,
-    PlatformAdminWrites,
-    TenantAdminWrites,
-    admin_tenant_ids,
-    is_tenant_admin,
-    member_tenant_ids,
-)
-from tenants import services
+from core.api import AdminViewSetMixin, UserScopedMixin
+from tenants import access, services
 from tenants.choices import TenantStatus
 from tenants.models import AdminToken, ApiKey, AuditLog, Membership, Tenant
+from tenants.permissions import IsPlatformAdmin, PlatformAdminWrites, TenantAdminWrites
 from tenants.serializers import (
     AdminTokenCreatedSerializer,
     AdminTokenSerializer,
@@ -40,9 +34,7 @@ User = get_user_model()
 
 
 def _forbid_unless_tenant_admin(request: Request, tenant: Tenant) -> None:
-    from rest_framework.exceptions import PermissionDenied
-
-    if not is_tenant_admin(request.user, tenant.pk):
+    if not access.is_tenant_admin(request.user, tenant.pk):
         raise PermissionDenied("Only tenant admins can do this.")
 
 
@@ -57,7 +49,7 @@ class TenantViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
     queryset = Tenant.objects.none()
 
     def scope(self, user: Any) -> QuerySet[Tenant]:
-        return services.tenants_of(user).prefetch_related("allowed_models")
+        return access.tenants_of(user).prefetch_related("allowed_models")
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         serializer.instance = services.create_tenant(self.request.user, **serializer.validated_data)
@@ -111,15 +103,7 @@ class ApiKeyViewSet(
     queryset = ApiKey.objects.none()
 
     def scope(self, user: Any) -> QuerySet[ApiKey]:
-        keys = ApiKey.objects.select_related("tenant", "created_by").prefetch_related(
-            "allowed_models"
-        )
-        if user.is_staff:
-            return keys
-        admin_of = admin_tenant_ids(user)
-        return keys.filter(tenant_id__in=admin_of) | keys.filter(
-            tenant_id__in=member_tenant_ids(user) - admin_of, created_by=user
-        )
+        return access.keys_visible_to(user)
 
     @extend_schema(responses={201: ApiKeyCreatedSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -158,8 +142,7 @@ class MembershipViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSe
     queryset = Membership.objects.none()
 
     def scope(self, user: Any) -> QuerySet[Membership]:
-        members = Membership.objects.select_related("tenant", "user")
-        return members if user.is_staff else members.filter(tenant_id__in=member_tenant_ids(user))
+        return access.members_visible_to(user)
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # Members learn nothing from validation (e.g. "already a member"): refuse them first.
@@ -228,7 +211,7 @@ class AdminTokenViewSet(
     queryset = AdminToken.objects.none()
 
     def scope(self, user: Any) -> QuerySet[AdminToken]:
-        return AdminToken.objects.filter(user=user)
+        return access.tokens_of(user)
 
     @extend_schema(responses={201: AdminTokenCreatedSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -262,5 +245,4 @@ class AuditLogViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ReadOnlyModel
     queryset = AuditLog.objects.none()
 
     def scope(self, user: Any) -> QuerySet[AuditLog]:
-        entries = AuditLog.objects.select_related("tenant")
-        return entries if user.is_staff else entries.filter(tenant_id__in=admin_tenant_ids(user))
+        return access.audit_visible_to(user)

@@ -1,22 +1,33 @@
 """Recording who changed what: every service that changes state calls ``record``."""
 
+from collections.abc import Iterable
+from datetime import date
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import models
 
+from core.fields import EncryptedTextField
 from tenants.models import AuditLog, Tenant
 
 Actor = AbstractBaseUser | AnonymousUser | None
 
 
-def snapshot(obj: models.Model, fields: list[str]) -> dict[str, Any]:
-    """A JSON-safe picture of some fields of a row, for before/after summaries."""
+def snapshot(obj: models.Model, fields: Iterable[str]) -> dict[str, Any]:
+    """A JSON-safe picture of some fields of a row, for before/after summaries: related rows
+    by name (many-to-many ones as a sorted list), times in ISO 8601, and a secret (an
+    encrypted field) only as whether it is set, never its value."""
     picture = {}
     for name in fields:
-        value = getattr(obj, name)
-        if isinstance(value, models.Model):
+        field, value = obj._meta.get_field(name), getattr(obj, name)
+        if field.many_to_many:
+            value = sorted(str(related) for related in value.all())
+        elif isinstance(field, EncryptedTextField):
+            value = "set" if value else ""
+        elif isinstance(value, models.Model):
             value = str(value)
+        elif isinstance(value, date):
+            value = value.isoformat()
         elif value is not None and not isinstance(value, (bool, int, float, str, list, dict)):
             value = str(value)
         picture[name] = value

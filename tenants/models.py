@@ -15,6 +15,29 @@ currency_validator = RegexValidator(r"^[A-Z]{3}$", "Use a three-letter ISO 4217 
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
 
+# What an admin sets, one list per model: the admin API's serializers write these fields, the
+# console's forms show them (or some of them), the services change them and the audit log
+# records them (tenants.audit.snapshot). A field added to a serializer goes here too, or
+# tests/api/test_audit_coverage.py fails.
+TENANT_FIELDS = (
+    "name",
+    "slug",
+    "priority",
+    *LIMIT_FIELDS,
+    "quota_period",
+    "quota_tokens",
+    "quota_amount",
+    "currency",
+    "model_access",
+    "allowed_models",
+    "fair_share_weight",
+)
+KEY_FIELDS = ("tenant", "name", "expires_at", *LIMIT_FIELDS, "allowed_models")
+MEMBERSHIP_FIELDS = ("tenant", "user", "role")
+# Of Django's user model; the password is audited as set or changed, never by value.
+USER_FIELDS = ("username", "email", "first_name", "last_name", "is_staff", "is_active")
+TOKEN_FIELDS = ("name", "expires_at")
+
 
 class Tenant(models.Model):
     """A customer of the appliance: its limits, quota, priority and model access."""

@@ -3,21 +3,47 @@
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from config.api import ModelSerializer, Serializer
-from deployments.models import CatalogModel
-from tenants.models import LIMIT_FIELDS, AdminToken, ApiKey, AuditLog, Membership, Tenant
+from core.api import ModelSerializer, Serializer
+from tenants import access
+from tenants.models import (
+    KEY_FIELDS,
+    LIMIT_FIELDS,
+    MEMBERSHIP_FIELDS,
+    TENANT_FIELDS,
+    TOKEN_FIELDS,
+    USER_FIELDS,
+    AdminToken,
+    ApiKey,
+    AuditLog,
+    Membership,
+    Tenant,
+)
 
 User = get_user_model()
 
 
+@extend_schema_field(OpenApiTypes.STR)
+class VisibleModelsField(serializers.SlugRelatedField):
+    """Catalogue models by served name, limited to those the requesting user may see.
+
+    A private model of another tenant is "does not exist", exactly like a missing one.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(slug_field="served_name", **kwargs)
+
+    def get_queryset(self) -> Any:
+        return access.catalogue().models_visible_to(self.context["request"].user)
+
+
 class TenantSerializer(ModelSerializer):
-    allowed_models = serializers.SlugRelatedField(
-        slug_field="served_name",
+    allowed_models = VisibleModelsField(
         many=True,
         required=False,
-        queryset=CatalogModel.objects.all(),
         help_text="With model_access 'listed': the served names this tenant may call.",
     )
 
@@ -25,19 +51,9 @@ class TenantSerializer(ModelSerializer):
         model = Tenant
         fields = [
             "id",
-            "name",
-            "slug",
+            *TENANT_FIELDS,
             "status",
-            "priority",
-            *LIMIT_FIELDS,
-            "quota_period",
-            "quota_tokens",
-            "quota_amount",
-            "currency",
-            "model_access",
-            "allowed_models",
             "priority_boost_until",
-            "fair_share_weight",
             "created_at",
             "updated_at",
         ]
@@ -56,27 +72,7 @@ class TenantSlugField(serializers.SlugRelatedField):
         super().__init__(slug_field="slug", queryset=Tenant.objects.all(), **kwargs)
 
     def get_queryset(self) -> Any:
-        from config.permissions import member_tenant_ids
-
-        user = self.context["request"].user
-        if user.is_staff:
-            return Tenant.objects.all()
-        return Tenant.objects.filter(pk__in=member_tenant_ids(user))
-
-
-class VisibleModelsField(serializers.SlugRelatedField):
-    """Catalogue models by served name, limited to those the requesting user may see.
-
-    A private model of another tenant is "does not exist", exactly like a missing one.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(slug_field="served_name", queryset=CatalogModel.objects.all(), **kwargs)
-
-    def get_queryset(self) -> Any:
-        from deployments.services import models_visible_to
-
-        return models_visible_to(self.context["request"].user)
+        return access.tenants_of(self.context["request"].user)
 
 
 class ApiKeySerializer(ModelSerializer):
@@ -94,18 +90,14 @@ class ApiKeySerializer(ModelSerializer):
         model = ApiKey
         fields = [
             "id",
-            "tenant",
-            "name",
+            *KEY_FIELDS,
             "prefix",
             "key_hint",
             "status",
             "created_by",
             "created_at",
-            "expires_at",
             "revoked_at",
             "last_used_at",
-            *LIMIT_FIELDS,
-            "allowed_models",
         ]
         read_only_fields = ["prefix", "created_at", "revoked_at", "last_used_at"]
 
@@ -140,7 +132,7 @@ class MembershipSerializer(ModelSerializer):
 
     class Meta:
         model = Membership
-        fields = ["id", "tenant", "user", "role", "created_at"]
+        fields = ["id", *MEMBERSHIP_FIELDS, "created_at"]
         read_only_fields = ["created_at"]
 
 
@@ -152,19 +144,7 @@ class UserSerializer(ModelSerializer):
 
     class Meta:
         model = User
-        fields = [
-            "id",
-            "username",
-            "email",
-            "first_name",
-            "last_name",
-            "is_staff",
-            "is_active",
-            "password",
-            "tenants",
-            "date_joined",
-            "last_login",
-        ]
+        fields = ["id", *USER_FIELDS, "password", "tenants", "date_joined", "last_login"]
         read_only_fields = ["date_joined", "last_login"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -188,11 +168,10 @@ class AdminTokenSerializer(ModelSerializer):
         model = AdminToken
         fields = [
             "id",
-            "name",
+            *TOKEN_FIELDS,
             "prefix",
             "token_hint",
             "created_at",
-            "expires_at",
             "revoked_at",
             "last_used_at",
         ]

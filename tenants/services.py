@@ -8,31 +8,28 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
 from core.changes import publish_change
 from core.errors import Conflict
+from tenants.access import catalogue
 from tenants.audit import Actor, diff, record, snapshot
 from tenants.choices import AuditAction, Role, TenantStatus
 from tenants.keys import ADMIN_TOKEN, TENANT_KEY, generate_key
-from tenants.models import LIMIT_FIELDS, Account, AdminToken, ApiKey, Membership, Tenant
-
-TENANT_FIELDS = [
-    "name",
-    "slug",
-    "status",
-    "priority",
-    *LIMIT_FIELDS,
-    "quota_period",
-    "quota_tokens",
-    "quota_amount",
-    "currency",
-    "model_access",
-]
-KEY_FIELDS = ["name", "expires_at", *LIMIT_FIELDS]
-
+from tenants.models import (
+    KEY_FIELDS,
+    LIMIT_FIELDS,
+    MEMBERSHIP_FIELDS,
+    TENANT_FIELDS,
+    TOKEN_FIELDS,
+    USER_FIELDS,
+    Account,
+    AdminToken,
+    ApiKey,
+    Membership,
+    Tenant,
+)
 
 # --- Tenants ----------------------------------------------------------------------------
 
@@ -129,21 +126,6 @@ def set_tenant_status(actor: Actor, tenant: Tenant, status: str) -> Tenant:
     return tenant
 
 
-def tenants_of(user: AbstractBaseUser) -> QuerySet[Tenant]:
-    """The tenants a user may see: all for platform admins, else their memberships."""
-    if user.is_staff:
-        return Tenant.objects.all()
-    return Tenant.objects.filter(memberships__user=user)
-
-
-def role_in(user: AbstractBaseUser, tenant: Tenant) -> str | None:
-    """The user's role in the tenant (platform admins act as tenant admins), or None."""
-    if user.is_staff:
-        return Role.ADMIN
-    membership = Membership.objects.filter(user=user, tenant=tenant).first()
-    return membership.role if membership else None
-
-
 # --- Members ----------------------------------------------------------------------------
 
 
@@ -158,7 +140,13 @@ def add_member(
             membership = Membership.objects.create(tenant=tenant, user=user, role=role)
     except IntegrityError:
         raise Conflict({"user": f"{user} is already a member of {tenant}."}) from None
-    record(actor, AuditAction.CREATE, membership, tenant=tenant, changes={"role": role})
+    record(
+        actor,
+        AuditAction.CREATE,
+        membership,
+        tenant=tenant,
+        changes=snapshot(membership, MEMBERSHIP_FIELDS),
+    )
     return membership
 
 
@@ -242,9 +230,7 @@ def issue_api_key(
 
 
 def _check_models_allowed(tenant: Tenant, models: list) -> None:
-    from deployments.services import models_for_tenant
-
-    allowed = set(models_for_tenant(tenant).values_list("pk", flat=True))
+    allowed = set(catalogue().models_for_tenant(tenant).values_list("pk", flat=True))
     refused = [str(m) for m in models if m.pk not in allowed]
     if refused:
         raise ValidationError(
@@ -311,7 +297,7 @@ def issue_admin_token(
     token = AdminToken.objects.create(
         user=actor, name=name, prefix=new.prefix, secret_hash=new.secret_hash, expires_at=expires_at
     )
-    record(actor, AuditAction.CREATE, token)
+    record(actor, AuditAction.CREATE, token, changes=snapshot(token, TOKEN_FIELDS))
     return IssuedToken(token=token, plaintext=new.plaintext)
 
 
@@ -359,7 +345,8 @@ def create_user(
     user.full_clean(exclude=["password"])
     user.save()
     Account.objects.create(user=user, must_change_password=must_change_password)
-    record(actor, AuditAction.CREATE, user, changes={"username": username, "is_staff": is_staff})
+    changes = snapshot(user, USER_FIELDS) | ({"password": "set"} if password else {})
+    record(actor, AuditAction.CREATE, user, changes=changes)
     return user
 
 
@@ -454,7 +441,7 @@ def update_user(
         for flag in ("is_staff", "is_active"):
             if changes.get(flag) is False and getattr(user, flag):
                 raise Conflict({flag: "You cannot take this away from yourself."})
-    before = snapshot(user, ["username", "email", "is_staff", "is_active"])
+    before = snapshot(user, USER_FIELDS)
     for name, value in changes.items():
         setattr(user, name, value)
     if password:
@@ -465,7 +452,7 @@ def update_user(
         user.set_password(password)
     user.full_clean(exclude=["password"])
     user.save()
-    after = snapshot(user, ["username", "email", "is_staff", "is_active"])
+    after = snapshot(user, USER_FIELDS)
     record(
         actor,
         AuditAction.UPDATE,

@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
-from config.api import Serializer
+from core.api import Serializer
 from tenants import services
 from tenants.serializers import AdminTokenCreatedSerializer
 

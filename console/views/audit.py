@@ -9,8 +9,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from console.access import admin_tenant_ids, admin_tenants, audit_visible_to
 from console.generic import Column, ListPage
+from tenants.access import admin_tenant_ids, admin_tenants, audit_visible_to
 from tenants.choices import AuditAction
 from tenants.models import AuditLog, Tenant
 

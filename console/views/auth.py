@@ -13,7 +13,7 @@ from django.shortcuts import redirect
 from django.urls import reverse_lazy
 
 from tenants import services
-from tenants.services import tenants_of
+from tenants.access import tenants_of
 
 
 class LoginForm(AuthenticationForm):

@@ -11,14 +11,16 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from console import queries
-from console.access import models_visible_to, staff_required, tenants_of
+from console.access import staff_required
 from console.forms import CatalogModelForm, GrantForm, JoinNodeForm, NodeForm, PriceForm
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import ago, badge, bar, gb, per_mtok, tokens
 from deployments import credentials, joining, relay, services
+from deployments.access import models_visible_to
 from deployments.choices import NodeStatus, Task, Visibility
 from deployments.models import CatalogModel, ModelGrant, Node
 from metering import services as metering_services
+from tenants.access import tenants_of
 from tenants.models import Tenant
 
 

@@ -14,19 +14,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from console.access import (
-    admin_tenants,
-    is_tenant_admin,
-    keys_visible_to,
-    models_visible_to,
-    require_tenant_admin,
-    tenants_of,
-)
+from console.access import require_tenant_admin
 from console.forms import KeyForm
 from console.generic import Action, Column, ListPage, saved, service_form
 from console.templatetags.console import ago, badge
 from core.credentials import unexpired_filter
+from deployments.access import models_visible_to
 from tenants import services
+from tenants.access import admin_tenants, is_tenant_admin, keys_visible_to, tenants_of
 from tenants.models import ApiKey, Tenant
 
 

@@ -21,11 +21,12 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from console.access import admin_tenants, require_tenant_admin, staff_required, tenant_or_404
+from console.access import require_tenant_admin, staff_required, tenant_or_404
 from console.forms import InviteForm, MembershipForm
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import ago, badge
 from tenants import services
+from tenants.access import admin_tenants
 from tenants.choices import Role
 from tenants.models import Membership, Tenant
 

@@ -23,11 +23,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from console import queries
-from console.access import tenants_of
 from console.templatetags.console import money_text
+from deployments.access import models_for_tenant
 from deployments.choices import Task
-from deployments.services import models_for_tenant
 from tenants import services
+from tenants.access import tenants_of
 from tenants.models import ApiKey, Tenant
 
 SESSION_KEY = "playground_keys"

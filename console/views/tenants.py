@@ -16,21 +16,15 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from console import queries
-from console.access import (
-    is_tenant_admin,
-    keys_visible_to,
-    role_in,
-    staff_required,
-    tenant_or_404,
-    tenants_of,
-    usage_rollups_visible_to,
-)
+from console.access import staff_required, tenant_or_404
 from console.forms import TenantForm
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import badge, money, tokens
-from deployments.services import models_for_tenant
+from deployments.access import models_for_tenant
+from metering.services import usage_rollups_visible_to
 from metering.usage import quota_status
 from tenants import services
+from tenants.access import is_tenant_admin, keys_visible_to, role_in, tenants_of
 from tenants.choices import Priority, TenantStatus
 from tenants.models import Tenant
 
@@ -170,7 +164,7 @@ def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
     admin = is_tenant_admin(user, tenant.pk)
     now = timezone.now()
     keys = keys_visible_to(user).filter(tenant=tenant)
-    rollups = usage_rollups_visible_to(user, tenant)
+    rollups = usage_rollups_visible_to(user).filter(tenant=tenant)
     start = (now - timedelta(days=29)).replace(hour=0, minute=0, second=0, microsecond=0)
     series = queries.usage_series(rollups.filter(hour__gte=start), "model", "day", start, now)
     models = [

@@ -12,10 +12,12 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from console import queries
-from console.access import admin_tenants, export_scope, models_visible_to
+from console.access import export_scope
 from console.forms import UsageFilterForm
+from deployments.access import models_visible_to
 from metering import export
 from metering.services import filter_usage
+from tenants.access import admin_tenants
 
 
 def _form(request: HttpRequest) -> UsageFilterForm:

@@ -212,7 +212,7 @@ def test_500_is_a_problem_and_says_nothing_of_the_cause(
     def explode(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr("tenants.services.tenants_of", explode)
+    monkeypatch.setattr("tenants.access.tenants_of", explode)
     client = client_for(world.root)
     client.raise_request_exception = False
     response = client.get("/api/v1/tenants/")

@@ -31,6 +31,7 @@ from metering import ingest
 from metering import services as metering_services
 from metering.models import UsageEvent
 from tenants import services as tenant_services
+from tenants.access import tenants_of
 from tenants.choices import Role
 from tests.conftest import PASSWORD
 from tests.databases import database_url
@@ -335,7 +336,7 @@ def test_admin_flow_then_tenant_admin_isolation_lockout_and_csrf(
     page.wait_for_url(f"{live}/login/")
 
     # A tenant admin sees only their tenant.
-    acme = tenant_services.tenants_of(User.objects.get(username="root")).get(slug="acme-research")
+    acme = tenants_of(User.objects.get(username="root")).get(slug="acme-research")
     other = tenant_services.create_tenant(None, name="Other Corp", slug="other")
     tenant_services.issue_api_key(None, other, name="other-key")
     alice = User.objects.create_user("alice", "alice@example.test", PASSWORD)

@@ -3,7 +3,7 @@
 import pytest
 from django.db import connection
 
-from config.fields import decrypt, encrypt
+from core.fields import decrypt, encrypt
 from deployments.models import Deployment
 
 pytestmark = pytest.mark.django_db

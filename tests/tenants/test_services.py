@@ -1,7 +1,7 @@
-"""The business rules in services.py, exercised against PostgreSQL and Redis."""
+"""The rules of tenants/services.py (tenants, members, keys, boosts), against PostgreSQL and
+Redis."""
 
 from datetime import timedelta
-from decimal import Decimal
 
 import orjson
 import pytest
@@ -11,12 +11,9 @@ from django.utils import timezone
 
 from core.keyspace import invalidation_channel
 from core.redis import get_redis
-from deployments import services as deployment_services
-from deployments.choices import DesiredState
-from deployments.models import CatalogModel, Node
-from metering import services as metering_services
+from deployments.models import CatalogModel
 from tenants import services
-from tenants.choices import ModelAccess, Role, TenantStatus
+from tenants.choices import Role, TenantStatus
 from tenants.keys import verify_key
 from tenants.models import ApiKey, AuditLog, Tenant
 
@@ -99,61 +96,6 @@ def test_a_tenant_keeps_at_least_one_admin(tenant_a: Tenant, alice: object, bob:
     assert admin.role == Role.MEMBER
 
 
-def test_model_access_public_granted_listed_and_per_key(
-    tenant_a: Tenant, tenant_b: Tenant, public_model: CatalogModel, private_model_a: CatalogModel
-) -> None:
-    from deployments.services import models_for_key, models_for_tenant
-
-    assert set(models_for_tenant(tenant_a)) == {public_model, private_model_a}
-    assert set(models_for_tenant(tenant_b)) == {public_model}
-    services.update_tenant(
-        None, tenant_a, model_access=ModelAccess.LISTED, allowed_models=[private_model_a]
-    )
-    assert set(models_for_tenant(tenant_a)) == {private_model_a}
-    services.update_tenant(None, tenant_a, model_access=ModelAccess.ALL)
-    key = services.issue_api_key(None, tenant_a, name="narrow", allowed_models=[public_model]).key
-    assert set(models_for_key(key)) == {public_model}
-    with pytest.raises(ValidationError, match="Not available to this tenant"):
-        services.issue_api_key(None, tenant_b, name="sneaky", allowed_models=[private_model_a])
-
-
-def test_prices_are_versioned_and_never_backdated(public_model: CatalogModel) -> None:
-    start = timezone.now()
-    v1 = metering_services.set_price(None, public_model, Decimal("0.20"), None, Decimal("0.60"))
-    later = start + timedelta(days=30)
-    v2 = metering_services.set_price(
-        None, public_model, Decimal("0.10"), Decimal("0.02"), Decimal("0.30"), effective_from=later
-    )
-    assert v1.cached_input_per_mtok == Decimal("0.20")  # defaults to the input price
-    assert metering_services.price_at(public_model, "USD", start + timedelta(days=1)) == v1
-    assert metering_services.price_at(public_model, "USD", later + timedelta(seconds=1)) == v2
-    assert metering_services.price_at(public_model, "EUR", later) is None
-    with pytest.raises(ValidationError, match="cannot be backdated"):
-        metering_services.set_price(
-            None,
-            public_model,
-            Decimal("1"),
-            None,
-            Decimal("1"),
-            effective_from=start - timedelta(days=1),
-        )
-
-
-def test_cost_is_exact_decimal_with_cached_tokens_at_the_cached_rate(
-    public_model: CatalogModel,
-) -> None:
-    price = metering_services.set_price(
-        None, public_model, Decimal("0.15"), Decimal("0.075"), Decimal("0.60")
-    )
-    # 1,000 prompt tokens of which 400 cached, 250 completion tokens.
-    expected = (
-        Decimal(600) * Decimal("0.15")
-        + Decimal(400) * Decimal("0.075")
-        + Decimal(250) * Decimal("0.60")
-    ) / 1_000_000
-    assert price.cost(1000, 400, 250) == expected == Decimal("0.00027")
-
-
 def next_message(pubsub: object, timeout: float = 2.0) -> dict | None:
     """The next published message; subscribe confirmations are skipped."""
     import time
@@ -179,38 +121,6 @@ def test_changes_are_announced_to_gateways_after_commit(
         pubsub.close()
     assert message is not None
     assert orjson.loads(message["data"]) == {"kind": "tenant", "id": str(tenant_a.pk)}
-
-
-def test_deployment_desired_state_is_compare_and_set(
-    public_model: CatalogModel, local_node: Node
-) -> None:
-    deployment = deployment_services.create_deployment(
-        None,
-        name="qwen",
-        model=public_model,
-        node=local_node,
-        image="vllm/vllm-openai:v0.33.0",
-        engine_args={"max-num-seqs": "4", "max-model-len": "32k"},
-    )
-    assert deployment.engine_args == {"max-num-seqs": 4, "max-model-len": 32768}
-    assert deployment.max_num_seqs == 4
-    deployment_services.set_desired_state(None, deployment, DesiredState.STOPPED)
-    deployment_services.set_desired_state(None, deployment, DesiredState.STOPPED)
-    assert AuditLog.objects.filter(object_type="deployment", action="action").count() == 1
-    with pytest.raises(ValidationError, match="Stop the deployment"):
-        deployment.state = "ready"
-        deployment.save()
-        deployment_services.delete_deployment(None, deployment)
-
-
-def test_deployment_images_come_only_from_the_allow_list(
-    public_model: CatalogModel, local_node: Node
-) -> None:
-    with pytest.raises(ValidationError) as error:
-        deployment_services.create_deployment(
-            None, name="evil", model=public_model, node=local_node, image="evil/miner:latest"
-        )
-    assert "not an allowed engine image" in str(error.value.message_dict["image"])
 
 
 def test_an_interactive_boost_lasts_its_window_then_falls_back(tenant_a: Tenant) -> None:

@@ -34,9 +34,10 @@ def test_gateway_user_can_queue_a_batch_job(gateway_user: tuple[str, str]) -> No
     """What /v1/batches does after creating a batch: Celery declares the queue (priority
     lists, bindings) and pushes the message, all allowed to the gateway user."""
     from batches.services import RUN_TASK
-    from config.celery import _discover_tasks, app
+    from config.celery import app
+    from core.tasks import discover_tasks
 
-    _discover_tasks()
+    discover_tasks()
     user, password = gateway_user
     with app.connection_for_write(f"redis://{user}:{password}@127.0.0.1:6379/0") as conn:
         app.tasks[RUN_TASK].apply_async(args=[1], queue=BATCHES, connection=conn)

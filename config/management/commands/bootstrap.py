@@ -1,4 +1,7 @@
-"""First-start setup: the first platform admin and the local node. Safe to run every start."""
+"""First-start setup: the first platform admin and the local node. Safe to run every start.
+
+It spans the apps (a tenants user, a deployments node), so it lives with the composition root.
+"""
 
 import secrets
 from typing import Any

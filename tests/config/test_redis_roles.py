@@ -22,8 +22,9 @@ import redis
 from django.conf import LazySettings
 
 from config import redisacl
-from config.celery import _discover_tasks, app
+from config.celery import app
 from core.redis import get_redis
+from core.tasks import discover_tasks
 from tests.databases import database_url
 from tests.gateway.conftest import free_port, stop
 
@@ -184,7 +185,7 @@ def test_beat_queues_control_tasks_only(acl: AclServer) -> None:
     Celery, and reaches nothing else: no other queue, no Tollgate key."""
     from django.conf import settings
 
-    _discover_tasks()
+    discover_tasks()
     with app.connection_for_write(acl.url("beat")) as conn:
         for entry in settings.CELERY_BEAT_SCHEDULE.values():
             app.tasks[entry["task"]].apply_async(connection=conn, **entry.get("options", {}))
@@ -261,7 +262,7 @@ def test_celery_worker_runs_as_its_role(
     ping`, also as that user), takes a task queued by the process that queues it in the
     appliance, runs it and acknowledges it (its unacknowledged-message keys end empty), with
     no refusal in the ACL log."""
-    _discover_tasks()
+    discover_tasks()
     unacked = "unacked" if role == "worker" else redisacl.unacked_key("batches")
     env = {
         **os.environ,

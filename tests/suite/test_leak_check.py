@@ -40,7 +40,7 @@ def session(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def run_case(name: str, **env: str) -> subprocess.CompletedProcess:
-    return session(f"tests/foundation/leak_cases.py::{name}", TOLLGATE_LEAK_CASE="1", **env)
+    return session(f"tests/suite/leak_cases.py::{name}", TOLLGATE_LEAK_CASE="1", **env)
 
 
 def test_a_leftover_child_process_fails_the_session(tmp_path: Path) -> None:

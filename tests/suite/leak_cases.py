@@ -14,7 +14,7 @@ from django.db import connection
 from tests import leaks
 
 pytestmark = pytest.mark.skipif(
-    not os.environ.get("TOLLGATE_LEAK_CASE"), reason="run by tests/foundation/test_leak_check.py"
+    not os.environ.get("TOLLGATE_LEAK_CASE"), reason="run by tests/suite/test_leak_check.py"
 )
 _kept: list[object] = []  # referenced for the whole session, so nothing closes them early
 

@@ -2,11 +2,11 @@
 
 - Serializers derive from ``ModelSerializer``/``Serializer`` here, which refuse unknown and
   read-only fields with a 400 naming them (a silently dropped field is a surprise).
-- Bodies are JSON objects (``config.parsers``); ``[null, null]`` is a 400, never a 500.
+- Bodies are JSON objects (``core.parsers``); ``[null, null]`` is a 400, never a 500.
 - Viewsets use ``AdminViewSetMixin``: actions that take no body refuse one, objects are
   addressed by their human name (with the old numeric id still answering where cheap), and
   list-shaped actions paginate like lists.
-- Errors are problem details (``config.problems``).
+- Errors are problem details (``core.problems``).
 """
 
 from typing import Any

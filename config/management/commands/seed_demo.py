@@ -1,4 +1,7 @@
-"""A demo tenant, key, model, price and simulator deployment to try the whole flow."""
+"""A demo tenant, key, model, price and simulator deployment to try the whole flow.
+
+It spans the apps (tenants, deployments, metering), so it lives with the composition root.
+"""
 
 from decimal import Decimal
 from typing import Any

@@ -1,7 +1,7 @@
-"""Who may do what on the admin API.
+"""Who may change what on the admin API.
 
-Objects outside a user's tenants are filtered out of querysets (so they answer 404);
-these classes then decide between reading and changing (403 for tenant members).
+Objects outside a user's tenants are filtered out of querysets (``tenants.access``), so they
+answer 404; these classes then decide between reading and changing (403 for tenant members).
 """
 
 from typing import Any
@@ -10,7 +10,7 @@ from rest_framework import permissions
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from tenants.choices import Role
+from tenants.access import is_tenant_admin
 
 
 class IsPlatformAdmin(permissions.BasePermission):
@@ -51,17 +51,3 @@ class TenantAdminWrites(permissions.IsAuthenticated):
         if request.method in permissions.SAFE_METHODS:
             return True
         return is_tenant_admin(request.user, obj.tenant_id)
-
-
-def admin_tenant_ids(user: Any) -> set[int]:
-    """Ids of the tenants a (non-staff) user administers."""
-    return set(user.memberships.filter(role=Role.ADMIN).values_list("tenant_id", flat=True))
-
-
-def member_tenant_ids(user: Any) -> set[int]:
-    """Ids of every tenant a (non-staff) user belongs to."""
-    return set(user.memberships.values_list("tenant_id", flat=True))
-
-
-def is_tenant_admin(user: Any, tenant_id: int) -> bool:
-    return user.is_staff or tenant_id in admin_tenant_ids(user)
