@@ -210,8 +210,10 @@ class Admission:
             kv_capacity=self.kv_capacity.get(model_id, 0),
             headroom_ms=int(headroom * 1000),
             headroom_max=headroom_slots(budget),
-            preempt=claim.preempts,
-            victim=claim.victim,
+            # The verdict now, not when the request came: once preempting frees nothing on
+            # the model, requests queued before it stop ignoring the headroom as victims.
+            preempt=claim.preempts and self.preempt_frees.get(model_id, True),
+            victim=claim.victim and self.preempt_frees.get(model_id, True),
         )
 
     def holding(self, request_id: str, model_id: int) -> None:
@@ -310,8 +312,8 @@ class Admission:
             slot.kv_capacity,
             slot.headroom_ms,
             slot.headroom_max,
-            1 if claim.preempts else 0,
-            1 if claim.victim else 0,
+            1 if slot.preempt else 0,
+            1 if slot.victim else 0,
             1 if claim.head else 0,
             preempt_channel(),
         ]
