@@ -17,7 +17,7 @@
 --      hwin     headroom window (ms, 0: no headroom), hmax most slots the headroom keeps,
 --      preempt  1: this P0/P1 request may take the slot of a preemptible lower-class one
 --               (the gateway preempts on every engine: gateway/preempt.py)
---      victim   1: this request may be preempted (it then ignores the headroom)
+--      victim   1: this request may be preempted
 --      head     1: a preempted request queueing again: at the head of its class (it ignores
 --               the headroom, and is the last of its class to be preempted again)
 --      chan     the channel that tells the victim's gateway process to let go of its slot
@@ -157,9 +157,12 @@ local function try_slot(K, o)
   if class >= 1 then higher = higher + tonumber(held[2] or '0') end
   if class == 2 then higher = higher + tonumber(held[3] or '0') end
   local reserved = 0
-  -- Preemptible requests ignore the headroom (P0 takes their slot when it needs one), and so
-  -- does a preempted one coming back: it heads its class, so waiting would hold up the class.
-  local exempt = o.victim == 1 or o.head == 1
+  -- Preemptible requests keep the headroom too: a P0 that finds its slot free costs nothing,
+  -- while preempting throws away work (the tokens a stream's engine made after the last one
+  -- its client got; a whole non-streaming answer so far). Preemption is for the P0 the
+  -- headroom did not foresee. A preempted request coming back ignores the headroom: it heads
+  -- its class, so waiting would hold up the class.
+  local exempt = o.head == 1
   if class > 0 and o.hwin > 0 and not exempt then
     reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
   end

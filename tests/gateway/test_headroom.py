@@ -213,3 +213,20 @@ def test_a_request_that_may_not_be_preempted_keeps_its_slot() -> None:
         assert take(f"p2-{i}", "P2", T0 + i)  # not preemptible (Responses, Messages, ...)
     assert not take("p0", "P0", T0 + 10, preempt=1)
     assert running() == {"p2-0", "p2-1", "p2-2", "p2-3"}
+
+
+def test_preemptible_requests_keep_the_headroom_too() -> None:
+    """Preempting throws work away, so a P2 request that may be preempted still leaves the
+    slot a recent P0 needed: the next P0 finds it free and preempts nobody."""
+    assert take("p0", "P0", T0, preempt=1)
+    release("p0")
+    for i in range(3):
+        assert take(f"p2-{i}", "P2", T0 + 1 + i, victim=1)
+    assert not take("p2-3", "P2", T0 + 5, victim=1)  # the slot P0 needed stays free
+    pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(CHANNEL)
+    assert take("p0-2", "P0", T0 + 6, preempt=1)
+    assert running() == {"p2-0", "p2-1", "p2-2", "p0-2"}
+    told = [pubsub.get_message(timeout=0.2) for _ in range(5)]
+    assert not [m for m in told if m]  # nobody was preempted
+    pubsub.close()
