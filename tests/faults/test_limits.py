@@ -17,7 +17,7 @@ from django.db.models import Sum
 
 from core.keyspace import quota_key
 from core.redis import get_redis
-from gateway.admission import Admission
+from gateway.admission import Admission, Claim
 from gateway.limiter import Limiter
 from gateway.state import KeyInfo, Limits, TenantInfo
 from metering import ingest
@@ -26,6 +26,9 @@ from metering.periods import period_id
 from tests.faults.conftest import Gateway, build_world, chat_body, start_engine
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+# One P1 request's claim on model 1 with slots to spare: these tests are about the limits.
+SLOT_CLAIM = Claim("any", 1, 10**6, "P1", tenant_id=1, weight=1, cost=0)
 
 
 async def burst(url: str, key: str, n: int, body: dict) -> list[tuple[int, dict[str, str], bytes]]:
@@ -99,7 +102,7 @@ async def _edge_burst() -> list[int]:
                 tenant,
                 10,
                 0,
-                admission.slot_request(1, 10**6, "P1", 1),
+                admission.slot_request(SLOT_CLAIM),
                 _record(key, tenant),
             )
             if decision.admitted:
@@ -273,7 +276,7 @@ async def _a_day(prefix: str) -> tuple[dict, dict, list[tuple[str, int, int]]]:
                     for _ in range(3):
                         n += 1
                         rid = f"day-{n}"
-                        slot = admission.slot_request(1, 10**6, "P1", 1)
+                        slot = admission.slot_request(SLOT_CLAIM)
                         decision = await limiter.admit(
                             rid, key, tenant, 500, 0, slot, _record(key, tenant)
                         )
