@@ -50,7 +50,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway_bench import PG, PY, ROOT, Server, fmt, free_port, load_avg, psql, sh, wait_listening
+from gateway_bench import (
+    PG,
+    PY,
+    ROOT,
+    Server,
+    fmt,
+    free_port,
+    load_avg,
+    psql,
+    replace_block,
+    sh,
+    wait_listening,
+)
 
 # Its own throw-away database; TOLLGATE_ADMBENCH_DB names another (benches run side by side).
 DB_NAME = os.environ.get("TOLLGATE_ADMBENCH_DB", "tollgate_admbench")
@@ -580,15 +592,8 @@ def report(
 
 
 def write_section(block: str) -> None:
-    """Replace the generated block of this bench's section (prose around it stays)."""
-    path = ROOT / "bench" / "RESULTS.md"
-    page = path.read_text()
-    generated = f"{BEGIN}\n{block}{END}"
-    if BEGIN in page and END in page:
-        page = page[: page.index(BEGIN)] + generated + page[page.index(END) + len(END) :]
-    else:
-        page = page.rstrip("\n") + f"\n\n{SECTION}\n\n{generated}\n"
-    path.write_text(page)
+    """Replace this bench's generated block in bench/RESULTS.md."""
+    replace_block(SECTION, BEGIN, END, block)
 
 
 # --- main --------------------------------------------------------------------------------------

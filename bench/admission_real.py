@@ -50,7 +50,7 @@ from admission_bench import (
     percentile,
     start_sim,
 )
-from gateway_bench import ROOT, load_avg
+from gateway_bench import load_avg, replace_block
 
 VLLM_IMAGE = os.environ.get("VLLM_CPU_IMAGE", "tollgate/vllm-cpu:0.32.0")
 MODEL_VOLUME = os.environ.get("VLLM_TEST_MODELS", "tollgate-test-vllm-models")
@@ -306,14 +306,8 @@ def report(real: dict, abandon: dict) -> tuple[str, list[str]]:
 
 
 def write_section(block: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
-    page = path.read_text()
-    generated = f"{BEGIN}\n{block}{END}"
-    if BEGIN in page and END in page:
-        page = page[: page.index(BEGIN)] + generated + page[page.index(END) + len(END) :]
-    else:
-        page = page.rstrip("\n") + f"\n\n{SECTION}\n\n{generated}\n"
-    path.write_text(page)
+    """Replace this bench's generated block in bench/RESULTS.md."""
+    replace_block(SECTION, BEGIN, END, block)
 
 
 def main() -> None:

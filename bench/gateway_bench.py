@@ -940,6 +940,13 @@ def write_section(block: str, section: str = SECTION) -> None:
         title = section.removeprefix("## ")
         begin = BEGIN.replace("--write", f"--write [{title}]")
         end = END.replace("--write", f"--write [{title}]")
+    replace_block(section, begin, end, block)
+
+
+def replace_block(section: str, begin: str, end: str, block: str) -> None:
+    """Put ``block`` between the markers ``begin`` and ``end`` in bench/RESULTS.md (the prose
+    around them stays); without them, append ``section`` with the block at the end. Every
+    bench with ``--write`` goes through here."""
     path = ROOT / "bench" / "RESULTS.md"
     page = path.read_text()
     generated = f"{begin}\n{block}{end}"

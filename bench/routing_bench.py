@@ -47,7 +47,18 @@ from pathlib import Path
 import aiohttp
 import orjson
 from admission_bench import start_gateway
-from gateway_bench import PG, PY, ROOT, Server, free_port, load_avg, psql, sh, wait_listening
+from gateway_bench import (
+    PG,
+    PY,
+    ROOT,
+    Server,
+    free_port,
+    load_avg,
+    psql,
+    replace_block,
+    sh,
+    wait_listening,
+)
 
 DB_NAME = "tollgate_routebench"
 MODEL = "bench-model"  # admission_bench.start_gateway waits for this name
@@ -281,14 +292,8 @@ def report(res: dict[str, dict]) -> tuple[str, list[str]]:
 
 
 def write_section(block: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
-    page = path.read_text()
-    generated = f"{BEGIN}\n{block}{END}"
-    if BEGIN in page and END in page:
-        page = page[: page.index(BEGIN)] + generated + page[page.index(END) + len(END) :]
-    else:
-        page = page.rstrip("\n") + f"\n\n{SECTION}\n\n{generated}\n"
-    path.write_text(page)
+    """Replace this bench's generated block in bench/RESULTS.md."""
+    replace_block(SECTION, BEGIN, END, block)
 
 
 def main() -> None:

@@ -68,9 +68,9 @@ def _outside_docs(source: Path, target: str, config: MkDocsConfig) -> Path | Non
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Adds every repository file a page links to (and those its Markdown links to)."""
     root = _repo_root(config)
-    todo = [Path(f.abs_src_path) for f in files.documentation_pages() if f.abs_src_path]
-    while todo:
-        source = todo.pop()
+    unread = [Path(f.abs_src_path) for f in files.documentation_pages() if f.abs_src_path]
+    while unread:
+        source = unread.pop()
         for match in links(source.read_text(encoding="utf-8")):
             path = _outside_docs(source, match.group("target"), config)
             if path is None:
@@ -79,7 +79,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
             if files.get_file_from_path(src_uri) is None:
                 files.append(File.generated(config, src_uri, abs_src_path=str(path)))
                 if path.suffix == ".md":
-                    todo.append(path)
+                    unread.append(path)
     return files
 
 

@@ -232,10 +232,8 @@ def test_a_queue_entry_whose_request_is_closed_holds_up_nobody() -> None:
         model = 9111
         running, queue, expiry, *_ = pool_keys(model)
         assert (await acquire(adm, model, 1, "holder", "P2", 1, 10)).admitted
-        waiting = asyncio.create_task(acquire(adm, model, 1, "ghost", "P2", 1, 10))
-        await wait_for(lambda: client.zscore(queue, "ghost"))
-        behind = asyncio.create_task(acquire(adm, model, 1, "behind", "P2", 2, 10))
-        await wait_for(lambda: client.zscore(queue, "behind"))
+        waiting = await queued(adm, model, "ghost", tenant=1)
+        behind = await queued(adm, model, "behind", tenant=2)
         # The first waiter's request ends without its wait cleaning up (its task is gone)
         # and its open record is closed, as settling does.
         waiting.cancel()
@@ -258,8 +256,7 @@ def test_a_cancelled_wait_leaves_the_queue() -> None:
         model = 9112
         _, queue, expiry, *_ = pool_keys(model)
         assert (await acquire(adm, model, 1, "holder", "P2", 1, 10)).admitted
-        waiting = asyncio.create_task(acquire(adm, model, 1, "cancelled", "P2", 1, 10))
-        await wait_for(lambda: client.zscore(queue, "cancelled"))
+        waiting = await queued(adm, model, "cancelled", tenant=1)
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
         assert await client.zscore(queue, "cancelled") is None
@@ -267,6 +264,13 @@ def test_a_cancelled_wait_leaves_the_queue() -> None:
         await client.aclose()
 
     run(scenario())
+
+
+async def queued(adm: Admission, model: int, rid: str, tenant: int) -> asyncio.Task:
+    """A P2 request of one slot's model, waiting in the queue (the slot is held)."""
+    task = asyncio.create_task(acquire(adm, model, 1, rid, "P2", tenant, 10))
+    await wait_for(lambda: adm.redis.zscore(pool_keys(model)[1], rid))
+    return task
 
 
 async def wait_for(probe: object, timeout: float = 10.0) -> None:
