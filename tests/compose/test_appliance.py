@@ -509,7 +509,10 @@ def test_console_login_over_https_in_chromium(stack: Stack, tmp_path: Path) -> N
     HTTPS, and the session cookie is Secure and HttpOnly."""
     from playwright.sync_api import sync_playwright
 
+    from tests.browser import tolerate_network_changes
+
     home = chromium_home_trusting(stack.ca, tmp_path)
+    tolerate_network_changes()
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path="/usr/bin/chromium",

@@ -22,14 +22,16 @@ def web(db: None) -> Callable[[AbstractBaseUser], Client]:
 
 @pytest.fixture
 def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """Debian's Chromium, headless, driven by Playwright (tests/console/test_browser.py's
-    flags: no background connections on this closed network)."""
+    """Debian's Chromium, headless, driven by Playwright (tests/browser.py: its flags, and
+    navigation that survives another process changing the machine's network)."""
     from playwright.sync_api import sync_playwright
 
-    from tests.console.test_browser import CHROMIUM_ARGS, SHOTS
+    from tests.browser import CHROMIUM_ARGS, tolerate_network_changes
+    from tests.console.test_browser import SHOTS
 
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     SHOTS.mkdir(parents=True, exist_ok=True)
+    tolerate_network_changes()
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS

@@ -33,6 +33,7 @@ from metering.models import UsageEvent
 from tenants import services as tenant_services
 from tenants.access import tenants_of
 from tenants.choices import Role
+from tests.browser import CHROMIUM_ARGS, tolerate_network_changes
 from tests.conftest import PASSWORD
 from tests.databases import database_url
 from tests.deployments.conftest import SIM_IMAGE, stack  # noqa: F401 - fixture
@@ -43,14 +44,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.django_db(tra
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "tests" / "console" / "screenshots"
 PREFIX = f"consoletest-{secrets.token_hex(5)}"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(autouse=True)
@@ -164,6 +157,7 @@ def browser(live: str, node_worker: Node, monkeypatch: pytest.MonkeyPatch) -> It
     # are plain synchronous code all the same (set after the subprocesses have started).
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     SHOTS.mkdir(parents=True, exist_ok=True)
+    tolerate_network_changes()
     with sync_playwright() as p:
         chromium = p.chromium.launch(
             executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
