@@ -7,8 +7,9 @@
 --      tokens * 4 + class; _tok their total, _c0/_c1/_c2 slot holders by class), kh recent
 --      higher-class demand (see headroom below), kp preemptible slot holders (request id ->
 --      class * 1e13 + admission ms; see preemption below), km the gateway's preemptions (a
---      hash: t the last one's time in ms; the controller judges from it whether preempting
---      frees an engine slot, gateway/tuning.py)
+--      hash: t the last one's time in ms, from which the controller judges whether
+--      preempting frees an engine slot, gateway/tuning.py; frees: until when its verdict
+--      "it does" holds, ms)
 --   o  rid, class (0 P0, 1 P1, 2 P2), tenant, weight, cost (tokens, for fair share), now,
 --      lease, budget, p2 ('1' when engines have spare capacity), giveup (ms), fresh (true
 --      when called by admission: the request is not queued yet),
@@ -16,7 +17,8 @@
 --      kvcap    the engines' KV-cache capacity in tokens for admission (0: unknown, no limit),
 --      hwin     headroom window (ms, 0: no headroom), hmax most slots the headroom keeps,
 --      preempt  1: this P0/P1 request may take the slot of a preemptible lower-class one
---               (the gateway preempts on every engine: gateway/preempt.py)
+--               (the gateway preempts on every engine: gateway/preempt.py; until the
+--               controller finds that it frees an engine slot, one per PROBATION_MS)
 --      victim   1: this request may be preempted
 --      head     1: a preempted request queueing again: at the head of its class (it ignores
 --               the headroom, and is the last of its class to be preempted again)
@@ -45,6 +47,20 @@
 -- victim's gateway process hears it on `chan`, aborts the engine request (the engine frees
 -- the slot at once) and queues the request again at the head of its class to resume it.
 -- Returns {1, running, ceiling} when admitted, {0, ahead, ceiling} when queued.
+
+-- gateway/controller.py's PREEMPT_QUIET_SECONDS: a preemption is judged by the engine's
+-- counts in the window after it, so one per window on probation is judged before the next.
+local PROBATION_MS = 30000
+
+-- Until the controller has judged that preempting frees an engine slot on the model (km's
+-- 'frees': until when that verdict holds, ms), one preemption per PROBATION_MS: where the
+-- engine finishes what the gateway aborts, each preemption adds a request no slot was
+-- counted for, and one per P0 arrival before the verdict would fill the engine.
+local function on_probation(km, now)
+  local m = redis.call('HMGET', km, 't', 'frees')
+  if tonumber(m[2] or '0') > now then return false end
+  return now - tonumber(m[1] or '0') < PROBATION_MS
+end
 
 -- Slot holders whose gateway died (lease lapsed) leave the running set and the token count.
 local function reap(kr, kt, kp, now)
@@ -200,7 +216,7 @@ local function try_slot(K, o)
     end
   end
   if running + reserved >= ceiling and running <= ceiling and o.preempt == 1 and class < 2 and kv_ok
-      and ahead == 0 then
+      and ahead == 0 and not on_probation(km, now) then
     local v = victim_of(kr, kp, class, CLASS)
     if v and unhold(kr, kt, kp, v) then
       redis.call('PUBLISH', o.chan, v)

@@ -19,6 +19,7 @@ its engines by overshooting and over-correcting. Every decision is recorded for 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 TTFT_TOLERANCE = 2.0
@@ -94,7 +95,12 @@ def next_ceiling(
 #   abort has taken effect, and only scrapes at least GRACE after the preemption are judged.
 # - An engine may carry work admitted elsewhere (another model name served by the same
 #   engine, clients outside Tollgate on an external one). So the excess is measured above a
-#   baseline: the excess on the last quiet scrape (no preemption in the QUIET before it).
+#   baseline: the least excess of the last two quiet scrapes (no preemption in the QUIET
+#   before them). One scrape alone is not enough: a transient excess of one taken as the
+#   baseline hides a victim that runs on, and the "frees" it then gives lets more follow.
+# - Until a model's preemptions are judged, the gateway preempts on probation: one per
+#   QUIET window (acquire.lua), so an engine that finishes what it aborts meets one victim
+#   it did not count, not one per P0 arrival, before the verdict.
 # A wrong "does not free" costs little: preemption pauses on the model for the verdict's
 # TTL while the headroom still keeps slots for P0. A wrong "frees" costs the load we avoid,
 # until the next preemption is judged.
@@ -122,7 +128,8 @@ class PreemptJudge:
 
     judged: float = 0.0  # scraped_at of the last count judged or taken as the baseline
     strikes: int = 0  # judged counts in a row that showed an excess
-    baseline: float = 0.0  # the excess on the last quiet count
+    baseline: float = 0.0  # the least excess of the last two quiet counts
+    last_quiet: float = 0.0  # the excess on the last quiet count
     # When the preemption judged "frees none" happened: later counts of the same episode are
     # not judged (the victims ending on their own is not a slot freed by preempting).
     condemned: float = 0.0
@@ -138,7 +145,8 @@ def judge_preemption(
         return judge, None
     since = count.scraped_at - preempted_at if preempted_at is not None else None
     if since is None or since >= PREEMPT_QUIET_SECONDS:
-        return PreemptJudge(count.scraped_at, 0, max(count.excess, 0.0)), None
+        baseline = max(min(count.excess, judge.last_quiet), 0.0)
+        return PreemptJudge(count.scraped_at, 0, baseline, last_quiet=count.excess), None
     if since < PREEMPT_GRACE_SECONDS:
         return judge, None  # a later scrape will be judged
     if preempted_at <= judge.condemned:
@@ -146,6 +154,17 @@ def judge_preemption(
     if count.excess > judge.baseline:
         strikes = judge.strikes + 1
         if strikes >= PREEMPT_STRIKES:
-            return PreemptJudge(count.scraped_at, 0, judge.baseline, preempted_at), False
+            return replace(judge, judged=count.scraped_at, strikes=0, condemned=preempted_at), False
         return replace(judge, judged=count.scraped_at, strikes=strikes), None
     return replace(judge, judged=count.scraped_at, strikes=0), True
+
+
+def untracked_slots(judge: PreemptJudge, count: EngineCount | None, frees: bool | None) -> int:
+    """Engine slots held by requests the gateway let go of but the engines still run: where
+    preempting frees nothing, its victims (aborted before the verdict, or on probation) go
+    on until they end. The excess above the baseline, once the verdict says so; the ceiling
+    admission uses is lowered by it, or the slot the headroom keeps for P0 would be one the
+    engine does not have, and P0 would wait inside the engine behind a P2 reply."""
+    if frees is not False or count is None:
+        return 0
+    return max(0, math.floor(count.excess - judge.baseline))

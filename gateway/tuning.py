@@ -26,14 +26,16 @@ from gateway.controller import (
     Sample,
     judge_preemption,
     next_ceiling,
+    untracked_slots,
 )
 from gateway.models import AdmissionSample
 
 log = logging.getLogger("tollgate.gateway")
 
 HISTORY = timedelta(hours=24)
-# AdmissionSample.preemption: the verdict in force when the sample was taken.
-VERDICT_LABELS = {b"1": "frees", b"0": "frees none"}
+# The stored verdict on the gateway's preemption (AdmissionSample.preemption shows the one
+# in force when the sample was taken: "frees", "frees none" or blank).
+VERDICTS = {b"1": True, b"0": False}
 
 
 def ready_pools() -> dict[int, tuple[int, list[int]]]:
@@ -83,7 +85,8 @@ def tune_model(
     state_key = controller_key(model_id)
     previous = client.get(state_key)
     prev = orjson.loads(previous) if previous is not None else None
-    judge = judge_model(model_id, figures, len(replica_ids), prev)
+    count = engine_count(figures, len(replica_ids))
+    judge = judge_model(model_id, count, prev)
     client.set(
         state_key,
         orjson.dumps(
@@ -108,7 +111,9 @@ def tune_model(
     if state.ceiling > budget:  # the replicas changed: the budget is the bound
         state = ControllerState(budget, state.baseline_ttft, state.last_tokens_per_second)
     state, why = next_ceiling(state, sample, budget)
-    client.set(pool_keys(model_id)[4], state.ceiling, ex=3600)
+    verdict = VERDICTS.get(client.get(preempt_verdict_key(model_id)))
+    ceiling = max(1, state.ceiling - untracked_slots(PreemptJudge(**judge), count, verdict))
+    client.set(pool_keys(model_id)[4], ceiling, ex=3600)
     client.set(
         state_key,
         orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state), "judge": judge}),
@@ -118,13 +123,13 @@ def tune_model(
         model_id=model_id,
         at=timezone.now(),
         budget=budget,
-        ceiling=state.ceiling,
+        ceiling=ceiling,
         decision=why,
         tokens_per_second=sample.tokens_per_second,
         ttft_ms=sample.ttft_seconds * 1000 if sample.ttft_seconds is not None else None,
         engine_waiting=sample.engine_waiting,
         gateway_queued=sample.gateway_queued,
-        preemption=VERDICT_LABELS.get(client.get(preempt_verdict_key(model_id)), ""),
+        preemption={True: "frees", False: "frees none", None: ""}[verdict],
     )
 
 
@@ -141,17 +146,18 @@ def engine_count(figures: list[dict], replicas: int) -> EngineCount | None:
     )
 
 
-def judge_model(model_id: int, figures: list[dict], replicas: int, prev: dict | None) -> dict:
-    """Judge the model's recent preemptions by its engines' latest scrape; store a verdict
+def judge_model(model_id: int, count: EngineCount | None, prev: dict | None) -> dict:
+    """Judge the model's recent preemptions by its engines' latest count; store a verdict
     (with its TTL) when there is one, and log when it changes. Returns the judge to keep."""
     client = get_redis()
     judge = PreemptJudge(**(prev or {}).get("judge", {}))
     mark = client.hget(pool_keys(model_id)[8], "t")
     preempted_at = int(mark) / 1000 if mark is not None else None
-    judge, verdict = judge_preemption(judge, engine_count(figures, replicas), preempted_at)
+    judge, verdict = judge_preemption(judge, count, preempted_at)
     if verdict is not None:
         key = preempt_verdict_key(model_id)
         value = b"1" if verdict else b"0"
+        note_verdict(model_id, verdict)
         if client.set(key, value, ex=PREEMPT_VERDICT_TTL_SECONDS, get=True) != value:
             if verdict:
                 log.info("model %s: gateway preemption frees an engine slot", model_id)
@@ -164,6 +170,20 @@ def judge_model(model_id: int, figures: list[dict], replicas: int, prev: dict | 
                     PREEMPT_VERDICT_TTL_SECONDS,
                 )
     return asdict(judge)
+
+
+def note_verdict(model_id: int, frees: bool) -> None:
+    """Tell admission (acquire.lua) whether preempting is known to free a slot on the model:
+    until then it preempts on probation, once per window."""
+    preemptions = pool_keys(model_id)[8]
+    if not frees:
+        get_redis().hdel(preemptions, "frees")
+        return
+    until_ms = int((time.time() + PREEMPT_VERDICT_TTL_SECONDS) * 1000)
+    with get_redis().pipeline() as pipe:
+        pipe.hset(preemptions, "frees", until_ms)
+        pipe.pexpire(preemptions, 3_600_000)  # as acquire.lua keeps it
+        pipe.execute()
 
 
 def _state_of(previous: bytes | None, budget: int) -> dict:

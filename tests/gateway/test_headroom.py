@@ -195,7 +195,14 @@ def test_p0_takes_the_youngest_preemptible_p2_slot_at_once() -> None:
     pubsub.close()
 
 
+def judged_to_free(until: int = T0 + 600_000) -> None:
+    """The controller's verdict on the model: preempting frees an engine slot (gateway/
+    tuning.py note_verdict), so admission preempts as often as P0 needs."""
+    get_redis().hset(pool_keys(MODEL)[8], "frees", until)
+
+
 def test_a_preempted_request_comes_back_ahead_of_its_class_and_is_the_last_victim() -> None:
+    judged_to_free()
     for i in range(4):
         assert take(f"p2-{i}", "P2", T0 + i, victim=1)
     assert take("p0", "P0", T0 + 10, preempt=1)  # p2-3 preempted
@@ -230,3 +237,24 @@ def test_preemptible_requests_keep_the_headroom_too() -> None:
     told = [pubsub.get_message(timeout=0.2) for _ in range(5)]
     assert not [m for m in told if m]  # nobody was preempted
     pubsub.close()
+
+
+def test_until_preempting_is_judged_to_free_a_slot_it_happens_once_per_window() -> None:
+    """On probation (no verdict yet, or the last one expired) a second P0 within 30 s waits
+    instead of preempting: an engine that finishes what the gateway aborts meets one request
+    it did not count before the controller can tell, not one per P0 arrival."""
+    LONG = 600_000  # leases that outlive the test's minute
+    for i in range(4):
+        assert take(f"p2-{i}", "P2", T0 + i, victim=1, lease=LONG)
+    assert take("p0", "P0", T0 + 10, preempt=1, lease=LONG)  # the probe
+    assert not take("p0-2", "P0", T0 + 20, preempt=1, lease=LONG)
+    assert not take("p0-3", "P0", T0 + 30_009, preempt=1, lease=LONG)  # 29.999 s after the probe
+    assert take("p0-4", "P0", T0 + 30_010, preempt=1, lease=LONG)  # the next window's probe
+    assert not take("p0-5", "P0", T0 + 30_020, preempt=1, lease=LONG)
+    judged_to_free(until=T0 + 60_000)  # the controller saw a slot freed
+    assert take("p0-6", "P0", T0 + 30_030, preempt=1, lease=LONG)
+    assert running() == {"p2-0", "p0", "p0-4", "p0-6"}
+    # The verdict lapsed: on probation again (p0-6 preempted 29.971 s ago), then the probe.
+    assert not take("p0-7", "P0", T0 + 60_001, preempt=1, lease=LONG)
+    assert take("p0-8", "P0", T0 + 60_030, preempt=1, lease=LONG)
+    assert running() == {"p0", "p0-4", "p0-6", "p0-8"}

@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from gateway.tuning import note_verdict
 from tenants import services as tenant_services
 from tests.gateway.conftest import (
     METRICS_TOKEN,
@@ -69,7 +70,11 @@ def fcfs_model(world: World) -> Iterator[Engine]:
         "--sim-output-tokens-max",
         "400",
     )
-    add_routed_model(world, MODEL, engine.port, max_num_seqs=1)
+    model = add_routed_model(world, MODEL, engine.port, max_num_seqs=1)
+    # Judged already: preempting frees a slot on this engine (the simulator aborts what its
+    # client left, as vLLM does), so admission preempts as often as P0 needs, not once per
+    # probation window (test_preempt_verdict_e2e.py shows the judging).
+    note_verdict(model.pk, frees=True)
     tenant_services.grant_interactive(None, world.tenant_b, 30)  # tenant B is P0
     wait_until_served(world.url, world.key_b, MODEL)
     yield engine

@@ -7,6 +7,7 @@ from gateway.controller import (
     EngineCount,
     PreemptJudge,
     judge_preemption,
+    untracked_slots,
 )
 
 T = 1_000_000.0  # when the gateway last preempted (epoch seconds)
@@ -61,8 +62,10 @@ def test_work_the_gateway_did_not_admit_is_a_baseline_not_an_excess() -> None:
     quiet scrapes (no preemption in the 30 s before) is the baseline; only more counts."""
     later = T + 600
     judge = PreemptJudge()
-    judge, verdict = judge_preemption(judge, EngineCount(later - 40, 7, 4), T)  # quiet: 3 more
-    assert verdict is None and judge.baseline == 3
+    for at in (later - 45, later - 40):  # quiet, twice: 3 more than the gateway admitted
+        judge, verdict = judge_preemption(judge, EngineCount(at, 7, 4), T)
+        assert verdict is None
+    assert judge.baseline == 3
     judge, verdict = judge_preemption(judge, EngineCount(later + 2, 7, 4), later)
     assert verdict is True  # the same 3: the victim was dropped
     for at, want in ((later + 7, None), (later + 12, False)):
@@ -84,3 +87,33 @@ def test_the_victims_ending_on_their_own_do_not_overturn_frees_none() -> None:
     later = T + 20
     judge, verdict = judge_preemption(judge, EngineCount(later + 2, 4, 4), later)
     assert verdict is True
+
+
+def test_a_transient_excess_on_one_quiet_scrape_does_not_hide_a_victim() -> None:
+    """A request the engine still reported after the gateway settled it makes one quiet
+    scrape show an excess of one. Taken as the baseline, it would hide the one victim an
+    engine that finishes aborted requests keeps running, and "frees" would let more
+    preemptions follow: the baseline is the least of the last two quiet scrapes."""
+    later = T + 600
+    judge = PreemptJudge()
+    for at, engine in ((later - 45, 4), (later - 40, 5)):  # the second one transient
+        judge, verdict = judge_preemption(judge, EngineCount(at, engine, 4), T)
+    assert judge.baseline == 0
+    verdicts = []
+    for at in (later + 2, later + 7):
+        judge, verdict = judge_preemption(judge, EngineCount(at, 5, 4), later)
+        verdicts.append(verdict)
+    assert verdicts == [None, False]
+
+
+def test_victims_an_engine_runs_on_are_slots_admission_does_not_have() -> None:
+    """Where preempting frees nothing, the requests the engine runs beyond the gateway's slot
+    holders (and the baseline) lower the ceiling admission uses, so the slot the headroom
+    keeps for P0 is one the engine really has; not before the verdict, nor where it frees."""
+    judge = PreemptJudge(baseline=1.0)
+    count = EngineCount(T + 7, 7, 4)  # 3 more than the gateway holds, 1 of them elsewhere's
+    assert untracked_slots(judge, count, False) == 2
+    assert untracked_slots(judge, count, True) == 0
+    assert untracked_slots(judge, count, None) == 0
+    assert untracked_slots(judge, None, False) == 0
+    assert untracked_slots(judge, EngineCount(T + 7, 3, 4), False) == 0  # they have ended
