@@ -167,6 +167,11 @@ def summary(result: dict, p0_window: tuple[float, float]) -> dict:
     ok2 = [r for r in p2 if r[4] == 200]
     received = sum(r[3] for r in ok0 + ok2)
     eng = engine_stats(result, *p0_window, p2_only=False)
+    p0_waits = [0.0, 0.0]
+    for label, (seconds, count) in result["queue_wait"].items():
+        if label.startswith("P0/"):
+            p0_waits[0] += seconds
+            p0_waits[1] += count
     return {
         "p0_n": len(p0),
         "p0_ok": len(ok0),
@@ -185,6 +190,13 @@ def summary(result: dict, p0_window: tuple[float, float]) -> dict:
             for label, (_, count) in result["queue_wait"].items()
             if label.startswith("preempted/")
         ),
+        # P0 requests that waited in the gateway's queue for a slot, and how long on average
+        # (tollgate_queue_wait_seconds observes only requests that queued).
+        "p0_queued": p0_waits[1],
+        "p0_queue_ms": p0_waits[0] / p0_waits[1] * 1000 if p0_waits[1] else None,
+        # The ceiling admission used at each controller tick (slots, the adaptive controller's
+        # less those held by requests an engine runs on after the gateway let them go).
+        "ceilings": [t.get("ceiling") for t in result["ticks"]],
         "errors": "; ".join(
             g["first_error"] for g in result["groups"].values() if g.get("first_error")
         ),
@@ -198,15 +210,17 @@ def fmt_ms(v: float | None) -> str:
 def table(rows: list[tuple[str, str, dict]], yard: float | None) -> list[str]:
     lines = [
         "| run | sent to | P0 ok/sent | P0 TTFT p50 ms | p90 ms | p50 ÷ yardstick "
-        "| P2 done (short) | P2 mean s | engine busy | generated | received | ratio "
-        "| preempted |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| P0 queued (mean wait ms) | P2 done (short) | P2 mean s | engine busy | generated "
+        "| received | ratio | preempted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, where, s in rows:
         over = f"{s['p50'] / yard:.2f}×" if yard and s["p50"] else "—"
         lines.append(
             f"| {name} | {where} | {s['p0_ok']}/{s['p0_n']} | {fmt_ms(s['p50'])} "
-            f"| {fmt_ms(s['p90'])} | {over} | {s['p2_ok']} ({s['p2_short']}) "
+            f"| {fmt_ms(s['p90'])} | {over} "
+            f"| {s.get('p0_queued', 0):.0f} ({fmt_ms(s.get('p0_queue_ms'))}) "
+            f"| {s['p2_ok']} ({s['p2_short']}) "
             f"| {s['p2_latency']:.1f} | {(s['busy'] or 0) * 100:.0f}% | {s['generated']:,.0f} "
             f"| {s['received']:,} | {s['ratio']:.4f} | {s['preempted']:.0f} |"
         )

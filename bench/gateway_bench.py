@@ -31,6 +31,13 @@ of the plain column's in the same run.
 
     .venv/bin/python bench/gateway_bench.py --columns "direct,Tollgate w2,Tollgate w2 tls" --hold 0
 
+A column named "Tollgate wN before" runs the gateway of another checkout (``--before PATH``,
+e.g. ``git worktree add /tmp/before <commit>``) with this tree's venv and database, so a
+change is measured side by side with what came before it, in one run:
+
+    .venv/bin/python bench/gateway_bench.py --before /tmp/before \
+        --columns "direct,Tollgate w2 before,Tollgate w2" --hold 0
+
     .venv/bin/python bench/gateway_bench.py            # print the table
     .venv/bin/python bench/gateway_bench.py --write    # and replace the section in bench/RESULTS.md
 """
@@ -204,8 +211,15 @@ def start_sim(name: str, tokens: int, tps: float) -> tuple[int, Server]:
 
 
 def start_tollgate(
-    workers: int, env: dict, key: str, log: Path, app: str = "config.asgi:application"
+    workers: int,
+    env: dict,
+    key: str,
+    log: Path,
+    app: str = "config.asgi:application",
+    tree: Path = ROOT,
 ) -> tuple[str, Server]:
+    """The gateway under gunicorn, from the source tree ``tree`` (another checkout, e.g.
+    an earlier commit's, for a before/after column; this venv and database)."""
     port = free_port()
     cmd = [
         PY,
@@ -222,7 +236,7 @@ def start_tollgate(
         "5",
     ]
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a")
+        cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a")
     )
     server = Server(proc)
     wait_listening(port, proc)
@@ -1052,9 +1066,17 @@ def main() -> None:
         "LiteLLM w1,LiteLLM w2",
         help="'Tollgate wN aiohttp': the gateway with TOLLGATE_UPSTREAM_CLIENT=aiohttp; "
         "'Tollgate wN tls': the gateway behind the appliance's TLS front (Caddy); "
-        "'Tollgate wN appliance': web, worker, beat and usage consumer together",
+        "'Tollgate wN appliance': web, worker, beat and usage consumer together; "
+        "'Tollgate wN before': the gateway of the --before checkout",
     )
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's duration")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout (e.g. `git worktree add /tmp/before <commit>`) whose gateway "
+        "the columns named 'Tollgate wN before' run, beside this tree's: a change measured "
+        "side by side on one machine",
+    )
     ap.add_argument(
         "--db-name", default=DB_NAME, help="the throw-away database (dropped before and after)"
     )
@@ -1104,7 +1126,11 @@ def main() -> None:
                     else "tollgate",
                     "TOLLGATE_REDIS_PREFIX": f"{st.env['TOLLGATE_REDIS_PREFIX']}-{len(results)}",
                 }
-                url, srv = start_tollgate(workers_of(col), env, st.key, st.tmp / "tollgate.log")
+                tree = a.before if col.endswith(" before") else ROOT
+                if tree is None:
+                    ap.error(f"column {col!r} needs --before PATH")
+                log = st.tmp / "tollgate.log"
+                url, srv = start_tollgate(workers_of(col), env, st.key, log, tree=tree)
                 if col.endswith(" tls"):
                     url, st.load.ca, front = start_tls_front(
                         url, st.key, st.tmp, st.tmp / "caddy.log"
