@@ -41,9 +41,13 @@ Admission (gateway/admission.py and its Lua; the console reads it through
   ``_c2`` holders by class); ``…:hi``: recent higher-class demand (the headroom lower
   classes leave free); ``…:pre``: preemptible slot holders; ``…:preempted``: the gateway's
   preemptions on the model (``t`` the last one's time, ms), written by
-  acquire.lua and judged by the controller; ``…:ctl``: the controller's last reading
+  acquire.lua and judged by the controller (``frees``: until when, ms, its verdict "it
+  does" holds, for acquire.lua); ``…:ctl``: the controller's last reading
   (gateway/tuning.py); ``…:pfree``: its verdict on whether preempting frees an engine slot
-  (``1``/``0``, kept ``PREEMPT_VERDICT_TTL_SECONDS``), read by every gateway process.
+  (``1``/``0``, kept ``PREEMPT_VERDICT_TTL_SECONDS``), read by every gateway process;
+  ``…:abortcheck``: set while an idle engine of the model was recently asked whether it drops
+  a request its client left (deployments/abort_check.py), so it is asked once a minute at
+  most.
 - ``adm:waits:<hour>``: queue waits of one UTC hour (hours since the epoch), a hash.
 - ``adm:wake``: channel; the payload is a model id whose engine slot was freed.
 
@@ -173,6 +177,12 @@ def preempt_verdict_key(model_id: int) -> str:
     """The controller's verdict on a model: does the gateway's preemption free an engine
     slot there (``1``), or do its engines finish the abandoned request anyway (``0``)?"""
     return rkey("adm", model_id, "pfree")
+
+
+def abort_check_key(model_id: int) -> str:
+    """Set (with a TTL) while a model's idle engine was recently asked whether it drops a
+    request its client left."""
+    return rkey("adm", model_id, "abortcheck")
 
 
 def wait_stats_key(hour: int) -> str:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from core.keyspace import (
     PREEMPT_VERDICT_TTL_SECONDS,
+    abort_check_key,
     controller_key,
     engine_metrics_key,
     pool_keys,
@@ -86,6 +87,7 @@ def tune_model(
     previous = client.get(state_key)
     prev = orjson.loads(previous) if previous is not None else None
     count = engine_count(figures, len(replica_ids))
+    check_idle_engine(model_id, replica_ids, count)
     judge = judge_model(model_id, count, prev)
     client.set(
         state_key,
@@ -155,21 +157,61 @@ def judge_model(model_id: int, count: EngineCount | None, prev: dict | None) -> 
     preempted_at = int(mark) / 1000 if mark is not None else None
     judge, verdict = judge_preemption(judge, count, preempted_at)
     if verdict is not None:
-        key = preempt_verdict_key(model_id)
-        value = b"1" if verdict else b"0"
-        note_verdict(model_id, verdict)
-        if client.set(key, value, ex=PREEMPT_VERDICT_TTL_SECONDS, get=True) != value:
-            if verdict:
-                log.info("model %s: gateway preemption frees an engine slot", model_id)
-            else:
-                log.warning(
-                    "model %s: gateway preemption frees no engine slot (the engines go on "
-                    "with the requests it aborts): off for %d s, the headroom keeps slots "
-                    "for P0 meanwhile",
-                    model_id,
-                    PREEMPT_VERDICT_TTL_SECONDS,
-                )
+        store_verdict(model_id, verdict)
     return asdict(judge)
+
+
+def store_verdict(model_id: int, frees: bool) -> None:
+    """Keep the verdict on the model's preemption (with its TTL) for every gateway process
+    and for admission; log when it changes."""
+    value = b"1" if frees else b"0"
+    note_verdict(model_id, frees)
+    key = preempt_verdict_key(model_id)
+    if get_redis().set(key, value, ex=PREEMPT_VERDICT_TTL_SECONDS, get=True) == value:
+        return
+    if frees:
+        log.info("model %s: gateway preemption frees an engine slot", model_id)
+    else:
+        log.warning(
+            "model %s: gateway preemption frees no engine slot (the engines go on with the "
+            "requests it aborts): off for %d s, the headroom keeps slots for P0 meanwhile",
+            model_id,
+            PREEMPT_VERDICT_TTL_SECONDS,
+        )
+
+
+def check_idle_engine(model_id: int, replica_ids: list[int], count: EngineCount | None) -> None:
+    """With no verdict on the model yet and its engines idle, ask one whether it drops a
+    request its client left (deployments/abort_check.py): preemption is then judged before
+    it first happens, where asking costs nothing. At most once a minute per model."""
+    from deployments.abort_check import engine_drops_abandoned
+    from deployments.choices import Task
+    from deployments.models import Replica
+
+    if count is None or count.engine or count.holders:
+        return
+    client = get_redis()
+    if client.exists(preempt_verdict_key(model_id)):
+        return
+    if not client.set(abort_check_key(model_id), 1, nx=True, ex=60):
+        return
+    replica = (
+        Replica.objects.select_related("deployment__model")
+        .filter(pk__in=replica_ids, deployment__model__task=Task.GENERATE)
+        .first()
+    )
+    if replica is None:
+        return
+    deployment = replica.deployment
+    key = deployment.upstream_key if deployment.external else ""
+    drops = engine_drops_abandoned(replica.base_url, deployment.model.served_name, key)
+    log.info(
+        "model %s: idle engine asked whether it drops abandoned requests: %s",
+        model_id,
+        {True: "it does", False: "it does not", None: "no answer"}[drops],
+    )
+    if drops is not None:
+        store_verdict(model_id, drops)
 
 
 def note_verdict(model_id: int, frees: bool) -> None:

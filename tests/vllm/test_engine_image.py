@@ -7,6 +7,7 @@ import docker
 import httpx
 import pytest
 
+from deployments.abort_check import CHECK_TOKENS, engine_drops_abandoned
 from tests.vllm.conftest import MODEL_VOLUME, TEST_MODEL, VLLM_IMAGE, RealEngine
 
 pytestmark = pytest.mark.vllm
@@ -104,3 +105,14 @@ def test_engine_serves_the_test_model_with_vllms_own_metrics(shared_engine: Real
         "vllm:cache_config_info",
     ):
         assert f"\n{family}{{" in text, family
+
+
+def test_vllm_drops_a_request_whose_client_left(shared_engine: RealEngine) -> None:
+    """What makes the gateway's preemption free a slot: asked on the idle engine
+    (deployments/abort_check.py, as the controller asks before any preemption), vLLM drops
+    the streamed request once its client hangs up, long before its 512 tokens."""
+    engine = shared_engine
+    before = engine.metric("vllm:generation_tokens_total")
+    assert engine_drops_abandoned(engine.url, "tiny-llama") is True
+    assert engine.metric("vllm:num_requests_running") == 0
+    assert engine.metric("vllm:generation_tokens_total") - before < CHECK_TOKENS
