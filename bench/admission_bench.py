@@ -171,7 +171,15 @@ class JsonProcess:
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
-        assert json.loads(self.proc.stdout.readline()).get("ready"), cmd
+        self.early: list[dict] = []  # what it printed before it was ready
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{cmd[:3]} died before it was ready")
+            message = json.loads(line)
+            if message.get("ready"):
+                break
+            self.early.append(message)
 
     def ask(self, spec: dict) -> dict:
         self.proc.stdin.write(json.dumps(spec) + "\n")
@@ -183,7 +191,7 @@ class JsonProcess:
 
     def stop(self) -> list[dict]:
         """Close its stdin, wait for it, and return what it printed since start."""
-        rest = []
+        rest = list(self.early)
         try:
             out, _ = self.proc.communicate(timeout=15)  # closes stdin: the helper's cue to end
         except subprocess.TimeoutExpired:

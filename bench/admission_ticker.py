@@ -4,8 +4,8 @@ Every ``--every`` seconds (beat's 5 s): scrape the engines' /metrics into Redis
 (``deployments.fleet.scrape_all``, what ``deployments.scrape_engines`` runs) when
 ``--scrape``, then run the adaptive-ceiling controller (``gateway.tuning.tune_all``, what
 ``gateway.tune_admission`` runs) when ``--tune``. Prints one JSON line per tick with the
-controller's decision and ceiling, so the bench can show the ceiling over time. Stops on
-SIGTERM or when stdin closes.
+controller's decision and ceiling, so the bench can show the ceiling over time; says it is
+ready once its first tick is done. Stops on SIGTERM or when stdin closes.
 
     DATABASE_URL=… TOLLGATE_REDIS_PREFIX=… \
         .venv/bin/python bench/admission_ticker.py --scrape --tune
@@ -44,7 +44,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     t0 = time.monotonic()
-    print(json.dumps({"ready": True}), flush=True)
+    first = True
     while not stop.is_set():
         tick = time.monotonic()
         if a.scrape:
@@ -68,6 +68,12 @@ def main() -> None:
                     ),
                     flush=True,
                 )
+        if first:
+            # Ready once the first tick is done: the controller has seen the engine idle
+            # once (and asked it whether it drops abandoned requests, gateway/tuning.py), as
+            # beat has long before any flood on a running appliance.
+            print(json.dumps({"ready": True}), flush=True)
+            first = False
         stop.wait(max(0.0, a.every - (time.monotonic() - tick)))
 
 
