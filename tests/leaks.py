@@ -10,10 +10,26 @@ closed, takes a moment to disappear.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+
+# One token per test run, in the environment so subprocesses (Celery workers, pytest-xdist's
+# workers) see the same one. Lower-case letters and digits, so it fits Compose project names
+# and container, network and volume names; "tr" keeps it from ever matching inside a hex
+# digest or an id in a label value.
+RUN = os.environ.setdefault("TOLLGATE_TEST_RUN", "tr" + uuid.uuid4().hex[:8])
+if not re.fullmatch(r"[a-z0-9]{6,24}", RUN):
+    raise RuntimeError(f"TOLLGATE_TEST_RUN={RUN!r}: use 6 to 24 lower-case letters and digits")
+
+
+def unique_name(prefix: str) -> str:
+    """A name of this run's own, for a Docker object or anything named after one:
+    ``unique_name("tgtest")`` is ``tgtest-<run>-<8 hex digits>``."""
+    return f"{prefix}-{RUN}-{uuid.uuid4().hex[:8]}"
 
 
 def grace_seconds() -> float:

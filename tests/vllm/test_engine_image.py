@@ -7,6 +7,7 @@ import docker
 import httpx
 import pytest
 
+from tests import leaks
 from tests.vllm.conftest import MODEL_VOLUME, TEST_MODEL, VLLM_IMAGE, RealEngine
 
 pytestmark = pytest.mark.vllm
@@ -26,6 +27,7 @@ def run_in_image(*command: str, volume: str | None = None) -> str:
         list(command[1:]),
         entrypoint=[command[0]],
         network_mode="none",
+        labels={"tollgate.test": leaks.RUN},
         volumes=volumes,
         detach=True,
     )
