@@ -149,15 +149,16 @@ def local_node(db: None) -> Node:
 
 # --- nothing left behind -----------------------------------------------------------------
 
-# Sessions that run any of these start containers, networks or volumes (under the shared
-# Docker lock, so nothing else creates Docker objects meanwhile).
+# Sessions that run any of these start containers, networks or volumes. Other processes on
+# the machine may too, meanwhile: only this run's own objects count (tests/leaks.py, RUN).
 DOCKER_MARKERS = ("docker", "browser", "slow", "compose", "faults", "vllm", "arm64")
 
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fails the stage if the session leaves child processes or Docker objects behind that
-    were not there when it started (set up first, so torn down after every other fixture)."""
+    """Fails the stage if the session leaves child processes or Docker objects of its run
+    behind that were not there when it started (set up first, so torn down after every other
+    fixture)."""
     processes = {p.pid for p in leaks.live_descendants()}
     uses_docker = any(
         item.get_closest_marker(m) for item in request.session.items for m in DOCKER_MARKERS

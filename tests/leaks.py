@@ -5,15 +5,36 @@ pytest session and fails the stage on anything left over.
 Leftovers get a grace period (``TOLLGATE_LEAK_GRACE_SECONDS``, default 15 s) to go away on
 their own: a process that was just signalled, or a PostgreSQL backend whose client has just
 closed, takes a moment to disappear.
+
+Docker objects count only when they are this run's own: other processes on the machine
+(another test run, an admin's containers, another Tollgate) create and remove objects
+meanwhile, and those are not this run's leftovers. Every object the tests create carries the
+run's token, ``RUN``, in its name or in a label value (``unique_name`` makes such names).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+
+# One token per test run, in the environment so subprocesses (Celery workers, pytest-xdist's
+# workers) see the same one. Lower-case letters and digits, so it fits Compose project names
+# and container, network and volume names; "tr" keeps it from ever matching inside a hex
+# digest or an id in a label value.
+RUN = os.environ.setdefault("TOLLGATE_TEST_RUN", "tr" + uuid.uuid4().hex[:8])
+if not re.fullmatch(r"[a-z0-9]{6,24}", RUN):
+    raise RuntimeError(f"TOLLGATE_TEST_RUN={RUN!r}: use 6 to 24 lower-case letters and digits")
+
+
+def unique_name(prefix: str) -> str:
+    """A name of this run's own, for a Docker object or anything named after one:
+    ``unique_name("tgtest")`` is ``tgtest-<run>-<8 hex digits>``."""
+    return f"{prefix}-{RUN}-{uuid.uuid4().hex[:8]}"
 
 
 def grace_seconds() -> float:
@@ -108,18 +129,26 @@ def docker_client() -> object | None:
         return None
 
 
-def docker_objects(client: object) -> set[str]:
-    """Every container (running or not), network and volume, as 'kind name (id)'."""
+def docker_objects(client: object, run: str = RUN) -> set[str]:
+    """This run's containers (running or not), networks and volumes, as 'kind name (id)':
+    those whose name or one of whose label values contains the run's token."""
     api = client.api
     out = set()
     for c in api.containers(all=True):
         names = ",".join(n.lstrip("/") for n in c.get("Names") or [])
-        out.add(f"container {names} ({c['Id'][:12]})")
+        if _is_of(run, names, c.get("Labels")):
+            out.add(f"container {names} ({c['Id'][:12]})")
     for n in api.networks():
-        out.add(f"network {n['Name']} ({n['Id'][:12]})")
+        if _is_of(run, n["Name"], n.get("Labels")):
+            out.add(f"network {n['Name']} ({n['Id'][:12]})")
     for v in api.volumes().get("Volumes") or []:
-        out.add(f"volume {v['Name']}")
+        if _is_of(run, v["Name"], v.get("Labels")):
+            out.add(f"volume {v['Name']}")
     return out
+
+
+def _is_of(run: str, name: str, labels: dict[str, str] | None) -> bool:
+    return run in name or any(run in value for value in (labels or {}).values())
 
 
 # --- PostgreSQL --------------------------------------------------------------------------

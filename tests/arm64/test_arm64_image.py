@@ -20,7 +20,6 @@ import secrets
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -30,6 +29,8 @@ import pytest
 import redis
 from django.db.migrations.loader import MigrationLoader
 from openai import OpenAI
+
+from tests import leaks
 
 pytestmark = [pytest.mark.arm64, pytest.mark.timeout(1800)]
 
@@ -83,7 +84,7 @@ def image_arch(image: str) -> str:
 class Run:
     """One run's names, settings and the containers it started."""
 
-    label: str = field(default_factory=lambda: f"tgarm64-{uuid.uuid4().hex[:8]}")
+    label: str = field(default_factory=lambda: leaks.unique_name("tgarm64"))
     port: int = field(default_factory=free_port)
     secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(48))
     pepper: str = field(default_factory=lambda: secrets.token_urlsafe(32))

@@ -26,6 +26,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests import leaks
+
 pytestmark = [pytest.mark.compose, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,7 +245,7 @@ def secrets_from_files(stack: Stack, folder: Path) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    project = f"tgci{uuid.uuid4().hex[:8]}"
+    project = leaks.unique_name("tgci")
     port = free_port()
     stack = Stack(project, port, compose_env(project, port))
     secrets_from_files(stack, tmp_path_factory.mktemp("compose-secrets"))

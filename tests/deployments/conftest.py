@@ -2,7 +2,6 @@
 Docker API policy (``dockerpolicy``, as the appliance's ``docker-proxy``), fast timings, and
 clean-up by label so a failing test leaves no container, volume or network behind."""
 
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -14,6 +13,7 @@ from config.celery import app as celery_app
 from deployments import runtime
 from deployments import services as deployment_services
 from deployments.models import CatalogModel, Node
+from tests import leaks
 from tests.dockerpolicy.process import policy_env, start_policy
 
 SIM_IMAGE = "tollgate/engine-sim:latest"
@@ -27,7 +27,7 @@ def stack(
     the Docker API policy for them in front of the Docker socket: every Docker call of the
     test's nodes goes through it, and none may be refused. Cleaned up after (volumes given
     by ``stack_volumes`` are not the stack's, so they are kept)."""
-    stack_id = f"tgtest-{uuid.uuid4().hex[:10]}"
+    stack_id = leaks.unique_name("tgtest")
     models, compile_cache = stack_volumes or (f"{stack_id}-models", f"{stack_id}-compile")
     settings.TOLLGATE_STACK_ID = stack_id
     settings.TOLLGATE_MODEL_CACHE_VOLUME = models

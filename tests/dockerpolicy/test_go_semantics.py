@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import socket
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 
 from dockerpolicy import dockertypes
 from dockerpolicy.gojson import DecodeError, decode
+from tests import leaks
 from tests.dockerpolicy.process import docker_socket
 
 pytestmark = pytest.mark.docker
@@ -57,7 +57,7 @@ def engine() -> Iterator[Callable[[bytes], Any]]:
 
     def create(body: bytes) -> Any:
         conn = UnixConnection(docker_socket())
-        name = f"tgdiff-{uuid.uuid4().hex[:10]}"
+        name = leaks.unique_name("tgdiff")
         conn.request(
             "POST",
             f"/v1.41/containers/create?name={name}",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +27,12 @@ from urllib.parse import quote
 import docker
 import pytest
 
+from tests import leaks
 from tests.dockerpolicy.process import PolicyProcess, policy_env, start_policy
 
 pytestmark = pytest.mark.docker
 
-STACK = f"tghostile{uuid.uuid4().hex[:8]}"
+STACK = leaks.unique_name("tghostile")
 IMG = "tollgate/engine-sim:latest"
 MODELS, NET = f"{STACK}-models", f"{STACK}-net"
 OWN, FOREIGN, OTHER = f"{STACK}-own", f"{STACK}-foreign", f"{STACK}-otherstack"

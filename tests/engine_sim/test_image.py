@@ -9,6 +9,7 @@ import docker
 import httpx
 import pytest
 
+from tests import leaks
 from tests.engine_sim.conftest import ROOT, wait_until
 
 IMAGE = "tollgate/engine-sim:latest"
@@ -34,7 +35,7 @@ def container() -> Iterator[object]:
             "0.5",
         ],
         ports={"8000/tcp": ("127.0.0.1", None)},
-        labels={"tollgate.test": "true"},
+        labels={"tollgate.test": leaks.RUN},
         detach=True,
     )
     try:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 
 import docker
 import pytest
 
 from deployments.models import Deployment
+from tests import leaks
 from tests.compose.test_appliance import (
     SIM_IMAGE,
     Stack,
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.docker]
 
 @pytest.fixture(scope="module")
 def appliance() -> Iterator[Stack]:
-    project = f"tgfault{uuid.uuid4().hex[:8]}"
+    project = leaks.unique_name("tgfault")
     port = free_port()
     s = Stack(project, port, compose_env(project, port))
     try:

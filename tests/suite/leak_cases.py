@@ -5,7 +5,6 @@ it, and they skip unless TOLLGATE_LEAK_CASE is set.
 
 import os
 import subprocess
-import uuid
 
 import psycopg
 import pytest
@@ -55,9 +54,22 @@ def test_closes_what_it_opens() -> None:
 
 
 @pytest.mark.docker
-def test_leaves_a_docker_network() -> None:
+def test_leaves_docker_objects() -> None:
+    """A network named with the run's token and a volume labelled with it."""
     client = leaks.docker_client()
     assert client is not None
-    client.networks.create(
-        os.environ["TOLLGATE_LEAK_NETWORK"], labels={"tollgate.test": uuid.uuid4().hex}
-    )
+    client.networks.create(os.environ["TOLLGATE_LEAK_NETWORK"])
+    client.volumes.create(os.environ["TOLLGATE_LEAK_VOLUME"], labels={"tollgate.test": leaks.RUN})
+
+
+@pytest.mark.docker
+def test_a_neighbour_leaves_docker_objects() -> None:
+    """What another process on the machine creates meanwhile: named and labelled like
+    another Tollgate's, without this run's token."""
+    client = leaks.docker_client()
+    assert client is not None
+    name = os.environ["TOLLGATE_LEAK_NEIGHBOUR"]
+    labels = {"tollgate.managed": "true", "tollgate.stack": "tollgate"}
+    client.networks.create(name, labels=labels)
+    client.volumes.create(name, labels=labels)
+    client.containers.create("tollgate/engine-sim:latest", name=name, labels=labels)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -26,6 +25,7 @@ from django.utils import timezone
 
 from deployments import services as deployment_services
 from deployments.models import CatalogModel, Node, StagedModel
+from tests import leaks
 from tests.deployments.conftest import docker_node, eager_tasks, stack  # noqa: F401
 
 VLLM_IMAGE = os.environ.get("VLLM_CPU_IMAGE", "tollgate/vllm-cpu:0.32.0")
@@ -122,10 +122,10 @@ def start_vllm(
     container = client.containers.run(
         VLLM_IMAGE,
         args,
-        name=f"tgtest-vllm-{uuid.uuid4().hex[:10]}",
+        name=leaks.unique_name("tgtest-vllm"),
         detach=True,
         environment={**ENGINE_ENV, **(env or {})},
-        labels={LABEL: "true"},
+        labels={LABEL: leaks.RUN},
         ports={"8000/tcp": ("127.0.0.1", None)},
         shm_size="1g",
         volumes={
@@ -214,8 +214,9 @@ def mark_staged(model: CatalogModel, node: Node) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_test_engines_left() -> Iterator[None]:
-    """Engines started by ``start_vllm`` are removed even when a test forgot one."""
+    """Engines this run started with ``start_vllm`` are removed even when a test forgot one
+    (another run's, on the same Docker Engine, are its own business)."""
     yield
     client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=true"}):
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={leaks.RUN}"}):
         container.remove(force=True)

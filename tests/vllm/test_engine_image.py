@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from deployments.abort_check import CHECK_TOKENS, engine_drops_abandoned
+from tests import leaks
 from tests.vllm.conftest import MODEL_VOLUME, TEST_MODEL, VLLM_IMAGE, RealEngine
 
 pytestmark = pytest.mark.vllm
@@ -27,6 +28,7 @@ def run_in_image(*command: str, volume: str | None = None) -> str:
         list(command[1:]),
         entrypoint=[command[0]],
         network_mode="none",
+        labels={"tollgate.test": leaks.RUN},
         volumes=volumes,
         detach=True,
     )
