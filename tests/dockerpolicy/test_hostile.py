@@ -1,9 +1,11 @@
 """Hostile Docker API requests sent through the policy to a real Docker Engine.
 
 Each request (see ``CASES``; more than 200) must be answered 403 with a Docker-style
-``{"message": …}``, logged as one refusal line, and leave the Engine exactly as it was: the
-same containers, volumes, networks, images and plugins, the three canary containers in the
-same state and with no exec instance. The canaries: one of this stack's engines (created
+``{"message": …}``, logged as one refusal line, and leave the Engine exactly as it was:
+nothing but lookups (GET, HEAD) passed from the policy to the engine (a recording relay
+between them, tests/dockerpolicy/relay.py, sees every request; comparing the whole engine
+before and after could not, with other processes creating Docker objects meanwhile), and
+the three canary containers in the same state and with no exec instance. The canaries: one of this stack's engines (created
 through the policy, running), one foreign container and one of another Tollgate stack (both
 created directly, running).
 
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -28,7 +32,8 @@ import docker
 import pytest
 
 from tests import leaks
-from tests.dockerpolicy.process import PolicyProcess, policy_env, start_policy
+from tests.dockerpolicy.process import PolicyProcess, docker_socket, policy_env, start_policy
+from tests.dockerpolicy.relay import RecordingRelay
 
 pytestmark = pytest.mark.docker
 
@@ -722,37 +727,41 @@ class Suite:
     policy: PolicyProcess
     client: docker.DockerClient
     values: dict[str, str]
+    relay: RecordingRelay  # between the policy and the engine: what reached the engine
 
     def fill(self, text: str) -> str:
         for key, value in self.values.items():
             text = text.replace("{" + key + "}", value)
         return text
 
-    def snapshot(self) -> dict[str, Any]:
+    def canaries(self) -> dict[str, Any]:
+        """The three canaries' state: what a request that got through would most likely
+        have touched (the relay tells whether anything at all reached the engine)."""
         api = self.client.api
         canaries = {name: api.inspect_container(name) for name in (OWN, FOREIGN, OTHER)}
         return {
-            "containers": sorted(c["Id"] for c in api.containers(all=True)),
-            "volumes": sorted(v["Name"] for v in api.volumes()["Volumes"] or []),
-            "networks": sorted(n["Id"] for n in api.networks()),
-            "images": sorted(api.images(all=True, quiet=True)),
-            "plugins": sorted(p["Id"] for p in api.plugins()),
-            "canaries": {
-                name: (c["State"]["Status"], c["State"]["StartedAt"], c["ExecIDs"], c["HostConfig"])
-                for name, c in canaries.items()
-            },
+            name: (c["State"]["Status"], c["State"]["StartedAt"], c["ExecIDs"], c["HostConfig"])
+            for name, c in canaries.items()
         }
 
 
 @pytest.fixture(scope="module")
 def suite() -> Iterator[Suite]:
     client = docker.from_env()
+    relay = RecordingRelay(Path(tempfile.mkdtemp()) / "docker.sock", docker_socket())
     policy = start_policy(
-        policy_env(STACK, ["tollgate/engine-sim:*", "vllm/vllm-openai:*"]), "hostile-suite"
+        policy_env(STACK, ["tollgate/engine-sim:*", "vllm/vllm-openai:*"]),
+        "hostile-suite",
+        socket_path=str(relay.path),
     )
     try:
         through_policy = docker.DockerClient(base_url=policy.url)
         own = through_policy.containers.run(IMG, SIM_ARGS, name=OWN, labels=LABELS, detach=True)
+        # The relay sees what the policy lets through: creating the own canary did pass.
+        assert any(
+            method == "POST" and "/containers/create" in target
+            for method, target in relay.writes_since(0)
+        ), relay.requests()
         foreign = client.containers.run(IMG, SIM_ARGS, name=FOREIGN, detach=True)
         client.containers.run(
             IMG,
@@ -769,9 +778,10 @@ def suite() -> Iterator[Suite]:
             "base_id_short": base_id.split(":")[1][:12],
         }
         assert not policy.refusals(), policy.refusals()
-        yield Suite(policy, client, values)
+        yield Suite(policy, client, values, relay)
     finally:
         policy.stop()
+        relay.close()
         for name in (OWN, FOREIGN, OTHER):
             try:
                 client.containers.get(name).remove(force=True)
@@ -813,10 +823,13 @@ def test_the_suite_sends_more_than_200_distinct_hostile_requests() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_a_hostile_request_is_refused_logged_and_changes_nothing(suite: Suite, case: Case) -> None:
-    before, logged = suite.snapshot(), len(suite.policy.refusals())
+    before, logged = suite.canaries(), len(suite.policy.refusals())
+    relayed = len(suite.relay.requests())
     status, answer = send(suite, case)
     assert status == 403, (status, answer[:300])
     if case.method != "HEAD":  # a HEAD answer has no body
         assert json.loads(answer)["message"].startswith("refused by Tollgate's Docker policy: ")
-    assert suite.snapshot() == before
+    # Nothing that could change the engine reached it (at most the policy's own lookups).
+    assert suite.relay.writes_since(relayed) == []
+    assert suite.canaries() == before
     assert len(suite.policy.refusals()) == logged + 1

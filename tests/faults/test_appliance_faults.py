@@ -215,17 +215,22 @@ print(json.dumps({
 """
 
 
+def project_volumes(project: str) -> set[str]:
+    """The volumes named for the appliance's project (what the probe's volume call would
+    have made): other processes' volumes on the engine come and go meanwhile."""
+    names = subprocess.run(
+        ["docker", "volume", "ls", "-q"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return {name for name in names if project in name}
+
+
 def test_docker_api_refuses_the_worker_what_it_does_not_need_and_web_has_no_socket(
     appliance: Stack,
 ) -> None:
     """From inside the worker (all a compromised worker has), the Docker API policy refuses
     every call outside the engine lifecycle and every privilege, however the body spells it,
     and nothing is created."""
-    volumes = set(
-        subprocess.run(
-            ["docker", "volume", "ls", "-q"], capture_output=True, text=True
-        ).stdout.split()
-    )
+    volumes = project_volumes(appliance.project)
     out = appliance.compose(
         "exec", "-T", "worker", "python3", "-c", PROBE.replace("{stack}", appliance.project)
     )
@@ -240,14 +245,7 @@ def test_docker_api_refuses_the_worker_what_it_does_not_need_and_web_has_no_sock
         check=True,
     ).stdout
     assert probe == ""
-    assert (
-        set(
-            subprocess.run(
-                ["docker", "volume", "ls", "-q"], capture_output=True, text=True
-            ).stdout.split()
-        )
-        <= volumes
-    )
+    assert project_volumes(appliance.project) <= volumes
     for svc in ("web", "usage", "beat"):
         out = appliance.compose(
             "exec",
