@@ -342,6 +342,9 @@ class Bench:
         ticker = JsonProcess(
             [PY, str(ROOT / "bench" / "admission_ticker.py"), *flags], env=self.env
         )
+        # Its first tick may have asked the idle engine a question (gateway/tuning.py's
+        # abort check): the scenario starts once the engine is idle again.
+        self.wait_idle()
         waits0 = gateway_queue_wait(self.gateway, self.metrics_token)
         sampler = Sampler(
             self.engine,

@@ -22,11 +22,12 @@ from deployments.engine import PROBE_TIMEOUT, _headers, _trust, scrape
 
 log = logging.getLogger("tollgate.deployments")
 
-# Long enough that no engine finishes it in the moment the check watches (it is the
-# zombie's length where the engine does not abort: harmless on an idle engine).
-CHECK_TOKENS = 512
-# vLLM drops an aborted request within milliseconds; a check on a loaded box allows more.
-SETTLE_SECONDS = 2.0
+# Long enough that no engine finishes it in the moment the check watches, short enough that
+# where the engine does not abort, the request it runs on ends soon (seconds on a GPU).
+CHECK_TOKENS = 256
+# vLLM drops a request whose client left at its next token, within milliseconds; the check
+# allows an idle but slow box far more.
+SETTLE_SECONDS = 1.0
 REQUEST_ID = "tollgate-abort-check"
 
 

@@ -54,7 +54,7 @@ def test_an_engine_that_aborts_says_so(dropping: Engine) -> None:
 
 def test_an_engine_that_finishes_what_its_client_left_says_so(finishing: Engine) -> None:
     assert engine_drops_abandoned(finishing.url, "sim-keeps") is False
-    assert running(finishing) == 1  # the check's request runs on (512 tokens at 25/s)
+    assert running(finishing) == 1  # the check's request runs on (256 tokens at 25/s)
 
 
 def test_a_busy_engine_is_not_asked(dropping: Engine) -> None:

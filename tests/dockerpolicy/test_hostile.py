@@ -5,9 +5,9 @@ Each request (see ``CASES``; more than 200) must be answered 403 with a Docker-s
 nothing but lookups (GET, HEAD) passed from the policy to the engine (a recording relay
 between them, tests/dockerpolicy/relay.py, sees every request; comparing the whole engine
 before and after could not, with other processes creating Docker objects meanwhile), and
-the three canary containers in the same state and with no exec instance. The canaries: one of this stack's engines (created
-through the policy, running), one foreign container and one of another Tollgate stack (both
-created directly, running).
+the three canary containers in the same state and with no exec instance. The canaries: one
+of this stack's engines (created through the policy, running), one foreign container and
+one of another Tollgate stack (both created directly, running).
 
 The tricks: key spellings Docker's Go decoder accepts (case variants, \\u escapes, Unicode
 case folding, space before the colon), duplicates with the dangerous value last and first,

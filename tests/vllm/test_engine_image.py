@@ -112,7 +112,7 @@ def test_engine_serves_the_test_model_with_vllms_own_metrics(shared_engine: Real
 def test_vllm_drops_a_request_whose_client_left(shared_engine: RealEngine) -> None:
     """What makes the gateway's preemption free a slot: asked on the idle engine
     (deployments/abort_check.py, as the controller asks before any preemption), vLLM drops
-    the streamed request once its client hangs up, long before its 512 tokens."""
+    the streamed request once its client hangs up, long before its CHECK_TOKENS."""
     engine = shared_engine
     before = engine.metric("vllm:generation_tokens_total")
     assert engine_drops_abandoned(engine.url, "tiny-llama") is True
