@@ -42,12 +42,14 @@ SLOWER = 1.05
 
 
 def measure(
-    load: object, columns: dict[str, Column], rounds: int, scale: float
+    load: object, columns: dict[str, Column], rounds: int, scale: float, only: list[str]
 ) -> dict[str, dict[str, list[dict]]]:
     """scenario -> column -> one result per round, the columns' order alternating."""
     out: dict[str, dict[str, list[dict]]] = {}
     names = list(columns)
     for scenario, spec in scenarios(scale):
+        if only and scenario not in only:
+            continue
         spec = {k: v for k, v in spec.items() if k != "rounds"}
         out[scenario] = {name: [] for name in names}
         for r in range(rounds):
@@ -122,6 +124,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scale", type=float, default=0.5, help="multiply each run's duration")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--only", default="", help="comma-separated scenario names (e.g. 'responses json c=1')"
+    )
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--db-name", default="tollgate_bench_ab")
     a = ap.parse_args()
@@ -136,7 +141,8 @@ def main() -> None:
             url, srv = start_tollgate(a.workers, env, st.key, log, **kwargs)
             st.servers.append(srv)
             columns[name] = Column(name, {m: url for m in st.ports}, st.key, srv)
-        res = measure(st.load, columns, a.rounds, a.scale)
+        only = [name.strip() for name in a.only.split(",") if name.strip()]
+        res = measure(st.load, columns, a.rounds, a.scale, only)
     lines, verdict = report(res, a.rounds)
     head = os.popen(f"git -C {a.before} log -1 --format=%h").read().strip()
     here = os.popen("git log -1 --format=%h").read().strip()
@@ -149,7 +155,9 @@ def main() -> None:
             "",
             "```",
             f"$ .venv/bin/python bench/gateway_ab.py --before <checkout of {head}> "
-            f"--rounds {a.rounds} --scale {a.scale} --write",
+            f"--rounds {a.rounds} --scale {a.scale}"
+            + (f" --only '{a.only}'" if a.only else "")
+            + " --write",
             "```",
             "",
             *lines,
