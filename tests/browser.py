@@ -4,9 +4,10 @@ of the machine's network.
 When an address appears or goes on any interface (another process creating or removing a
 Docker network is enough), Chromium fails every request still waiting for a connection
 with ``net::ERR_NETWORK_CHANGED``, before sending it, and retries none of them (its socket
-pools flush on the change; no switch turns that off). A user would press reload; the tests
-do the same for ``page.goto``: `tolerate_network_changes` makes every navigation retry on
-that error, up to a deadline.
+pools flush on the change; no switch turns that off). A user would press reload (or go back
+and submit the form again); the tests do the same: `tolerate_network_changes` makes every
+``page.goto`` retry on that error, up to a deadline, and every ``page.click`` whose
+navigation failed with it go back and click again.
 """
 
 from __future__ import annotations
@@ -41,16 +42,48 @@ def goto_retrying(goto: Any, page: Any, url: str, **kwargs: Any) -> Any:
             time.sleep(0.1)
 
 
+def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kwargs: Any) -> None:
+    """``click(page, selector)``; when the navigation it started (a form's POST, a link)
+    failed with ERR_NETWORK_CHANGED (never sent), back to the page it left and click again.
+    A form's fields come back with the page (Chromium restores them going back)."""
+    failed: list[str] = []
+
+    def note(request: Any) -> None:
+        if (
+            request.is_navigation_request()
+            and request.frame == page.main_frame
+            and NETWORK_CHANGED in (request.failure or "")
+        ):
+            failed.append(request.url)
+
+    page.on("requestfailed", note)
+    try:
+        for attempt in range(attempts):
+            failed.clear()
+            click(page, selector, **kwargs)
+            page.wait_for_load_state("domcontentloaded")  # the navigation, if any, is over
+            if not failed or attempt == attempts - 1:
+                return
+            page.go_back()
+    finally:
+        page.remove_listener("requestfailed", note)
+
+
 def tolerate_network_changes() -> None:
-    """Every ``Page.goto`` of this process retries on ERR_NETWORK_CHANGED (idempotent)."""
+    """Every ``Page.goto`` and ``Page.click`` of this process survives ERR_NETWORK_CHANGED
+    (idempotent)."""
     from playwright.sync_api import Page
 
     if getattr(Page.goto, "tolerates_network_changes", False):
         return
-    goto = Page.goto
+    goto, click = Page.goto, Page.click
 
-    def tolerant(self: Page, url: str, **kwargs: Any) -> Any:
+    def tolerant_goto(self: Page, url: str, **kwargs: Any) -> Any:
         return goto_retrying(goto, self, url, **kwargs)
 
-    tolerant.tolerates_network_changes = True  # type: ignore[attr-defined]
-    Page.goto = tolerant  # type: ignore[method-assign]
+    def tolerant_click(self: Page, selector: str, **kwargs: Any) -> None:
+        click_retrying(click, self, selector, **kwargs)
+
+    tolerant_goto.tolerates_network_changes = True  # type: ignore[attr-defined]
+    Page.goto = tolerant_goto  # type: ignore[method-assign]
+    Page.click = tolerant_click  # type: ignore[method-assign]
