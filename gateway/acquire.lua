@@ -20,8 +20,8 @@
 --               (the gateway preempts on every engine: gateway/preempt.py; until the
 --               controller finds that it frees an engine slot, one per PROBATION_MS)
 --      victim   1: this request may be preempted
---      head     1: a preempted request queueing again: at the head of its class (it ignores
---               the headroom, and is the last of its class to be preempted again)
+--      head     1: a preempted request queueing again: at the head of its class (and the
+--               last of its class to be preempted again)
 --      chan     the channel that tells the victim's gateway process to let go of its slot
 --      open     the open requests zset (request id -> lease deadline): a queue entry ahead
 --               whose request is not on it (settled, or its gateway died) is dropped
@@ -173,13 +173,13 @@ local function try_slot(K, o)
   if class >= 1 then higher = higher + tonumber(held[2] or '0') end
   if class == 2 then higher = higher + tonumber(held[3] or '0') end
   local reserved = 0
-  -- Preemptible requests keep the headroom too: a P0 that finds its slot free costs nothing,
-  -- while preempting throws away work (the tokens a stream's engine made after the last one
-  -- its client got; a whole non-streaming answer so far). Preemption is for the P0 the
-  -- headroom did not foresee. A preempted request coming back ignores the headroom: it heads
-  -- its class, so waiting would hold up the class.
-  local exempt = o.head == 1
-  if class > 0 and o.hwin > 0 and not exempt then
+  -- Every request keeps the headroom, preemptible and preempted ones too: a P0 that finds
+  -- its slot free costs nothing, while preempting throws away work (the tokens a stream's
+  -- engine made after the last one its client got; a whole non-streaming answer so far).
+  -- Preemption is for the P0 the headroom did not foresee. A preempted request coming back
+  -- waits for a slot beyond the headroom like the rest of its class (it heads the class):
+  -- taking the slot back would leave the next P0 nothing but another preemption.
+  if class > 0 and o.hwin > 0 then
     reserved = math.max(0, math.min(recent_demand(kh, class, now, o.hwin), o.hmax, ceiling - 1) - higher)
   end
   local kv_ok = o.kvcap <= 0 or running == 0 or in_flight + o.kv <= o.kvcap

@@ -202,16 +202,22 @@ def judged_to_free(until: int = T0 + 600_000) -> None:
 
 
 def test_a_preempted_request_comes_back_ahead_of_its_class_and_is_the_last_victim() -> None:
+    """The victim heads its class when it comes back, but leaves the slot P0 needed a
+    moment ago free like every P2 request: the next P0 finds it and preempts nobody."""
     judged_to_free()
     for i in range(4):
         assert take(f"p2-{i}", "P2", T0 + i, victim=1)
     assert take("p0", "P0", T0 + 10, preempt=1)  # p2-3 preempted
-    assert not take("p2-new", "P2", T0 + 11, victim=1)
     release("p0")
-    # p2-3 comes back though P0 came a moment ago (no headroom for it), before p2-new.
-    assert take("p2-3", "P2", T0 + 12, victim=1, head=1)
-    assert not take("p2-new", "P2", T0 + 13, victim=1)
+    assert not take("p2-3", "P2", T0 + 12, victim=1, head=1)  # the headroom's slot
     assert take("p0-2", "P0", T0 + 14, preempt=1)
+    assert running() == {"p2-0", "p2-1", "p2-2", "p0-2"}  # nobody was preempted for it
+    release("p0-2")
+    release("p2-0")
+    assert take("p2-3", "P2", T0 + 15, victim=1, head=1)  # one slot beyond the headroom
+    assert not take("p2-new", "P2", T0 + 16, victim=1)
+    assert take("p0-3", "P0", T0 + 17, preempt=1)
+    assert take("p0-4", "P0", T0 + 18, preempt=1)
     assert "p2-3" in running() and "p2-2" not in running()  # the youngest not yet resumed
 
 
