@@ -4,10 +4,11 @@ of the machine's network.
 When an address appears or goes on any interface (another process creating or removing a
 Docker network is enough), Chromium fails every request still waiting for a connection
 with ``net::ERR_NETWORK_CHANGED``, before sending it, and retries none of them (its socket
-pools flush on the change; no switch turns that off). A user would press reload (or go back
-and submit the form again); the tests do the same: `tolerate_network_changes` makes every
+pools flush on the change; no switch turns that off). A user would press reload (or open the
+form again and submit it); the tests do the same: `tolerate_network_changes` makes every
 ``page.goto`` retry on that error, up to a deadline, and every ``page.click`` whose
-navigation failed with it go back and click again.
+navigation failed with it load the page it left again, with what was typed into its form,
+and click again.
 """
 
 from __future__ import annotations
@@ -42,10 +43,25 @@ def goto_retrying(goto: Any, page: Any, url: str, **kwargs: Any) -> Any:
             time.sleep(0.1)
 
 
+# What the user typed into the page's form fields (hidden ones, such as the CSRF token, come
+# fresh with the page), and putting it back.
+SNAPSHOT_FIELDS = """() => Array.from(document.querySelectorAll('input, textarea, select'))
+  .filter(e => e.name && !['hidden', 'file', 'submit', 'button'].includes(e.type))
+  .map(e => ['checkbox', 'radio'].includes(e.type)
+    ? [e.name, e.value, e.checked, true] : [e.name, e.value, false, false])"""
+RESTORE_FIELDS = """(fields) => { for (const [name, value, checked, box] of fields) {
+  const sel = box ? `[name="${CSS.escape(name)}"][value="${CSS.escape(value)}"]`
+                  : `[name="${CSS.escape(name)}"]`;
+  const e = document.querySelector(sel);
+  if (!e) continue;
+  if (box) e.checked = checked; else e.value = value;
+} }"""
+
+
 def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kwargs: Any) -> None:
     """``click(page, selector)``; when the navigation it started (a form's POST, a link)
-    failed with ERR_NETWORK_CHANGED (never sent), back to the page it left and click again.
-    A form's fields come back with the page (Chromium restores them going back)."""
+    failed with ERR_NETWORK_CHANGED (never sent), load the page it left again, put back what
+    had been typed into its form fields, and click again."""
     failed: list[str] = []
 
     def note(request: Any) -> None:
@@ -60,13 +76,23 @@ def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kw
     try:
         for attempt in range(attempts):
             failed.clear()
+            left, fields = page.url, _snapshot(page)
             click(page, selector, **kwargs)
             page.wait_for_load_state("domcontentloaded")  # the navigation, if any, is over
             if not failed or attempt == attempts - 1:
                 return
-            page.go_back()
+            page.goto(left)
+            if fields:
+                page.evaluate(RESTORE_FIELDS, fields)
     finally:
         page.remove_listener("requestfailed", note)
+
+
+def _snapshot(page: Any) -> list | None:
+    try:
+        return page.evaluate(SNAPSHOT_FIELDS)
+    except Exception:  # noqa: BLE001 - mid-navigation, or no document: nothing to put back
+        return None
 
 
 def tolerate_network_changes() -> None:

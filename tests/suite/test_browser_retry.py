@@ -57,13 +57,16 @@ class Request:
 
 class FakePage:
     """Stands in for a Playwright page: a click's navigation fails as told (a failed
-    request event, as Chromium reports it), going back returns to the form."""
+    request event, as Chromium reports it); its form holds what the user typed."""
 
     def __init__(self) -> None:
         self.main_frame = object()
+        self.url = "https://127.0.0.1:1/login/"
         self.failures: list[Request] = []
         self.listeners: list[object] = []
         self.clicks = self.backs = 0
+        self.typed = [["username", "admin", False, False], ["remember", "1", True, True]]
+        self.restored: list = []
 
     def on(self, event: str, listener: object) -> None:
         assert event == "requestfailed"
@@ -75,8 +78,16 @@ class FakePage:
     def wait_for_load_state(self, state: str) -> None:
         pass
 
-    def go_back(self) -> None:
+    def goto(self, url: str) -> None:
+        assert url == self.url  # the page the click left
         self.backs += 1
+
+    def evaluate(self, script: str, arg: object = None) -> object:
+        if script == browser.SNAPSHOT_FIELDS:
+            return self.typed
+        assert script == browser.RESTORE_FIELDS
+        self.restored.append(arg)
+        return None
 
 
 def click(page: FakePage, selector: str, **kwargs: object) -> None:
@@ -92,6 +103,7 @@ def test_a_form_post_cut_by_a_network_change_is_submitted_again() -> None:
     page.failures = [Request(page.main_frame, browser.NETWORK_CHANGED)]
     browser.click_retrying(click, page, "button")
     assert (page.clicks, page.backs) == (2, 1)
+    assert page.restored == [page.typed]  # the form as the user had filled it
     assert page.listeners == []  # the page is left as it was
 
 
@@ -117,3 +129,45 @@ def test_a_network_that_keeps_changing_gets_three_clicks() -> None:
     page.failures = [Request(page.main_frame, browser.NETWORK_CHANGED)] * 5
     browser.click_retrying(click, page, "button")
     assert (page.clicks, page.backs) == (3, 2)
+
+
+FORM = """<form method="post"><input type="hidden" name="csrf" value="fresh">
+<input name="username"><input type="password" name="password">
+<input type="checkbox" name="remember" value="1">
+<input type="radio" name="role" value="admin"><input type="radio" name="role" value="member">
+<select name="tenant"><option value="acme">Acme</option><option value="bravo">Bravo</option>
+</select><textarea name="note"></textarea><button>Log in</button></form>"""
+
+
+@pytest.mark.browser
+def test_what_was_typed_comes_back_in_chromium() -> None:
+    """The form snapshot and its restoring, in Debian's Chromium: typed values, boxes and
+    choices come back on the page loaded again; hidden fields keep the page's own."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path="/usr/bin/chromium", headless=True, args=browser.CHROMIUM_ARGS
+        )
+        try:
+            page = chromium.new_page()
+            page.set_content(FORM)
+            page.fill("[name=username]", "admin")
+            page.fill("[name=password]", "s3cret")
+            page.check("[name=remember]")
+            page.check("[name=role][value=member]")
+            page.select_option("[name=tenant]", "bravo")
+            page.fill("[name=note]", 'a "quoted" note')
+            fields = page.evaluate(browser.SNAPSHOT_FIELDS)
+            page.set_content(FORM.replace("fresh", "newer"))
+            page.evaluate(browser.RESTORE_FIELDS, fields)
+            assert page.input_value("[name=username]") == "admin"
+            assert page.input_value("[name=password]") == "s3cret"
+            assert page.is_checked("[name=remember]")
+            assert page.is_checked("[name=role][value=member]")
+            assert not page.is_checked("[name=role][value=admin]")
+            assert page.input_value("[name=tenant]") == "bravo"
+            assert page.input_value("[name=note]") == 'a "quoted" note'
+            assert page.input_value("[name=csrf]") == "newer"
+        finally:
+            chromium.close()
