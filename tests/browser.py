@@ -27,6 +27,8 @@ CHROMIUM_ARGS = [
 ]
 
 NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"
+# A navigation overtaken by the error page of one that just failed (that way, or another).
+INTERRUPTED_BY_ERROR_PAGE = 'is interrupted by another navigation to "chrome-error://'
 RETRY_SECONDS = 30.0
 
 
@@ -38,7 +40,8 @@ def goto_retrying(goto: Any, page: Any, url: str, **kwargs: Any) -> Any:
         try:
             return goto(page, url, **kwargs)
         except Exception as e:
-            if NETWORK_CHANGED not in str(e) or time.monotonic() >= deadline:
+            cut = NETWORK_CHANGED in str(e) or INTERRUPTED_BY_ERROR_PAGE in str(e)
+            if not cut or time.monotonic() >= deadline:
                 raise
             time.sleep(0.1)
 
@@ -62,7 +65,7 @@ def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kw
     """``click(page, selector)``; when the navigation it started (a form's POST, a link)
     failed with ERR_NETWORK_CHANGED (never sent), load the page it left again, put back what
     had been typed into its form fields, and click again."""
-    failed: list[str] = []
+    failed: list[tuple[str, str]] = []  # (method, URL) of the navigation that failed
 
     def note(request: Any) -> None:
         if (
@@ -70,7 +73,7 @@ def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kw
             and request.frame == page.main_frame
             and NETWORK_CHANGED in (request.failure or "")
         ):
-            failed.append(request.url)
+            failed.append((request.method, request.url))
 
     page.on("requestfailed", note)
     try:
@@ -81,11 +84,27 @@ def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kw
             page.wait_for_load_state("domcontentloaded")  # the navigation, if any, is over
             if not failed or attempt == attempts - 1:
                 return
+            _settle_on_error_page(page)
+            method, url = failed[-1]
+            if method == "GET":
+                # What failed was a GET (a link, or the redirect after a form's POST, which
+                # the server did receive): load it again, do not submit anything twice.
+                page.goto(url)
+                return
             page.goto(left)
             if fields:
                 page.evaluate(RESTORE_FIELDS, fields)
     finally:
         page.remove_listener("requestfailed", note)
+
+
+def _settle_on_error_page(page: Any) -> None:
+    """Let Chromium commit its error page for the failed navigation first: a navigation
+    started before that is interrupted by it."""
+    try:
+        page.wait_for_url(lambda url: url.startswith("chrome-error://"), timeout=10_000)
+    except Exception:  # noqa: BLE001 - no error page came: nothing to wait for
+        pass
 
 
 def _snapshot(page: Any) -> list | None:

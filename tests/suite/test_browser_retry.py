@@ -29,6 +29,12 @@ def test_a_navigation_cut_by_a_network_change_is_made_again() -> None:
     assert goto.calls == 3
 
 
+def test_a_navigation_overtaken_by_an_error_page_is_made_again() -> None:
+    goto = Goto('Navigation to "x" is interrupted by another navigation to "chrome-error://x"')
+    assert browser.goto_retrying(goto, None, "http://127.0.0.1:1/").startswith("response")
+    assert goto.calls == 2
+
+
 def test_other_failures_are_not_retried() -> None:
     goto = Goto("net::ERR_CONNECTION_REFUSED")
     with pytest.raises(RuntimeError, match="ERR_CONNECTION_REFUSED"):
@@ -47,9 +53,11 @@ def test_a_network_that_keeps_changing_fails_after_the_deadline(
 
 
 class Request:
-    def __init__(self, frame: object, failure: str | None, navigation: bool = True) -> None:
+    def __init__(
+        self, frame: object, failure: str | None, navigation: bool = True, method: str = "POST"
+    ) -> None:
         self.frame, self.failure, self.url = frame, failure, "https://127.0.0.1:1/login/"
-        self.navigation = navigation
+        self.navigation, self.method = navigation, method
 
     def is_navigation_request(self) -> bool:
         return self.navigation
@@ -67,6 +75,7 @@ class FakePage:
         self.clicks = self.backs = 0
         self.typed = [["username", "admin", False, False], ["remember", "1", True, True]]
         self.restored: list = []
+        self.gone_to: list[str] = []
 
     def on(self, event: str, listener: object) -> None:
         assert event == "requestfailed"
@@ -78,8 +87,11 @@ class FakePage:
     def wait_for_load_state(self, state: str) -> None:
         pass
 
+    def wait_for_url(self, predicate: object, timeout: float) -> None:
+        pass  # Chromium's error page for the failed navigation has come
+
     def goto(self, url: str) -> None:
-        assert url == self.url  # the page the click left
+        self.gone_to.append(url)
         self.backs += 1
 
     def evaluate(self, script: str, arg: object = None) -> object:
@@ -105,6 +117,16 @@ def test_a_form_post_cut_by_a_network_change_is_submitted_again() -> None:
     assert (page.clicks, page.backs) == (2, 1)
     assert page.restored == [page.typed]  # the form as the user had filled it
     assert page.listeners == []  # the page is left as it was
+
+
+def test_a_redirect_cut_by_a_network_change_is_loaded_again_not_resubmitted() -> None:
+    """The form's POST reached the server; the GET of its redirect failed: that GET is
+    made again, and the form is not submitted a second time."""
+    page = FakePage()
+    page.failures = [Request(page.main_frame, browser.NETWORK_CHANGED, method="GET")]
+    page.failures[0].url = "https://127.0.0.1:1/dashboard/"
+    browser.click_retrying(click, page, "button")
+    assert page.clicks == 1 and page.gone_to == ["https://127.0.0.1:1/dashboard/"]
 
 
 def test_other_failures_and_other_frames_are_the_tests_to_see() -> None:
