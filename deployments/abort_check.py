@@ -18,7 +18,7 @@ import time
 
 import httpx
 
-from deployments.engine import PROBE_TIMEOUT, _headers, _trust, scrape
+from deployments.engine import PROBE_TIMEOUT, _headers, _trust, in_flight, scrape
 
 log = logging.getLogger("tollgate.deployments")
 
@@ -31,28 +31,22 @@ SETTLE_SECONDS = 1.0
 REQUEST_ID = "tollgate-abort-check"
 
 
-def _in_flight(figures: dict[str, float] | None) -> float | None:
-    if figures is None:
-        return None
-    return figures.get("running", 0.0) + figures.get("waiting", 0.0)
-
-
 def engine_drops_abandoned(base_url: str, served_name: str, key: str = "") -> bool | None:
     """True: the engine dropped the request once its client left; False: it went on with
     it; None: no answer (the engine was not idle, other work arrived meanwhile, the request
     finished before the check could tell, or the engine did not answer as expected)."""
     before = scrape(base_url, key)
-    if _in_flight(before) != 0:
+    if in_flight(before) != 0:
         return None
     if not _first_token_then_leave(base_url, served_name, key):
         return None
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
         figures = scrape(base_url, key)
-        in_flight = _in_flight(figures)
-        if in_flight is None or in_flight > 1:
+        count = in_flight(figures)
+        if count is None or count > 1:
             return None  # gone, or someone else's work: nothing to read from the count
-        if in_flight == 0:
+        if count == 0:
             made = figures.get("generation_tokens_total", 0) - before.get(
                 "generation_tokens_total", 0
             )

@@ -423,12 +423,18 @@ def scrape(base_url: str, key: str = "") -> dict[str, float] | None:
     return parse_metrics(answer.text) if answer.is_success else None
 
 
+def in_flight(figures: dict[str, float] | None) -> float | None:
+    """The requests a scrape found the engine running or queueing (None: no scrape)."""
+    if figures is None:
+        return None
+    return figures.get("running", 0.0) + figures.get("waiting", 0.0)
+
+
 def wait_idle(base_url: str, timeout: float) -> bool:
     """Wait until the engine runs and queues nothing (True), or the timeout passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        figures = scrape(base_url)
-        if figures is None or figures.get("running", 0) + figures.get("waiting", 0) == 0:
+        if not in_flight(scrape(base_url)):
             return True
         time.sleep(0.2)
     return False

@@ -92,7 +92,12 @@ def tune_model(
     client.set(
         state_key,
         orjson.dumps(
-            {"t": now, "totals": totals, "state": _state_of(previous, budget), "judge": judge}
+            {
+                "t": now,
+                "totals": totals,
+                "state": _state_of(previous, budget),
+                "judge": asdict(judge),
+            }
         ),
         ex=3600,
     )
@@ -114,11 +119,13 @@ def tune_model(
         state = ControllerState(budget, state.baseline_ttft, state.last_tokens_per_second)
     state, why = next_ceiling(state, sample, budget)
     verdict = VERDICTS.get(client.get(preempt_verdict_key(model_id)))
-    ceiling = max(1, state.ceiling - untracked_slots(PreemptJudge(**judge), count, verdict))
+    ceiling = max(1, state.ceiling - untracked_slots(judge, count, verdict))
     client.set(pool_keys(model_id)[4], ceiling, ex=3600)
     client.set(
         state_key,
-        orjson.dumps({"t": now, "totals": totals, "state": _as_dict(state), "judge": judge}),
+        orjson.dumps(
+            {"t": now, "totals": totals, "state": _as_dict(state), "judge": asdict(judge)}
+        ),
         ex=3600,
     )
     return AdmissionSample.objects.create(
@@ -148,7 +155,7 @@ def engine_count(figures: list[dict], replicas: int) -> EngineCount | None:
     )
 
 
-def judge_model(model_id: int, count: EngineCount | None, prev: dict | None) -> dict:
+def judge_model(model_id: int, count: EngineCount | None, prev: dict | None) -> PreemptJudge:
     """Judge the model's recent preemptions by its engines' latest count; store a verdict
     (with its TTL) when there is one, and log when it changes. Returns the judge to keep."""
     client = get_redis()
@@ -158,7 +165,7 @@ def judge_model(model_id: int, count: EngineCount | None, prev: dict | None) -> 
     judge, verdict = judge_preemption(judge, count, preempted_at)
     if verdict is not None:
         store_verdict(model_id, verdict)
-    return asdict(judge)
+    return judge
 
 
 def store_verdict(model_id: int, frees: bool) -> None:
