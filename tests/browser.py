@@ -2,13 +2,19 @@
 of the machine's network.
 
 When an address appears or goes on any interface (another process creating or removing a
-Docker network is enough), Chromium fails every request still waiting for a connection
-with ``net::ERR_NETWORK_CHANGED``, before sending it, and retries none of them (its socket
-pools flush on the change; no switch turns that off). A user would press reload (or open the
-form again and submit it); the tests do the same: `tolerate_network_changes` makes every
-``page.goto`` retry on that error, up to a deadline, and every ``page.click`` whose
-navigation failed with it load the page it left again, with what was typed into its form,
-and click again.
+Docker network or container is enough), Chromium fails every request still waiting for a
+connection with ``net::ERR_NETWORK_CHANGED`` and retries none of them (its socket pools
+flush on the change; no switch turns that off). Over HTTP/2 (the appliance's HTTPS front)
+it also closes the connection itself ("Closing current sessions." in its net log), failing
+the requests already sent on it: a form's POST may then have reached the server. Beside a
+loop that creates containers (scripts/docker-churn) that happens about once a second, and a
+login POST that takes half a second on a loaded machine failed three times in a row.
+
+A user would press reload (or open the form again and submit it, which for the forms these
+tests submit over HTTP/2, the login, does no harm twice); the tests do the same, until a
+deadline rather than a number of times: `tolerate_network_changes` makes every
+``page.goto`` retry on that error, and every ``page.click`` whose navigation failed with it
+load the page it left again, with what was typed into its form, and click again.
 """
 
 from __future__ import annotations
@@ -61,10 +67,10 @@ RESTORE_FIELDS = """(fields) => { for (const [name, value, checked, box] of fiel
 } }"""
 
 
-def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kwargs: Any) -> None:
-    """``click(page, selector)``; when the navigation it started (a form's POST, a link)
-    failed with ERR_NETWORK_CHANGED (never sent), load the page it left again, put back what
-    had been typed into its form fields, and click again."""
+def click_retrying(click: Any, page: Any, selector: str, **kwargs: Any) -> None:
+    """``click(page, selector)``; while the navigation it started (a form's POST, a link)
+    fails with ERR_NETWORK_CHANGED, up to RETRY_SECONDS: load the page it left again, put
+    back what had been typed into its form fields, and click again."""
     failed: list[tuple[str, str]] = []  # (method, URL) of the navigation that failed
 
     def note(request: Any) -> None:
@@ -75,14 +81,15 @@ def click_retrying(click: Any, page: Any, selector: str, attempts: int = 3, **kw
         ):
             failed.append((request.method, request.url))
 
+    deadline = time.monotonic() + RETRY_SECONDS
     page.on("requestfailed", note)
     try:
-        for attempt in range(attempts):
+        while True:
             failed.clear()
             left, fields = page.url, _snapshot(page)
             click(page, selector, **kwargs)
             page.wait_for_load_state("domcontentloaded")  # the navigation, if any, is over
-            if not failed or attempt == attempts - 1:
+            if not failed or time.monotonic() >= deadline:
                 return
             _settle_on_error_page(page)
             method, url = failed[-1]
