@@ -216,7 +216,13 @@ def make_model(
     )
 
 
-def deploy(model: CatalogModel, node: Node, *ports: int, max_num_seqs: int = 256) -> Deployment:
+def deploy(
+    model: CatalogModel,
+    node: Node,
+    *ports: int,
+    max_num_seqs: int = 256,
+    engine_args: dict[str, object] | None = None,
+) -> Deployment:
     # Rows as the deployments app leaves them once its replicas are ready; the engines
     # themselves are the simulator processes started above (no Docker needed here).
     deployment = Deployment.objects.create(
@@ -224,7 +230,7 @@ def deploy(model: CatalogModel, node: Node, *ports: int, max_num_seqs: int = 256
         model=model,
         node=node,
         image="tollgate/engine-sim:latest",
-        engine_args={"max-num-seqs": max_num_seqs},
+        engine_args={"max-num-seqs": max_num_seqs, **(engine_args or {})},
         desired_state="running",
         state="ready",
     )
@@ -308,10 +314,16 @@ def world(transactional_db: None, gateway_url: str, engines: dict[str, Engine]) 
     return World(gateway_url, tenant_a, tenant_b, key_a, key_b, chat, private_a, deployment)
 
 
-def add_routed_model(world: World, name: str, port: int, max_num_seqs: int = 256) -> CatalogModel:
+def add_routed_model(
+    world: World,
+    name: str,
+    port: int,
+    max_num_seqs: int = 256,
+    engine_args: dict[str, object] | None = None,
+) -> CatalogModel:
     """A public model served by the engine on ``port``, known to the gateway on return."""
     model = make_model(name)
     node = Node.objects.get(name="sim-node")
-    deploy(model, node, port, max_num_seqs=max_num_seqs)
+    deploy(model, node, port, max_num_seqs=max_num_seqs, engine_args=engine_args)
     wait_until_served(world.url, world.key_a, name)
     return model
