@@ -126,14 +126,15 @@ def prompt_tokens(engine: Engine, body: dict) -> int:
     return httpx.post(f"{engine.url}/tokenize", json=body, timeout=10).json()["count"]
 
 
-def preemptions(url: str) -> float:
+def preemptions(url: str, model: str = MODEL) -> float:
+    """The gateway's tollgate_preemptions_total for ``model``."""
     page = httpx.get(
         f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10
     ).text
     return sum(
         float(line.split()[-1])
         for line in page.splitlines()
-        if line.startswith("tollgate_preemptions_total{") and f'model="{MODEL}"' in line
+        if line.startswith("tollgate_preemptions_total{") and f'model="{model}"' in line
     )
 
 

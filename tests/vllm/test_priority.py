@@ -33,7 +33,6 @@ from gateway.tuning import note_verdict
 from tenants import services as tenant_services
 from tests.engine_sim.conftest import start_sim  # noqa: F401
 from tests.gateway.conftest import (  # noqa: F401
-    METRICS_TOKEN,
     World,
     add_routed_model,
     engines,
@@ -42,6 +41,7 @@ from tests.gateway.conftest import (  # noqa: F401
     world,
 )
 from tests.gateway.test_openai_e2e import usage_event
+from tests.gateway.test_preempt_e2e import preemptions
 from tests.vllm.conftest import SERVED_NAME, RealEngine, start_vllm, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
@@ -251,17 +251,6 @@ def test_a_waiting_p0_never_takes_a_running_p2_slot_in_vllm_nor_in_the_simulator
     assert sim.metric("vllm:num_preemptions_total") == 0
 
 
-def gateway_preemptions(url: str) -> float:
-    page = httpx.get(
-        f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10
-    ).text
-    return sum(
-        float(line.split()[-1])
-        for line in page.splitlines()
-        if line.startswith("tollgate_preemptions_total{") and f'model="{SERVED_NAME}"' in line
-    )
-
-
 def test_through_tollgate_p0_is_answered_while_every_p2_reply_still_runs(
     priority_engine: RealEngine,
     world: World,  # noqa: F811
@@ -291,7 +280,7 @@ def test_through_tollgate_p0_is_answered_while_every_p2_reply_still_runs(
         # The last attempt's P0 made admission keep a slot free for P0 (the headroom) for a
         # window or two: then only one P2 reply would run.
         wait_until(lambda: not get_redis().exists(demand), 30, "the last P0 to be forgotten")
-        counts["preemptions"] = gateway_preemptions(world.url)
+        counts["preemptions"] = preemptions(world.url, SERVED_NAME)
         counts["generated"] = engine.metric("vllm:generation_tokens_total")
 
     jobs, p0 = as_designed(
@@ -307,7 +296,7 @@ def test_through_tollgate_p0_is_answered_while_every_p2_reply_still_runs(
     )
     assert p0.status == 200 and p0.tokens == 16, p0
     assert p0.last < min(j.last for j in jobs), "P0 waited for a P2 reply to end"
-    assert gateway_preemptions(world.url) - counts["preemptions"] == 1
+    assert preemptions(world.url, SERVED_NAME) - counts["preemptions"] == 1
     for j in jobs:
         assert (j.status, j.tokens, len(j.ids)) == (200, LONG, 1), j
         billed = usage_event(j.request_id)
