@@ -313,6 +313,32 @@ class Bench:
     tune: bool
     servers: list[Server] = field(default_factory=list)
     sample_every: float = SAMPLE_SECONDS  # the sampler's period (a real engine: less often)
+    # The whole appliance (web, worker, beat, usage consumer) runs: beat scrapes and tunes,
+    # and the controller's ticks are read from its AdmissionSample rows, not a ticker.
+    appliance: bool = False
+    last_sample: int = 0
+
+    def samples_since(self) -> list[dict]:
+        """The controller ticks beat ran since the last call (the appliance's own)."""
+        out = sh(
+            [PY, "bench/admission_setup.py", "samples", str(self.last_sample)],
+            cwd=ROOT,
+            env=self.env,
+        )
+        found = json.loads(out.strip().splitlines()[-1])
+        self.last_sample = found["last"]
+        return found["ticks"]
+
+    def wait_verdict(self, timeout: float = 150.0) -> None:
+        """Until the controller has judged the gateway's preemption on the model: on a
+        running appliance beat asked the idle engine long before any flood (gateway/tuning.py:
+        at a tick that finds it idle, at most once a minute)."""
+        key = f"{self.env['TOLLGATE_REDIS_PREFIX']}:adm:{self.rows['model_id']}:pfree"
+        deadline = time.monotonic() + timeout
+        while not self.redis.exists(key):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the controller did not judge preemption on the idle engine")
+            time.sleep(0.5)
 
     def reset_admission(self) -> None:
         """A fresh controller (ceiling back to the static budget) and fair-share clock."""
@@ -338,13 +364,18 @@ class Bench:
         """One scenario through the gateway (or straight to ``url``, e.g. the engine)."""
         self.wait_idle()
         self.reset_admission()
-        flags = [f for f, on in (("--scrape", self.scrape), ("--tune", self.tune)) if on]
-        ticker = JsonProcess(
-            [PY, str(ROOT / "bench" / "admission_ticker.py"), *flags], env=self.env
-        )
-        # Its first tick may have asked the idle engine a question (gateway/tuning.py's
-        # abort check): the scenario starts once the engine is idle again.
-        self.wait_idle()
+        ticker = None
+        if self.appliance:
+            self.wait_verdict()
+            self.samples_since()  # only this run's ticks are read afterwards
+        else:
+            flags = [f for f, on in (("--scrape", self.scrape), ("--tune", self.tune)) if on]
+            ticker = JsonProcess(
+                [PY, str(ROOT / "bench" / "admission_ticker.py"), *flags], env=self.env
+            )
+            # Its first tick may have asked the idle engine a question (gateway/tuning.py's
+            # abort check): the scenario starts once the engine is idle again.
+            self.wait_idle()
         waits0 = gateway_queue_wait(self.gateway, self.metrics_token)
         sampler = Sampler(
             self.engine,
@@ -365,7 +396,7 @@ class Bench:
         print(f"{name} …", file=sys.stderr, flush=True)
         result = self.load.ask(spec)
         samples = sampler.stop()
-        ticks = ticker.stop()
+        ticks = ticker.stop() if ticker else self.samples_since()
         waits1 = gateway_queue_wait(self.gateway, self.metrics_token)
         result["generated"] = (
             engine_counter(self.engine, "vllm:generation_tokens_total") - generated0
@@ -618,10 +649,13 @@ def bench(
     policy: str,
     engine: Callable[[], tuple[int, object]] | None = None,
     extra_env: dict | None = None,
+    appliance: bool = False,
 ):
     """Engine, database, tenants and gateway for one series of runs. ``engine`` starts the
     engine (its loopback port and something with ``stop()``; default: the simulator with
-    ``SIM_ARGS``); ``extra_env`` goes to the gateway and the ticker."""
+    ``SIM_ARGS``); ``extra_env`` goes to the gateway and the ticker. ``appliance``: the
+    whole appliance as it really runs (bench/gateway_appliance.py: web with production
+    settings, worker, beat, usage consumer) instead of the gateway and the ticker."""
     import redis
 
     prefix = f"admbench-{secrets.token_hex(4)}"
@@ -654,7 +688,13 @@ def bench(
             .strip()
             .splitlines()[-1]
         )
-        url, gw = start_gateway(env, rows["keys"]["interactive"], tmp / "gateway.log", workers)
+        if appliance:
+            from gateway_appliance import start_appliance
+
+            key = rows["keys"]["interactive"]
+            url, gw = start_appliance(workers, env, key, tmp, frozenset({MODEL}))
+        else:
+            url, gw = start_gateway(env, rows["keys"]["interactive"], tmp / "gateway.log", workers)
         servers.append(gw)
         load = JsonProcess([PY, str(ROOT / "bench" / "admission_load.py")])
         yield Bench(
@@ -669,6 +709,7 @@ def bench(
             scrape,
             tune,
             servers,
+            appliance=appliance,
         )
     finally:
         if load:

@@ -9,8 +9,14 @@ tenant ids, model and replica id.
 ``priorities SLUG=CLASS …``: change tenants' classes through the service layer (which
 announces the change, so the gateway reloads within a second).
 
+``samples AFTER``: the controller's ticks (``gateway.models.AdmissionSample`` rows beat's
+``gateway.tune_admission`` wrote) with a primary key above AFTER, oldest first, as JSON:
+``{"last": <greatest pk>, "ticks": [{"at", "ceiling", "decision", …}, …]}`` — what a bench
+running the whole appliance reads instead of bench/admission_ticker.py's lines.
+
     DATABASE_URL=… .venv/bin/python bench/admission_setup.py create 8001
     DATABASE_URL=… .venv/bin/python bench/admission_setup.py priorities interactive=P1 batch=P1
+    DATABASE_URL=… .venv/bin/python bench/admission_setup.py samples 0
 """
 
 from __future__ import annotations
@@ -106,10 +112,33 @@ def priorities(changes: dict[str, str]) -> dict:
     return {slug: t.priority for slug, t in ((t.slug, t) for t in Tenant.objects.all())}
 
 
+def samples(after: int) -> dict:
+    from gateway.models import AdmissionSample
+
+    rows = AdmissionSample.objects.filter(pk__gt=after).order_by("pk")
+    ticks = [
+        {
+            "at": s.at.timestamp(),
+            "ceiling": s.ceiling,
+            "decision": s.decision,
+            "tok_s": round(s.tokens_per_second, 1),
+            "ttft_ms": round(s.ttft_ms, 1) if s.ttft_ms is not None else None,
+            "engine_waiting": s.engine_waiting,
+            "queued": s.gateway_queued,
+            "preemption": s.preemption,
+        }
+        for s in rows
+    ]
+    last = AdmissionSample.objects.order_by("-pk").values_list("pk", flat=True).first()
+    return {"last": last or after, "ticks": ticks}
+
+
 if __name__ == "__main__":
     _django()
     command, *args = sys.argv[1:]
     if command == "create":
         print(json.dumps(create(int(args[0]), *args[1:])))
+    elif command == "samples":
+        print(json.dumps(samples(int(args[0]))))
     else:
         print(json.dumps(priorities(dict(a.split("=") for a in args))))

@@ -104,7 +104,11 @@ def key_pepper(env: dict) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def start_appliance(workers: int, env: dict, key: str, tmp: Path) -> tuple[str, Appliance]:
+def start_appliance(
+    workers: int, env: dict, key: str, tmp: Path, models: frozenset[str] | None = None
+) -> tuple[str, Appliance]:
+    """The appliance's processes, serving once ``key`` lists ``models`` (default:
+    bench/gateway_bench.py's)."""
     db = empty_broker_db()
     broker = redis.Redis.from_url(f"redis://127.0.0.1:6379/{db}")
     env = {
@@ -186,7 +190,7 @@ def start_appliance(workers: int, env: dict, key: str, tmp: Path) -> tuple[str, 
             parts[name] = Server(proc)
         wait_listening(port, parts["web"].proc)
         url = f"http://127.0.0.1:{port}"
-        wait_serving(url, key, parts["web"].proc)
+        wait_serving(url, key, parts["web"].proc, **({"models": models} if models else {}))
         appliance = Appliance(parts, stream, broker)
         deadline = time.monotonic() + 60
         while appliance.backlog() is None:  # the consumer created its group

@@ -246,9 +246,15 @@ def start_tollgate(
 
 
 def wait_serving(
-    url: str, key: str | None, proc: subprocess.Popen, timeout: float = 90.0, ca: str | None = None
+    url: str,
+    key: str | None,
+    proc: subprocess.Popen,
+    timeout: float = 90.0,
+    ca: str | None = None,
+    models: frozenset[str] = frozenset(SIMS),
 ) -> None:
-    """Until several /v1/models calls in a row list every bench model (all workers up)."""
+    """Until several /v1/models calls in a row list every one of ``models`` (all workers
+    up; default: this bench's)."""
     tls = ssl.create_default_context(cafile=ca) if ca else None
     deadline, streak = time.monotonic() + timeout, 0
     while time.monotonic() < deadline and streak < 8:
@@ -260,7 +266,7 @@ def wait_serving(
         try:
             with urllib.request.urlopen(req, timeout=5, context=tls) as r:
                 names = {m["id"] for m in json.load(r)["data"]}
-            streak = streak + 1 if set(SIMS) <= names else 0
+            streak = streak + 1 if models <= names else 0
         except OSError:
             streak = 0
         time.sleep(0.1)
