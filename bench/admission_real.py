@@ -458,6 +458,7 @@ def main() -> None:
             raw["abandon"] = abandon_series(a, p0, window)
             dump.write_text(json.dumps(raw))
     text, verdict = report(raw["real"], raw["abandon"])
+    # A run reported again (--from-raw) keeps the command, machine and time it ran with.
     cmd = "$ .venv/bin/python bench/admission_real.py " + " ".join(sys.argv[1:])
     machine = (
         f"`nproc` {os.cpu_count()}, `uname -m` {platform.machine()}, Python "
@@ -466,6 +467,11 @@ def main() -> None:
         f"{a.rounds} rounds; engines `--scheduling-policy {a.policy}`; "
         f"load average before {load_before}, after {load_avg()}"
     )
+    if a.from_raw and "meta" in raw:
+        cmd, machine = raw["meta"]["cmd"], raw["meta"]["machine"]
+    elif not a.from_raw:
+        raw["meta"] = {"cmd": cmd, "machine": machine}
+        dump.write_text(json.dumps(raw))
     out = f"{cmd.strip()}\n{machine}\n\n{text}\n\nTargets:\n\n" + "\n".join(verdict)
     print("\n" + out)
     print(f"\nraw results: {dump}", file=sys.stderr)
