@@ -6,12 +6,18 @@ corpus beside this file, with a chat template. Same bytes on every machine (the 
 numpy, tokenizers and safetensors): the same prompt has the same token count everywhere.
 Nothing is downloaded.
 
+Beside it, two LoRA adapters for it in PEFT's format (``adapter_config.json`` and
+``adapter_model.safetensors``; rank 8 on every layer's ``q_proj`` and ``v_proj``, random
+A and B matrices from seeds of their own, so each answers differently from the base and
+from the other), staged as ``<repo>-lora-a`` and ``<repo>-lora-b``.
+
 The result is written in the hub cache's own layout (``hub/models--<org>--<name>/`` with
 ``blobs/``, ``snapshots/<revision>/`` and ``refs/main``), so an engine started with
 ``HF_HUB_OFFLINE=1`` and the repository id finds it exactly as it finds a staged model.
 
     python3 make_test_model.py --cache /root/.cache/huggingface [--repo tollgate-test/tiny-llama]
     python3 make_test_model.py --folder /tmp/tiny-llama     # a plain model folder instead
+    python3 make_test_model.py --folder /tmp/lora-a --adapter a   # one adapter's folder
 """
 
 from __future__ import annotations
@@ -41,6 +47,13 @@ LAYERS = 2
 HEADS = 2  # head_dim 64: vLLM's CPU attention refuses 16
 KV_HEADS = 1
 CONTEXT = 2048
+
+# LoRA adapters: name -> seed of their random matrices.
+ADAPTERS = {"a": SEED + 1, "b": SEED + 2}
+LORA_RANK = 8
+LORA_ALPHA = 16
+LORA_TARGETS = ("q_proj", "v_proj")
+LORA_SCALE = 0.2  # standard deviation of A and B: a change a greedy reply shows at once
 
 BOS, EOS = "<s>", "</s>"
 SPECIAL = [BOS, EOS, "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -160,6 +173,50 @@ def write_folder(folder: Path) -> None:
     save_file(weights(tokenizer.get_vocab_size()), str(folder / "model.safetensors"))
 
 
+def adapter_weights(seed: int) -> dict[str, np.ndarray]:
+    """PEFT's tensor names and shapes: lora_A (rank × in), lora_B (out × rank)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    head_dim = HIDDEN // HEADS
+    out_features = {"q_proj": HEADS * head_dim, "v_proj": KV_HEADS * head_dim}
+
+    def normal(*shape: int) -> np.ndarray:
+        scale = np.float32(LORA_SCALE)
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype("<f4")
+
+    tensors = {}
+    for layer in range(LAYERS):
+        for target in LORA_TARGETS:
+            p = f"base_model.model.model.layers.{layer}.self_attn.{target}."
+            tensors[p + "lora_A.weight"] = normal(LORA_RANK, HIDDEN)
+            tensors[p + "lora_B.weight"] = normal(out_features[target], LORA_RANK)
+    return tensors
+
+
+def adapter_config(base: str) -> dict:
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": LORA_RANK,
+        "lora_alpha": LORA_ALPHA,
+        "lora_dropout": 0.0,
+        "target_modules": list(LORA_TARGETS),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "modules_to_save": None,
+    }
+
+
+def write_adapter(folder: Path, name: str, base: str) -> None:
+    """Adapter ``name``'s files into ``folder`` (created)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(
+        json.dumps(adapter_config(base), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    save_file(adapter_weights(ADAPTERS[name]), str(folder / "adapter_model.safetensors"))
+
+
 def digest(folder: Path) -> str:
     """One SHA-256 over every file's name and bytes: the model's identity."""
     total = hashlib.sha256()
@@ -194,15 +251,26 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--cache", type=Path, help="a Hugging Face cache (HF_HOME) to stage into")
     where.add_argument("--folder", type=Path, help="a plain folder to write the model into")
     parser.add_argument("--repo", default=DEFAULT_REPO, help="repository id in the cache")
+    parser.add_argument(
+        "--adapter", choices=sorted(ADAPTERS), help="with --folder: this adapter, not the model"
+    )
     args = parser.parse_args(argv)
     if args.folder:
-        write_folder(args.folder)
+        if args.adapter:
+            write_adapter(args.folder, args.adapter, args.repo)
+        else:
+            write_folder(args.folder)
         print(f"{args.folder} {digest(args.folder)}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        write_folder(Path(tmp))
-        snapshot = stage(Path(tmp), args.cache, args.repo)
-        print(f"{args.repo} {snapshot.name} {digest(Path(tmp))}")
+        write_folder(Path(tmp) / "model")
+        snapshot = stage(Path(tmp) / "model", args.cache, args.repo)
+        print(f"{args.repo} {snapshot.name} {digest(Path(tmp) / 'model')}")
+        for name in sorted(ADAPTERS):
+            folder, repo = Path(tmp) / f"lora-{name}", f"{args.repo}-lora-{name}"
+            write_adapter(folder, name, args.repo)
+            snapshot = stage(folder, args.cache, repo)
+            print(f"{repo} {snapshot.name} {digest(folder)}")
     return 0
 
 
