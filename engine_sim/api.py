@@ -75,7 +75,10 @@ class App:
             "/detokenize": self.detokenize,
             "/ping": self.health,
         }
-        self._models_body = json.dumps(self._model_list(), separators=(",", ":")).encode()
+        if cfg.enable_lora and cfg.runtime_lora:
+            self.post_routes["/v1/load_lora_adapter"] = self.load_lora
+            self.post_routes["/v1/unload_lora_adapter"] = self.unload_lora
+        self._models_body = b""  # made on first use, again after an adapter comes or goes
 
     def _request_done(self) -> None:
         self.requests_done += 1
@@ -151,7 +154,10 @@ class App:
         model = body.get("model")
         if model is None:
             return self.cfg.served_names[0]
-        if not isinstance(model, str) or model not in self.names:
+        if not isinstance(model, str) or (
+            model not in self.names and model not in self.engine.adapters
+        ):
+            # Adapters are never among the aliases vLLM lists.
             raise model_not_found(str(model), self.cfg.served_names)
         return model
 
@@ -178,8 +184,13 @@ class App:
         conn.send(503 if self.engine.dead else 200, b"", "application/json")
 
     def _model_list(self) -> dict:
+        """A card per served name, then one per adapter (its parent: the first served
+        name; its root: the path it was loaded from; no max_model_len of its own)."""
         cards = []
-        for name in self.cfg.served_names:
+        base = self.cfg.served_names[0]
+        entries = [(n, self.cfg.model, None, self.cfg.max_model_len) for n in self.cfg.served_names]
+        entries += [(n, path, base, None) for n, path in self.engine.adapters.paths.items()]
+        for name, root, parent, max_len in entries:
             perm = {
                 "id": "modelperm-" + os.urandom(16).hex(),
                 "object": "model_permission",
@@ -200,16 +211,28 @@ class App:
                     "object": "model",
                     "created": self.created,
                     "owned_by": "vllm",
-                    "root": self.cfg.model,
-                    "parent": None,
-                    "max_model_len": self.cfg.max_model_len,
+                    "root": root,
+                    "parent": parent,
+                    "max_model_len": max_len,
                     "permission": [perm],
                 }
             )
         return {"object": "list", "data": cards}
 
     async def models(self, req: Request, conn: Connection) -> None:
+        if not self._models_body:
+            self._models_body = json.dumps(self._model_list(), separators=(",", ":")).encode()
         conn.send(200, self._models_body)
+
+    async def load_lora(self, req: Request, conn: Connection) -> None:
+        said = self.engine.adapters.load(self._body(req))
+        self._models_body = b""
+        conn.send(200, said.encode(), None)
+
+    async def unload_lora(self, req: Request, conn: Connection) -> None:
+        said = self.engine.adapters.unload(self._body(req))
+        self._models_body = b""
+        conn.send(200, said.encode(), None)
 
     async def version(self, req: Request, conn: Connection) -> None:
         conn.send(200, b'{"version":"%b"}' % VLLM_VERSION.encode())

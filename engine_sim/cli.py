@@ -13,6 +13,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from engine_sim.lora import RANKS, parse_modules
+
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 DEFAULT_MAX_MODEL_LEN = 32768
 
@@ -188,6 +190,13 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-force-include-usage", action=b, default=False)
     p.add_argument("--enable-prefix-caching", action=b, default=True)
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
+    # LoRA adapters (engine_sim/lora.py); --max-loras and --max-cpu-loras bound what a GPU
+    # holds at once, which the simulator does not model: any number is served.
+    p.add_argument("--enable-lora", action=b, default=False)
+    p.add_argument("--max-lora-rank", type=int, choices=RANKS, default=16)
+    p.add_argument("--max-loras", type=int, default=1)
+    p.add_argument("--max-cpu-loras", type=int, default=None)
+    p.add_argument("--lora-modules", nargs="+", action="extend", default=None)
     # Accepted for compatibility, no effect on a simulator.
     for flag in (
         "--dtype",
@@ -300,6 +309,12 @@ class Config:
     responses_store: bool = (
         False  # VLLM_ENABLE_RESPONSES_API_STORE: /v1/responses keeps what it answered
     )
+    # LoRA: adapters named at start (name -> path), their rank limit, and whether they may
+    # be loaded and unloaded at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+    enable_lora: bool = False
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    max_lora_rank: int = 16
+    runtime_lora: bool = False
 
 
 # Model names of cross-encoders: vLLM reads `*ForSequenceClassification` from the model's
@@ -360,4 +375,8 @@ def parse(argv: list[str] | None = None) -> Config:
         scheduling_policy=a.scheduling_policy,
         scoring=scoring,
         responses_store=_env_flag("VLLM_ENABLE_RESPONSES_API_STORE"),
+        enable_lora=a.enable_lora,
+        lora_modules=parse_modules(a.lora_modules or []) if a.enable_lora else {},
+        max_lora_rank=a.max_lora_rank,
+        runtime_lora=_env_flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
     )

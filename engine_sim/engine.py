@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 
 from engine_sim.cli import Config
+from engine_sim.lora import Adapters
 from engine_sim.metrics import Metrics
 
 
@@ -42,6 +43,7 @@ class Sequence:
 
     __slots__ = (
         "prompt_tokens",
+        "adapter",
         "cached_tokens",
         "arrival",
         "scheduled",
@@ -73,6 +75,7 @@ class Sequence:
         self.waiter: asyncio.Future | None = None  # set while the sequence is in the queue
         self.release_mark = 0  # --sim-pause-after-tokens: SIGUSR1s before its last token
         self.preempted = False  # lost its slot; the decode loop must re-queue and re-prefill
+        self.adapter = ""  # the LoRA adapter it runs with: its cached blocks are its own
         self.started = 0  # when it last got a slot (an ever-growing count): fcfs preempts the last
         self.arrival = time.monotonic()
         self.scheduled = 0.0
@@ -97,6 +100,7 @@ class Engine:
     def __init__(self, cfg: Config) -> None:
         s = cfg.sim
         self.cfg = cfg
+        self.adapters = Adapters(cfg.lora_modules, cfg.max_lora_rank)
         self.max_running = cfg.max_num_seqs
         self.block_size = cfg.block_size
         kv_tokens = s.sim_kv_cache_tokens or cfg.max_num_seqs * cfg.max_model_len
@@ -252,11 +256,12 @@ class Engine:
 
     # --- prefix cache ------------------------------------------------------------------
 
-    def _block_hashes(self, ids: list[int]) -> list[int]:
+    def _block_hashes(self, ids: list[int], adapter: str = "") -> list[int]:
         """Chained hashes of the prompt's full blocks; the last token is always computed, as
-        in vLLM, so a prompt of exactly n blocks caches n - 1 of them."""
+        in vLLM, so a prompt of exactly n blocks caches n - 1 of them. An adapter's blocks
+        hash apart from the base's (vLLM keys them with the LoRA too)."""
         bs = self.block_size
-        h = 0
+        h = hash(adapter) if adapter else 0
         out = []
         for i in range((len(ids) - 1) // bs):
             h = hash((h, tuple(ids[i * bs : (i + 1) * bs])))
@@ -269,7 +274,7 @@ class Engine:
         ids = seq.prompt_ids
         if ids is None or not self.cfg.prefix_caching:
             return 0
-        seq.block_hashes = self._block_hashes(ids)
+        seq.block_hashes = self._block_hashes(ids, seq.adapter)
         hit: list[int] = []
         for h in seq.block_hashes:
             if h not in self.prefix:

@@ -338,6 +338,10 @@ class Generator:
             return 0
         return max(0, self.cfg.sim.sim_reasoning_tokens)
 
+    def adapter_of(self, model: object) -> str:
+        """The LoRA adapter a request's ``model`` names ("" for the base)."""
+        return model if isinstance(model, str) and model in self.engine.adapters else ""
+
     def _plan(
         self,
         body: dict,
@@ -354,6 +358,9 @@ class Generator:
         limit = budget(self.cfg, n_prompt, max_tokens, sent)
         s = self.cfg.sim
         seed = tokenizer.seed_of(prompt_text)
+        adapter = self.adapter_of(body.get("model"))
+        if adapter:
+            seed ^= tokenizer.seed_of(adapter)  # an adapter answers the prompt its own way
         natural = replies.natural_length(seed, s.sim_output_tokens_min, s.sim_output_tokens_max)
         if body.get("ignore_eos"):
             natural = limit
@@ -393,7 +400,7 @@ class Generator:
             body, prompt, len(ids), ("max_completion_tokens", "max_tokens"), reasoning, tool
         )
         seq = Sequence(len(ids), priority_of(self.cfg, body))
-        seq.prompt_ids = ids
+        seq.prompt_ids, seq.adapter = ids, self.adapter_of(model)
         cid = "chatcmpl-" + rid
         headers = [("x-request-id", rid)]
         if body.get("stream"):
@@ -580,7 +587,7 @@ class Generator:
         text, ids = self._completion_prompt(body)
         reply = self._plan(body, text, len(ids), ("max_tokens",))
         seq = Sequence(len(ids), priority_of(self.cfg, body))
-        seq.prompt_ids = ids
+        seq.prompt_ids, seq.adapter = ids, self.adapter_of(model)
         cid = "cmpl-" + rid
         headers = [("x-request-id", rid)]
         if body.get("stream"):

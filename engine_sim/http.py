@@ -188,14 +188,13 @@ class Connection(asyncio.Protocol):
     def _head(
         self,
         status: int,
-        content_type: str,
+        content_type: str | None,
         extra: list[tuple[str, str]] | None,
         length: int | None,
     ) -> bytes:
-        parts = [
-            f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nserver: uvicorn\r\n"
-            f"content-type: {content_type}\r\n"
-        ]
+        # None: no content type at all (a bare Starlette Response, e.g. the LoRA routes').
+        typed = f"content-type: {content_type}\r\n" if content_type else ""
+        parts = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nserver: uvicorn\r\n{typed}"]
         if length is None:
             parts.append("transfer-encoding: chunked\r\n")
         else:
@@ -211,7 +210,7 @@ class Connection(asyncio.Protocol):
         self,
         status: int,
         body: bytes,
-        content_type: str = "application/json",
+        content_type: str | None = "application/json",
         extra: list[tuple[str, str]] | None = None,
     ) -> None:
         if self.closed:

@@ -363,6 +363,7 @@ class Messages:
             "max_completion_tokens": body["max_tokens"],
             "stop": body.get("stop_sequences"),
             "chat_template_kwargs": body.get("chat_template_kwargs"),
+            "model": body.get("model"),
         }
 
     async def _create(self, conn: Connection, body: dict, rid: str) -> None:
@@ -387,7 +388,7 @@ class Messages:
             tool,
         )
         seq = Sequence(len(ids))
-        seq.prompt_ids = ids
+        seq.prompt_ids, seq.adapter = ids, gen.adapter_of(model)
         if body.get("stream"):
             await self._stream(conn, "chatcmpl-" + rid, model, seq, reply)
         else:

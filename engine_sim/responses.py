@@ -201,7 +201,7 @@ class Turn:
         # No error for a budget beyond the context, unlike chat: it is cut to what is left.
         self.max_tokens = min(mot, limit - len(ids)) if mot else limit - len(ids)
         self.reply = gen._plan(
-            {"max_tokens": self.max_tokens},
+            {"max_tokens": self.max_tokens, "model": body.get("model")},
             prompt,
             len(ids),
             ("max_tokens",),
@@ -209,7 +209,7 @@ class Turn:
             self._tool(),
         )
         self.seq = Sequence(len(ids), priority_of(cfg, body))
-        self.seq.prompt_ids = ids
+        self.seq.prompt_ids, self.seq.adapter = ids, gen.adapter_of(body.get("model"))
 
     def _tool(self) -> dict | None:
         choice = self.body.get("tool_choice", "auto")
