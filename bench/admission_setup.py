@@ -112,23 +112,25 @@ def priorities(changes: dict[str, str]) -> dict:
     return {slug: t.priority for slug, t in ((t.slug, t) for t in Tenant.objects.all())}
 
 
+def tick(s: object) -> dict:
+    """One controller tick (an AdmissionSample) as the benches read it."""
+    return {
+        "at": s.at.timestamp(),
+        "ceiling": s.ceiling,
+        "decision": s.decision,
+        "tok_s": round(s.tokens_per_second, 1),
+        "ttft_ms": round(s.ttft_ms, 1) if s.ttft_ms is not None else None,
+        "engine_waiting": s.engine_waiting,
+        "queued": s.gateway_queued,
+        "preemption": s.preemption,
+    }
+
+
 def samples(after: int) -> dict:
     from gateway.models import AdmissionSample
 
     rows = AdmissionSample.objects.filter(pk__gt=after).order_by("pk")
-    ticks = [
-        {
-            "at": s.at.timestamp(),
-            "ceiling": s.ceiling,
-            "decision": s.decision,
-            "tok_s": round(s.tokens_per_second, 1),
-            "ttft_ms": round(s.ttft_ms, 1) if s.ttft_ms is not None else None,
-            "engine_waiting": s.engine_waiting,
-            "queued": s.gateway_queued,
-            "preemption": s.preemption,
-        }
-        for s in rows
-    ]
+    ticks = [tick(s) for s in rows]
     last = AdmissionSample.objects.order_by("-pk").values_list("pk", flat=True).first()
     return {"last": last or after, "ticks": ticks}
 

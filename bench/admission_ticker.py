@@ -36,6 +36,8 @@ def main() -> None:
     import django
 
     django.setup()
+    from admission_setup import tick as as_tick
+
     from deployments.fleet import scrape_all
     from gateway.models import AdmissionSample
     from gateway.tuning import tune_all
@@ -53,21 +55,7 @@ def main() -> None:
             last = AdmissionSample.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
             tune_all()
             for s in AdmissionSample.objects.filter(pk__gt=last).order_by("pk"):
-                print(
-                    json.dumps(
-                        {
-                            "t": round(tick - t0, 2),
-                            "ceiling": s.ceiling,
-                            "decision": s.decision,
-                            "tok_s": round(s.tokens_per_second, 1),
-                            "ttft_ms": round(s.ttft_ms, 1) if s.ttft_ms is not None else None,
-                            "engine_waiting": s.engine_waiting,
-                            "queued": s.gateway_queued,
-                            "preemption": s.preemption,
-                        }
-                    ),
-                    flush=True,
-                )
+                print(json.dumps({"t": round(tick - t0, 2), **as_tick(s)}), flush=True)
         if first:
             # Ready once the first tick is done: the controller has seen the engine idle
             # once (and asked it whether it drops abandoned requests, gateway/tuning.py), as
