@@ -206,7 +206,23 @@ def as_designed(
             return jobs, p0
         print(
             f"attempt {attempt}: P0 could only be sent at {p0.sent:.2f} s, the first P2 reply "
-            f"ended at {first_done:.2f} s (the engine held its frames back): again"
+            f"ended at {first_done:.2f} s (the engine held its frames back): again; P2 (tag, "
+            "status, error, text frames, tokens, ids, first, last): "
+            + repr(
+                [
+                    (
+                        j.tag,
+                        j.status,
+                        j.error[:120],
+                        j.frames,
+                        j.tokens,
+                        len(j.ids),
+                        round(j.first, 2),
+                        round(j.last, 2),
+                    )
+                    for j in jobs
+                ]
+            )
         )
     pytest.fail(f"the engine never streamed the P2 replies as they were made in {ATTEMPTS} runs")
 
