@@ -91,6 +91,8 @@ class Reply:
                 if not frame.startswith(b"data: {"):
                     continue
                 chunk = json.loads(frame[6:])
+                if "error" in chunk and not self.error:  # an error event ends the stream
+                    self.error = f"error event: {chunk['error']}"
                 self.ids.add(chunk.get("id"))
                 if chunk.get("usage"):
                     self.usage = chunk["usage"]
