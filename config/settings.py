@@ -371,6 +371,23 @@ TOLLGATE_ENGINE_ENV_ALLOWED = env_list(
 # How weights are staged: the engine image's Hugging Face CLI.
 TOLLGATE_STAGE_ENTRYPOINT = env_list("TOLLGATE_STAGE_ENTRYPOINT", ["hf", "download"])
 TOLLGATE_STAGE_TIMEOUT = env_float("TOLLGATE_STAGE_TIMEOUT", 6 * 3600.0)
+# LoRA adapters (deployments/adapters.py): the largest adapter accepted, and how long a
+# request for an adapter not loaded on any replica waits for a worker to load one.
+TOLLGATE_ADAPTER_MAX_BYTES = env_int("TOLLGATE_ADAPTER_MAX_BYTES", 2 * 1024**3)
+# Uploaded adapters' checked archives (deployments/adapter_files.py): written by web, read by
+# the worker, which copies them into nodes' model caches. The appliance mounts one volume
+# here in both (and in no other service).
+TOLLGATE_UPLOAD_DIR = env_str("TOLLGATE_UPLOAD_DIR", str(BASE_DIR / "var" / "uploads"))
+TOLLGATE_ADAPTER_LOAD_TIMEOUT = env_float("TOLLGATE_ADAPTER_LOAD_TIMEOUT", 60.0)
+# When every replica holding an adapter has this share of its sequences busy (this gateway
+# process's count), the adapter is loaded on one more replica of its base.
+TOLLGATE_ADAPTER_SPREAD_LOAD = env_float("TOLLGATE_ADAPTER_SPREAD_LOAD", 1.0)
+# "loaded": an adapter's requests go to the replicas holding it (the default); "ignore": to
+# the least-loaded replica of its base, loading it there if need be (to compare against).
+TOLLGATE_ADAPTER_ROUTING = env_str("TOLLGATE_ADAPTER_ROUTING", "loaded")
+# The Celery queue of adapter loads: the control plane's worker, which reaches every engine
+# (as its telemetry scrapes do).
+TOLLGATE_ADAPTER_QUEUE = env_str("TOLLGATE_ADAPTER_QUEUE", "control")
 # Given to engines and staging helpers for gated models; never logged or audited.
 HF_TOKEN = env_secret("HF_TOKEN")
 

@@ -51,12 +51,20 @@ Admission (gateway/admission.py and its Lua; the console reads it through
 - ``adm:waits:<hour>``: queue waits of one UTC hour (hours since the epoch), a hash.
 - ``adm:wake``: channel; the payload is a model id whose engine slot was freed.
 
-Routing (gateway/routing.py and route.lua): ``route:<model id>``, a hash (prefix digest ->
+Routing (gateway/routing.py and route.lua): ``route:<model id>`` (an adapter's:
+``route:<base id>.<adapter id>``), a hash (prefix digest ->
 the replica that last served it) and ``route:<model id>:lru`` (prefix digest -> last use,
 ms), bounded by dropping the least recently used.
 
 Engines: ``engine:<replica id>:metrics``, the telemetry the worker scrapes (JSON, short
 TTL), read by the gateway's admission and its controller.
+
+Adapters (deployments/adapter_loading.py writes, the gateway reads): ``lora:<replica id>``,
+a hash (adapter id -> its served name) of the LoRA adapters loaded in that engine;
+``lora:<replica id>:used``, a zset (adapter id -> last use, ms) the gateway keeps, for the
+worker's least-recently-used unloading; ``lora:<replica id>:err``, a hash (adapter id -> why
+its last load failed), short-lived; ``lora:<replica id>:want:<adapter id>``, set while a load
+is queued, so many waiting requests queue one; ``lora:<replica id>:lock``, the worker's lock.
 
 Changes: ``gateway:invalidate``, channel; ``core.changes.publish_change`` announces that a
 tenant, key, model, price, deployment or replica changed, and gateway processes reload.
@@ -158,13 +166,13 @@ def _pool_keys(prefix: str, model_id: int) -> PoolKeys:
     )
 
 
-def route_keys(model_id: int) -> tuple[str, str]:
+def route_keys(model_id: int | str) -> tuple[str, str]:
     """(prefix table, its recency) of a model's prefix-aware routing."""
     return _route_keys(setting(PREFIX_SETTING), model_id)
 
 
 @lru_cache(maxsize=4096)
-def _route_keys(prefix: str, model_id: int) -> tuple[str, str]:
+def _route_keys(prefix: str, model_id: int | str) -> tuple[str, str]:
     return rkey("route", model_id), rkey("route", model_id, "lru")
 
 
@@ -193,6 +201,20 @@ def wait_stats_key(hour: int) -> str:
 def wake_channel() -> str:
     """Channel: an engine slot of the model (the payload, its id) was freed."""
     return rkey("adm", "wake")
+
+
+def lora_keys(replica_id: int) -> tuple[str, str, str]:
+    """(adapters loaded, their last use, their last load failures) of an engine replica."""
+    base = ("lora", replica_id)
+    return rkey(*base), rkey(*base, "used"), rkey(*base, "err")
+
+
+def lora_want_key(replica_id: int, adapter_id: int) -> str:
+    return rkey("lora", replica_id, "want", adapter_id)
+
+
+def lora_lock_key(replica_id: int) -> str:
+    return rkey("lora", replica_id, "lock")
 
 
 def engine_metrics_key(replica_id: int) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from deployments.choices import Visibility
-from deployments.models import CatalogModel
+from deployments.models import Adapter, CatalogModel
 from tenants.access import member_tenant_ids
 from tenants.choices import ModelAccess
 from tenants.models import ApiKey, Tenant
@@ -27,6 +27,24 @@ def models_for_tenant(tenant: Tenant) -> QuerySet[CatalogModel]:
     if tenant.model_access == ModelAccess.LISTED:
         visible = visible.filter(pk__in=tenant.allowed_models.values("pk"))
     return visible.distinct()
+
+
+def adapters_for_tenant(tenant: Tenant) -> QuerySet[Adapter]:
+    """The adapters a tenant may call: its own, those granted to it and the public ones, each
+    on a base model the tenant may call."""
+    mine = Q(tenant=tenant) | Q(visibility=Visibility.PUBLIC) | Q(grants__tenant=tenant)
+    bases = models_for_tenant(tenant).values("pk")
+    return Adapter.objects.filter(mine, base__in=bases).distinct()
+
+
+def adapters_visible_to(user: Any) -> QuerySet[Adapter]:
+    """Every adapter for platform admins; for others, what any of their tenants may call."""
+    if user.is_staff:
+        return Adapter.objects.all()
+    ids: set[int] = set()
+    for tenant in Tenant.objects.filter(pk__in=member_tenant_ids(user)):
+        ids |= set(adapters_for_tenant(tenant).values_list("pk", flat=True))
+    return Adapter.objects.filter(pk__in=ids)
 
 
 def models_visible_to(user: Any) -> QuerySet[CatalogModel]:

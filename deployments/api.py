@@ -1,21 +1,27 @@
-"""Admin API views for the model catalogue, nodes, deployments and operations."""
+"""Admin API views for the model catalogue, LoRA adapters, nodes, deployments and operations."""
 
+from typing import Any
+
+import django_filters
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.decorators import action
-from rest_framework.permissions import BasePermission
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from core.api import AdminViewSetMixin, UserScopedMixin
-from deployments import access, credentials, joining, services, staging
+from deployments import access, adapter_uploads, adapters, credentials, joining, services, staging
 from deployments.choices import DesiredState
 from deployments.models import (
+    Adapter,
+    AdapterGrant,
     AllowedImage,
     CatalogModel,
     Deployment,
@@ -26,6 +32,8 @@ from deployments.models import (
     StagedModel,
 )
 from deployments.serializers import (
+    AdapterArchiveSerializer,
+    AdapterSerializer,
     AllowedImageSerializer,
     CatalogModelSerializer,
     DeploymentSerializer,
@@ -43,7 +51,8 @@ from deployments.serializers import (
     StagedModelSerializer,
     StageSerializer,
 )
-from tenants.permissions import IsPlatformAdmin, PlatformAdminWrites
+from tenants.access import admin_tenant_ids, member_tenant_ids
+from tenants.permissions import IsPlatformAdmin, PlatformAdminWrites, TenantAdminWrites
 
 
 class CatalogModelViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
@@ -114,6 +123,142 @@ class CatalogModelViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelView
         """Models whose weights are in a node's cache, with their size on disk."""
         rows = StagedModel.objects.select_related("model", "node").order_by("model", "node")
         return self.paginated(rows, StagedModelSerializer)
+
+
+class AdapterFilter(django_filters.FilterSet):
+    """``?tenant__slug=`` finds only adapters whose owner the caller may know: a tenant that
+    was only shared an adapter cannot learn whose it is by filtering."""
+
+    tenant__slug = django_filters.CharFilter(method="by_owner", label="Owner tenant's slug")
+
+    class Meta:
+        model = Adapter
+        fields = ["status", "visibility", "pinned", "base__served_name"]
+
+    def by_owner(self, rows: QuerySet[Adapter], name: str, value: str) -> QuerySet[Adapter]:
+        rows = rows.filter(tenant__slug=value)
+        user = self.request.user
+        return rows if user.is_staff else rows.filter(tenant_id__in=member_tenant_ids(user))
+
+
+class AdapterWrites(TenantAdminWrites):
+    """Members read; tenant admins register adapters and change their own tenant's (another
+    tenant's private adapter is not in their list: 404 before any 403)."""
+
+    message = "Only the admins of the adapter's tenant can change it."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        if request.method in SAFE_METHODS or getattr(view, "detail", False):
+            return True
+        if request.user.is_staff or admin_tenant_ids(request.user):
+            return True
+        self.message = "Only tenant admins can register adapters."
+        return False
+
+
+class AdapterViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
+    """LoRA adapters on a base model. Platform admins manage all; a tenant's admins manage
+    its own; members read the adapters their tenant may call."""
+
+    serializer_class = AdapterSerializer
+    permission_classes = [AdapterWrites]
+    filterset_class = AdapterFilter
+    lookup_field = "served_name"
+    # A served name may hold one slash (``acme/support-v3``); actions are matched first.
+    lookup_value_regex = r"[^/]+/[^/]+|[^/]+"
+    legacy_pk_lookup = True
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    bodyless_actions = AdminViewSetMixin.bodyless_actions | {"check"}
+
+    queryset = Adapter.objects.none()
+
+    def scope(self, user: Any) -> QuerySet[Adapter]:
+        rows = Adapter.objects.select_related("base", "tenant").prefetch_related("granted_tenants")
+        if user.is_staff:
+            return rows
+        # Their tenant's adapters stay in a tenant admin's list when the base went out of
+        # their reach, so they can fix or delete them; the rest is what their tenants may call.
+        callable_ = access.adapters_visible_to(user).values("pk")
+        return rows.filter(Q(tenant_id__in=admin_tenant_ids(user)) | Q(pk__in=callable_))
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        if self.action in ("create", "upload"):  # before a too large body is parsed
+            adapter_uploads.check_request_size(request.META.get("CONTENT_LENGTH"))
+
+    def perform_create(self, serializer: BaseSerializer) -> None:
+        fields = dict(serializer.validated_data)
+        archive = fields.pop("archive", None)
+        if archive is not None:
+            adapter = adapter_uploads.create_uploaded_adapter(self.request.user, archive, **fields)
+        else:
+            adapter = adapters.create_adapter(self.request.user, **fields)
+        adapter.refresh_from_db()  # the queued check may have said already why it waits
+        serializer.instance = adapter
+
+    def perform_update(self, serializer: BaseSerializer) -> None:
+        fields, adapter = serializer.validated_data, serializer.instance
+        adapter = adapters.update_adapter(self.request.user, adapter, **fields)
+        adapter.refresh_from_db()
+        serializer.instance = adapter
+
+    def perform_destroy(self, instance: Adapter) -> None:
+        adapters.delete_adapter(self.request.user, instance)
+
+    @extend_schema(request=GrantSerializer, responses={201: AdapterSerializer})
+    @action(detail=True, methods=["post"])
+    def grant(self, request: Request, served_name: str) -> Response:
+        """Let one more tenant call this private adapter (platform admins)."""
+        adapter = self._to_share()
+        body = GrantSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        adapters.grant_adapter(request.user, adapter, body.validated_data["tenant"])
+        return Response(self.get_serializer(self.get_object()).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=GrantSerializer, responses=AdapterSerializer)
+    @action(detail=True, methods=["post"])
+    def ungrant(self, request: Request, served_name: str) -> Response:
+        """Take this adapter away from a tenant it was granted to (platform admins)."""
+        adapter = self._to_share()
+        body = GrantSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tenant = body.validated_data["tenant"]
+        grant = get_object_or_404(AdapterGrant, adapter=adapter, tenant=tenant)
+        adapters.revoke_adapter_grant(request.user, grant)
+        return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(request=None, responses={202: AdapterSerializer})
+    @action(detail=True, methods=["post"])
+    def check(self, request: Request, served_name: str) -> Response:
+        """Check the adapter's files again (after a failed check, once they were fixed)."""
+        adapters.check_again(request.user, self.get_object())
+        return Response(
+            self.get_serializer(self.get_object()).data, status=status.HTTP_202_ACCEPTED
+        )
+
+    @extend_schema(
+        request={"multipart/form-data": AdapterArchiveSerializer},
+        responses={202: AdapterSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def upload(self, request: Request, served_name: str) -> Response:
+        """Replace the adapter's files with an uploaded archive (.tar, .tar.gz or .zip),
+        checked before it is accepted; then they are checked again on every node."""
+        adapter = self.get_object()  # 404 for another tenant's, 403 for a mere member
+        body = AdapterArchiveSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        adapter_uploads.replace_adapter_files(request.user, adapter, body.validated_data["archive"])
+        return Response(
+            self.get_serializer(self.get_object()).data, status=status.HTTP_202_ACCEPTED
+        )
+
+    def _to_share(self) -> Adapter:
+        adapter = self.get_object()  # 404 for another tenant's, before the 403 below
+        if not adapters.may_share(self.request.user):
+            raise PermissionDenied(adapters.NOT_YOURS_TO_SHARE)
+        return adapter
 
 
 class JoinTokenAuthentication(BaseAuthentication):

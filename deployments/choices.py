@@ -87,8 +87,15 @@ class OperationKind(models.TextChoices):
     REMOVE = "remove", "Remove"
     PULL = "pull", "Pull image"
     STAGE = "stage", "Stage weights"
+    CHECK_ADAPTER = "check_adapter", "Check adapter"
     WORKER_START = "worker_start", "Start Ray worker"
     WORKER_STOP = "worker_stop", "Stop Ray worker"
+
+
+class AdapterStatus(models.TextChoices):
+    CHECKING = "checking", "Checking"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed its check"
 
 
 class OperationStatus(models.TextChoices):

@@ -18,7 +18,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.changes import publish_change
-from deployments import cluster, placement, progress, runtime
+from deployments import adapter_loading, cluster, placement, progress, runtime
 from deployments.choices import ContainerRole, ReplicaState, Task
 from deployments.engine_args import to_argv
 from deployments.engine_env import engine_environment
@@ -107,6 +107,7 @@ class Starter:
             )
         except httpx.HTTPError as exc:
             raise EngineFailed(f"warm-up request failed: {exc}", None, self.tail()) from exc
+        self.restore_adapters()
         self.mark_ready()
 
     def pull(self) -> None:
@@ -250,6 +251,15 @@ class Starter:
                 return
             time.sleep(settings.TOLLGATE_ENGINE_POLL_SECONDS)
         raise EngineFailed(f"/v1/models never listed {served!r}", None, self.tail())
+
+    def restore_adapters(self) -> None:
+        """Load what the replica held before it (re)started, and the pinned adapters; a
+        refused adapter is reported, it does not fail the replica."""
+        if not self.deployment.serves_adapters:
+            return
+        failures = self.timed("adapters", adapter_loading.restore, self.replica)
+        if failures:
+            self.report("adapters", None, "adapters not loaded: " + "; ".join(failures))
 
     def mark_ready(self) -> None:
         now = timezone.now()

@@ -12,11 +12,14 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+# The ranks vLLM 0.32 accepts for --max-lora-rank (its default: 16).
+LORA_RANKS = ("1", "8", "16", "32", "64", "128", "256", "320", "512")
 TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 SIZE_RE = re.compile(r"^([0-9]+)([kKmM]?)\Z")
 
 # Set by Tollgate when it starts an engine; never from user input.
 RESERVED = {
+    "lora-modules": "Adapters are loaded by Tollgate from its catalogue (Adapters page).",
     "host": "Tollgate binds engines itself.",
     "port": "Tollgate assigns engine ports itself.",
     "api-key": "Engines sit on Tollgate's internal network; tenants authenticate at the gateway.",
@@ -86,6 +89,12 @@ def _token(value: Any) -> str:
     return value
 
 
+def _rank(value: Any) -> int:
+    if isinstance(value, bool) or str(value) not in LORA_RANKS:
+        raise ValueError(f"expects one of {', '.join(LORA_RANKS)}")
+    return int(value)
+
+
 def _size(value: Any) -> int:
     """vLLM accepts 32768 or 32k / 1M; stored as the number of tokens."""
     match = SIZE_RE.match(str(value)) if not isinstance(value, bool) else None
@@ -125,6 +134,12 @@ ALLOWED: dict[str, Flag] = {
     "cpu-offload-gb": Flag(_float(0, 1024), "Weights offloaded to CPU memory (GiB)."),
     "generation-config": Flag(_choice("auto", "vllm"), "Where sampling defaults come from."),
     "trust-remote-code": Flag(_bool, GATED["trust-remote-code"]),
+    # LoRA adapters (deployments/adapters.py loads them at run time; never --lora-modules,
+    # which names paths).
+    "enable-lora": Flag(_bool, "Serve tenants' LoRA adapters on this base model."),
+    "max-loras": Flag(_int(1, 256), "Adapters in one batch (GPU slots)."),
+    "max-cpu-loras": Flag(_int(1, 4096), "Adapters kept loaded per replica (default: max-loras)."),
+    "max-lora-rank": Flag(_rank, "Largest adapter rank served (vLLM's default: 16)."),
 }
 
 
@@ -146,6 +161,11 @@ def validate_engine_args(args: Any, trust_remote_code_allowed: bool = False) -> 
                 clean[name] = ALLOWED[name].check(value)
             except ValueError as exc:
                 errors.append(f"--{name} {exc}.")
+    lora = [name for name in ("max-loras", "max-cpu-loras", "max-lora-rank") if name in clean]
+    if lora and not clean.get("enable-lora"):
+        errors.append(f"--{lora[0]} needs --enable-lora.")
+    if clean.get("max-cpu-loras", 10**6) < clean.get("max-loras", 1):
+        errors.append("--max-cpu-loras must be at least --max-loras (vLLM exits otherwise).")
     if clean.get("enable-auto-tool-choice") and "tool-call-parser" not in clean:
         errors.append("--enable-auto-tool-choice needs --tool-call-parser (vLLM exits without it).")
     if errors:

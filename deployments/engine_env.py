@@ -30,6 +30,7 @@ DENIED = [
     "VLLM_HOST",
     "VLLM_ALLOW_INSECURE_*",
     "VLLM_USE_MODELSCOPE",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING",  # Tollgate's own, with --enable-lora
     "*_PROXY",
     "*_proxy",
 ]
@@ -71,4 +72,6 @@ def engine_environment(deployment: Deployment, node: Node | None = None) -> dict
     staged = deployment.model.staged.filter(node=node, staged_at__isnull=False)
     if node is not None and staged.exists():
         env.setdefault("HF_HUB_OFFLINE", "1")
+    if deployment.serves_adapters:  # Tollgate loads and unloads tenants' adapters at run time
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return env

@@ -15,7 +15,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from core.changes import publish_change
-from deployments import engine, placement, runtime
+from deployments import adapters, engine, placement, runtime
 from deployments.choices import DeploymentState, DesiredState, OperationKind, ReplicaState
 from deployments.models import Deployment, Node, Operation, Replica
 from deployments.operations import EngineFailed, op_node, queue_operation, update_op
@@ -58,6 +58,7 @@ def deploy(op: Operation) -> None:
             errors.append(exc)
     _scale_down(deployment, op)
     refresh_deployment_state(deployment)
+    adapters.check_waiting_adapters(deployment)
     if errors:
         raise errors[0]
 

@@ -6,6 +6,7 @@ from django.db import models
 
 from core.fields import EncryptedTextField
 from deployments.choices import (
+    AdapterStatus,
     Arch,
     DeploymentState,
     DesiredState,
@@ -64,6 +65,15 @@ DEPLOYMENT_FIELDS = (
     "external_url",
     "upstream_key",
     "replicas",
+)
+ADAPTER_FIELDS = (
+    "served_name",
+    "base",
+    "tenant",
+    "visibility",
+    "source",
+    "pinned",
+    "description",
 )
 PROFILE_FIELDS = ("name", "description", "image", "engine_args", "env")
 ALLOWED_IMAGE_FIELDS = ("pattern", "note")
@@ -143,6 +153,71 @@ class ModelGrant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} → {self.tenant}"
+
+
+class Adapter(models.Model):
+    """A LoRA adapter tenants call by its served name, served by the engines of its base."""
+
+    served_name = models.CharField(max_length=128, unique=True, validators=[served_name_validator])
+    base = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="adapters")
+    # The tenant whose adapter it is (its admins manage it); empty: the platform's own.
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="adapters",
+    )
+    visibility = models.CharField(max_length=8, choices=Visibility, default=Visibility.PRIVATE)
+    granted_tenants = models.ManyToManyField(
+        "tenants.Tenant", through="AdapterGrant", blank=True, related_name="granted_adapters"
+    )
+    source = models.CharField(
+        max_length=255,
+        validators=[source_validator],
+        help_text="A Hugging Face repo id staged in the model cache, or a folder in it.",
+    )
+    rank = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="LoRA rank r, from its adapter_config.json."
+    )
+    target_modules = models.JSONField(default=list, blank=True)
+    pinned = models.BooleanField(
+        default=False, help_text="Kept loaded on every replica of its base, not only when used."
+    )
+    description = models.TextField(blank=True)
+    # Its files are checked on a node (adapter_config.json, safetensors only, rank and target
+    # modules the base's deployments serve) before any tenant can call it.
+    status = models.CharField(max_length=16, choices=AdapterStatus, default=AdapterStatus.CHECKING)
+    status_message = models.TextField(blank=True)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["served_name"]
+
+    def __str__(self) -> str:
+        return self.served_name
+
+
+class AdapterGrant(models.Model):
+    """Permission for one more tenant to use a private adapter."""
+
+    adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="grants")
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="adapter_grants"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["adapter", "tenant"], name="adaptergrant_unique_adapter_tenant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.adapter} → {self.tenant}"
 
 
 class Node(models.Model):
@@ -301,6 +376,21 @@ class Deployment(models.Model):
         return int(self.effective_args.get("max-num-seqs", 256))
 
     @property
+    def serves_adapters(self) -> bool:
+        return bool(self.effective_args.get("enable-lora"))
+
+    @property
+    def adapter_slots(self) -> int:
+        """Adapters kept loaded per replica: vLLM's --max-cpu-loras (default --max-loras,
+        default 1); loading one more unloads the least recently used."""
+        args = self.effective_args
+        return int(args.get("max-cpu-loras") or args.get("max-loras") or 1)
+
+    @property
+    def max_lora_rank(self) -> int:
+        return int(self.effective_args.get("max-lora-rank") or 16)
+
+    @property
     def effective_args(self) -> dict:
         """The profile's defaults overridden by the deployment's own flags."""
         base = dict(self.profile.engine_args) if self.profile_id and self.profile else {}
@@ -380,6 +470,9 @@ class Operation(models.Model):
     )
     model = models.ForeignKey(
         CatalogModel, null=True, blank=True, on_delete=models.CASCADE, related_name="operations"
+    )
+    adapter = models.ForeignKey(
+        Adapter, null=True, blank=True, on_delete=models.CASCADE, related_name="operations"
     )
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -35,6 +35,7 @@ TASKS: dict[str, str] = {
     OperationKind.RESTART: "deployments.restart",
     OperationKind.REMOVE: "deployments.remove",
     OperationKind.STAGE: "deployments.stage_weights",
+    OperationKind.CHECK_ADAPTER: "deployments.check_adapter",
     OperationKind.WORKER_START: "deployments.start_ray_worker",
     OperationKind.WORKER_STOP: "deployments.stop_ray_worker",
 }
@@ -59,6 +60,7 @@ def queue_operation(
     actor: Actor = None,
     node: Node | None = None,
     model: Any = None,
+    adapter: Any = None,
     **detail: Any,
 ) -> Operation:
     """Record an operation and queue its task on the node's queue once this commits."""
@@ -69,6 +71,7 @@ def queue_operation(
         deployment=deployment,
         node=node,
         model=model,
+        adapter=adapter,
         requested_by=user,
         detail=detail,
     )

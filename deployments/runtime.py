@@ -5,11 +5,12 @@ only by label, so Tollgate never touches a container it did not create.
 """
 
 import ipaddress
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 import docker
 from django.conf import settings
@@ -142,10 +143,13 @@ def engine_spec(
     )
 
 
+MODEL_CACHE = "/root/.cache/huggingface"  # where engines and helpers mount the model cache
+
+
 def cache_mounts() -> dict[str, dict[str, str]]:
     """The shared model cache and the compile cache, as named volumes."""
     return {
-        settings.TOLLGATE_MODEL_CACHE_VOLUME: {"bind": "/root/.cache/huggingface", "mode": "rw"},
+        settings.TOLLGATE_MODEL_CACHE_VOLUME: {"bind": MODEL_CACHE, "mode": "rw"},
         settings.TOLLGATE_COMPILE_CACHE_VOLUME: {"bind": "/root/.cache/vllm", "mode": "rw"},
     }
 
@@ -307,3 +311,41 @@ def run_to_completion(
             security_opt=["no-new-privileges"],
             user="0",
         )
+
+
+def copy_into_cache(
+    dc: docker.DockerClient,
+    image: str,
+    labels: dict[str, str],
+    name: str,
+    archive: BinaryIO,
+) -> None:
+    """Put a tar into the model cache: into a helper container that is created with the
+    caches mounted and never started, through Docker's archive API (the tar's names start
+    at the cache's mount point), then remove the helper."""
+    with wrapped(f"creating helper container {name}"):
+        helper = dc.containers.create(
+            image,
+            entrypoint=["true"],
+            name=name,
+            labels=labels,
+            volumes=cache_mounts(),
+            security_opt=["no-new-privileges"],
+            user="0",
+        )
+    try:
+        with wrapped(f"copying files into the model cache through {name}"):
+            helper.put_archive(MODEL_CACHE, archive)
+    finally:
+        stop_and_remove(helper, 0)
+
+
+def wait_exit(container: Container, timeout: float) -> int | None:
+    """Wait for a helper container to exit; its exit code (None: still running at timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        refresh(container)
+        if container.status in {"exited", "dead"}:
+            return exit_code(container)
+        time.sleep(0.2)
+    return None

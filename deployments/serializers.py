@@ -2,15 +2,19 @@
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import ModelSerializer, Serializer
+from deployments import access, adapters
 from deployments.models import (
+    ADAPTER_FIELDS,
     ALLOWED_IMAGE_FIELDS,
     DEPLOYMENT_FIELDS,
     MODEL_FIELDS,
     NODE_FIELDS,
     PROFILE_FIELDS,
+    Adapter,
     AllowedImage,
     CatalogModel,
     Deployment,
@@ -19,7 +23,9 @@ from deployments.models import (
     Operation,
     Replica,
     StagedModel,
+    served_name_validator,
 )
+from tenants.access import admin_tenants, member_tenant_ids
 from tenants.models import Tenant
 
 
@@ -46,6 +52,15 @@ class CatalogModelSerializer(ModelSerializer):
 
 class GrantSerializer(Serializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
+
+
+class AdapterArchiveSerializer(Serializer):
+    """New files for an adapter (multipart/form-data)."""
+
+    archive = serializers.FileField(
+        help_text="The adapter's files as a .tar, .tar.gz or .zip: adapter_config.json, "
+        "*.safetensors weights and harmless text files (README.md …)."
+    )
 
 
 class NodeSerializer(ModelSerializer):
@@ -270,3 +285,160 @@ class JoinTokenSerializer(Serializer):
     token = serializers.CharField(help_text="Shown only in this response.")
     expires_at = serializers.DateTimeField()
     command = serializers.CharField(help_text="Run this on the new box.")
+
+
+# --- LoRA adapters --------------------------------------------------------------------------
+
+
+class AdapterReplicaSerializer(Serializer):
+    """One engine replica holding an adapter now."""
+
+    deployment = serializers.CharField(source="deployment.name")
+    replica = serializers.IntegerField(source="index")
+    node = serializers.CharField(source="node.name", allow_null=True)
+
+
+class AdapterListSerializer(serializers.ListSerializer):
+    """A page of adapters: where each is loaded is read once for the page, not per row."""
+
+    def to_representation(self, data: Any) -> list[dict[str, Any]]:
+        rows = list(data.all() if hasattr(data, "all") else data)
+        user = getattr(self.context.get("request"), "user", None)
+        if user is not None and user.is_staff:
+            self.context["holding"] = adapters.replicas_holding(rows)
+        return super().to_representation(rows)
+
+
+class AdapterSerializer(ModelSerializer):
+    """A LoRA adapter. What a body may name narrows to the caller: a tenant admin's adapter
+    is their tenant's, on a model it may call."""
+
+    base = serializers.SlugRelatedField(
+        slug_field="served_name",
+        queryset=CatalogModel.objects.all(),
+        help_text="The base model's served name (the adapter was trained on it).",
+    )
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug",
+        queryset=Tenant.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="The owner tenant's slug; its admins manage the adapter. Null: the platform's "
+        "own (platform admins only). Default for a tenant admin: their tenant.",
+    )
+    granted_tenants = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+    archive = serializers.FileField(
+        write_only=True,
+        required=False,
+        help_text="Instead of a source, on create (multipart/form-data): the adapter's files as "
+        "a .tar, .tar.gz or .zip (adapter_config.json, *.safetensors, README.md …); checked "
+        "before it is accepted. Its source is then a folder of Tollgate's own in the cache.",
+    )
+    loaded_on = serializers.SerializerMethodField(
+        help_text="The ready engine replicas holding it now (platform admins only)."
+    )
+
+    # Shown to platform admins only: whom else it is shared with, and the engines.
+    STAFF_ONLY = ("granted_tenants", "loaded_on")
+    # Shown only to members of the owner tenant (and platform admins), not to a tenant it
+    # was shared with: whose it is and where its files are.
+    OWNER_ONLY = ("tenant", "source", "status_message", "pinned")
+
+    class Meta:
+        model = Adapter
+        list_serializer_class = AdapterListSerializer
+        fields = [
+            "id",
+            *ADAPTER_FIELDS,
+            "archive",
+            "granted_tenants",
+            "status",
+            "status_message",
+            "rank",
+            "target_modules",
+            "size_bytes",
+            "checked_at",
+            "created_at",
+            "loaded_on",
+        ]
+        read_only_fields = [
+            "status",
+            "status_message",
+            "rank",
+            "target_modules",
+            "size_bytes",
+            "checked_at",
+            "created_at",
+        ]
+        # No unique validator here: the service checks a name is in its tenant's space
+        # before it is taken, so a name in another's says nothing of the adapters there.
+        extra_kwargs = {
+            "served_name": {"validators": [served_name_validator]},
+            "source": {"required": False},  # or an archive
+        }
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        user = self._user()
+        if user is not None and user.is_authenticated and not user.is_staff:
+            # Another tenant's private model is as unknown here as one that does not exist.
+            fields["base"].queryset = access.models_visible_to(user)
+            fields["tenant"].queryset = admin_tenants(user)
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        user = self._user()
+        if self.instance is not None and "archive" in attrs:
+            raise serializers.ValidationError(
+                {"archive": "Replace an adapter's files with its upload action."}
+            )
+        if self.instance is None and ("source" in attrs) == ("archive" in attrs):
+            raise serializers.ValidationError(
+                {
+                    "source": "Give either a source (a hub id or a folder in the cache) or an "
+                    "archive of the adapter's files."
+                }
+            )
+        if self.instance is None and "tenant" not in attrs and user is not None:
+            attrs["tenant"] = self._default_tenant(user)
+        return attrs
+
+    def _default_tenant(self, user: Any) -> Tenant | None:
+        """None for a platform admin (the platform's own); a tenant admin's one tenant."""
+        if user.is_staff:
+            return None
+        tenants = list(admin_tenants(user)[:2])
+        if len(tenants) != 1:
+            raise serializers.ValidationError({"tenant": "Say which of your tenants owns it."})
+        return tenants[0]
+
+    @extend_schema_field(AdapterReplicaSerializer(many=True))
+    def get_loaded_on(self, adapter: Adapter) -> list[dict[str, Any]]:
+        user = self._user()
+        if user is None or not user.is_staff:
+            return []
+        holding = self.context.get("holding") or {}
+        replicas = holding.get(adapter.pk)
+        if replicas is None:
+            replicas = adapters.replicas_holding([adapter])[adapter.pk]
+        return AdapterReplicaSerializer(replicas, many=True).data
+
+    def to_representation(self, instance: Adapter) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        user = self._user()
+        if user is None or user.is_staff:
+            return data
+        hidden = list(self.STAFF_ONLY)
+        if instance.tenant_id not in self._member_of(user):
+            hidden += self.OWNER_ONLY
+        for name in hidden:
+            data.pop(name, None)
+        return data
+
+    def _user(self) -> Any:
+        return getattr(self.context.get("request"), "user", None)
+
+    def _member_of(self, user: Any) -> set[int]:
+        if "member_of" not in self.context:
+            self.context["member_of"] = member_tenant_ids(user)
+        return self.context["member_of"]

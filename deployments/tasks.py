@@ -10,7 +10,17 @@ from django.conf import settings
 
 from core.keyspace import rkey
 from core.redis import get_redis
-from deployments import cluster, credentials, fleet, lifecycle, operations, reconcile, staging
+from deployments import (
+    adapter_loading,
+    adapters,
+    cluster,
+    credentials,
+    fleet,
+    lifecycle,
+    operations,
+    reconcile,
+    staging,
+)
 from deployments.choices import NodeStatus, OperationKind
 from deployments.models import Node
 from deployments.operations import TASKS
@@ -46,6 +56,23 @@ def remove(operation_id: int) -> None:
 @shared_task(name=TASKS[OperationKind.STAGE])
 def stage_weights(operation_id: int) -> None:
     operations.run_operation(operation_id, OperationKind.STAGE, staging.stage)
+
+
+@shared_task(name=TASKS[OperationKind.CHECK_ADAPTER])
+def check_adapter(operation_id: int) -> None:
+    operations.run_operation(operation_id, OperationKind.CHECK_ADAPTER, adapters.check_adapter)
+
+
+@shared_task(name="deployments.unload_adapter")
+def unload_adapter(base_id: int, adapter_id: int) -> None:
+    """Take an adapter out of every engine holding it (it was deleted or its files changed)."""
+    adapter_loading.unload_everywhere(base_id, adapter_id)
+
+
+@shared_task(name="deployments.load_adapter")
+def load_adapter(adapter_id: int, replica_id: int) -> None:
+    """Load an adapter into a replica (a gateway asked: a request for it waits)."""
+    adapter_loading.load_by_ids(adapter_id, replica_id)
 
 
 @shared_task(name=TASKS[OperationKind.WORKER_START])

@@ -8,6 +8,11 @@ before acting, and then acts on the full id it found).
 
 Allowed: exactly what the engine lifecycle (deployments/runtime.py through the Docker SDK)
 and the janitor use. Everything else is refused.
+
+One call takes a body that is not read first: an archive put into a helper's model cache
+(an uploaded LoRA adapter). ``streams_body`` tells the server so; the decision names the
+folder the stream must stay in, and the server checks the tar as it forwards it
+(``dockerpolicy.tarstream``).
 """
 
 import re
@@ -49,6 +54,9 @@ class Forward:
     owner: str = ""  # the container (or network) that must be Tollgate's: checked first
     owner_kind: str = "container"  # or "network"
     inspect_is_answer: bool = False  # an inspect call: the owner check's answer is the answer
+    # An archive put: the owner must also be a created, never started, helper (role stage),
+    # and the body is the client's tar, checked to stay inside this folder as it streams.
+    tar_under: str = ""
 
     def target(self, container_id: str = "") -> str:
         path = self.path.replace("{id}", container_id) if self.owner else self.path
@@ -255,6 +263,43 @@ def container_remove(call: Call, target: Target, match: re.Match, settings: Sett
     )
 
 
+# The model cache as helpers mount it (deployments/runtime.cache_mounts), and the one folder
+# in it that archives may fill: Tollgate's own copies of uploaded adapters.
+CACHE_MOUNT = "/root/.cache/huggingface"
+ADAPTER_FOLDER = "tollgate-adapters"
+ARCHIVE_PUT = re.compile(rf"(/v[0-9]{{1,3}}\.[0-9]{{1,3}})?/containers/{_ID}/archive")
+
+
+def streams_body(method: str, raw_target: str) -> bool:
+    """Whether the call's body is an archive checked as it streams (not read up front)."""
+    return method == "PUT" and bool(ARCHIVE_PUT.fullmatch(raw_target.partition("?")[0]))
+
+
+def container_archive_put(
+    call: Call, target: Target, match: re.Match, settings: Settings
+) -> Decision:
+    """An uploaded adapter copied into a helper's model cache, and nothing else: the path is
+    the cache's mount point and every name in the tar starts with tollgate-adapters/."""
+    query = params(target, {"path", "noOverwriteDirNonDir", "copyUIDGID"}, {"path"})
+    if query["path"] != CACHE_MOUNT:
+        raise Refused(
+            f"path: archives may be put only into the model cache ({CACHE_MOUNT}), "
+            f"under its {ADAPTER_FOLDER}/ folder"
+        )
+    if flag(query.get("copyUIDGID", "")) == "1":
+        raise Refused("copyUIDGID is not allowed")
+    media = call.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media not in ("", "application/x-tar"):
+        raise Refused("the body must be a tar archive (application/x-tar)")
+    return Forward(
+        "PUT",
+        f"{target.prefix()}/containers/{{id}}/archive",
+        encode_query([("path", CACHE_MOUNT), ("noOverwriteDirNonDir", "1")]),
+        owner=match.group("id"),
+        tar_under=ADAPTER_FOLDER,
+    )
+
+
 # --- Networks and volumes -------------------------------------------------------------------
 
 
@@ -324,6 +369,7 @@ ROUTES: list[tuple[frozenset[str], re.Pattern, Handler]] = [
         container_action,
     ),
     (frozenset({"GET"}), re.compile(rf"/containers/{_ID}/logs"), container_logs),
+    (frozenset({"PUT"}), re.compile(rf"/containers/{_ID}/archive"), container_archive_put),
     (frozenset({"DELETE"}), re.compile(rf"/containers/{_ID}"), container_remove),
     (frozenset({"GET"}), re.compile(r"/networks"), network_list),
     (frozenset({"POST"}), re.compile(r"/networks/create"), network_create),

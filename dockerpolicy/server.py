@@ -3,9 +3,10 @@
 What reaches Docker is always built here from the decision: method, canonical target,
 canonical body, and only the headers Docker needs (the JSON content type, a pull's
 ``X-Registry-Auth``). Answers stream back as they arrive (pull progress, logs, wait), with
-nothing buffered. One log line per refusal, with the reason; with
-``TOLLGATE_DOCKER_POLICY_LOG=all`` one line per allowed call too. Environment values,
-bodies and registry credentials are never logged.
+nothing buffered; an archive put (an uploaded adapter) streams the other way, its tar
+checked as it is forwarded (``dockerpolicy.tarstream``). One log line per refusal, with the
+reason; with ``TOLLGATE_DOCKER_POLICY_LOG=all`` one line per allowed call too. Environment
+values, bodies and registry credentials are never logged.
 """
 
 import asyncio
@@ -13,14 +14,16 @@ import json
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector, web
 from yarl import URL
 
 from dockerpolicy.checks import LABEL_MANAGED, LABEL_STACK
-from dockerpolicy.rules import MAX_BODY, Call, Forward, Refuse, decide
+from dockerpolicy.rules import MAX_BODY, Call, Forward, Refuse, decide, streams_body
 from dockerpolicy.settings import Settings
+from dockerpolicy.tarstream import TarRefused, checked_tar
 
 log = logging.getLogger("dockerpolicy")
 
@@ -39,6 +42,7 @@ _HOP_BY_HOP = frozenset(
     }
 )
 _FULL_ID = re.compile(r"[0-9a-f]{64}", re.ASCII)
+LABEL_ROLE, HELPER_ROLE = "tollgate.role", "stage"
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
@@ -68,7 +72,9 @@ class Proxy:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         started = time.monotonic()
-        body = await read_body(request)
+        # An archive is checked as it streams to Docker, never read whole first.
+        streamed = streams_body(request.method, request.raw_path)
+        body = b"" if streamed else await read_body(request)
         call = Call(
             request.method,
             request.raw_path,
@@ -78,6 +84,8 @@ class Proxy:
         decision = decide(call, self.settings)
         if isinstance(decision, Refuse):
             return self.refuse(request, decision.reason)
+        if bool(decision.tar_under) != streamed:
+            return self.refuse(request, "an archive must be sent as the body of its own call")
         try:
             return await self.carry_out(request, decision, started)
         except ClientError as exc:
@@ -135,7 +143,21 @@ class Proxy:
             ), ""
         if not isinstance(full_id, str) or not _FULL_ID.fullmatch(full_id):
             return "Docker's inspect answer has no id", ""
+        if decision.tar_under:
+            refusal = self.not_a_fresh_helper(info)
+            if refusal:
+                return refusal, ""
         return "", full_id
+
+    def not_a_fresh_helper(self, info: dict[str, Any]) -> str:
+        """Why files may not be put into this container ("" when they may): only into a
+        staging helper that was created and never started, never into an engine."""
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_ROLE) != HELPER_ROLE:
+            return f"archives may be put only into helper containers ({LABEL_ROLE}={HELPER_ROLE})"
+        if (info.get("State") or {}).get("Status") != "created":
+            return "archives may be put only into a helper that was never started"
+        return ""
 
     def owned_container(self, info: dict[str, Any]) -> bool:
         labels = (info.get("Config") or {}).get("Labels") or {}
@@ -150,8 +172,30 @@ class Proxy:
         if decision.registry_auth:
             headers["X-Registry-Auth"] = decision.registry_auth
         url = URL("http://docker" + decision.target(container_id), encoded=True)
+        data: Any = decision.body
+        refused: list[str] = []
+        if decision.tar_under:
+            headers["Content-Type"] = "application/x-tar"
+            data = guarded(checked_tar(request.content.read, decision.tar_under), refused)
+        try:
+            return await self.relay(request, decision, url, data, headers, started)
+        except ClientError:
+            # aiohttp reports a body that stopped as a connection error: say why it stopped.
+            if refused:
+                return self.refuse(request, f"the archive: {refused[0]}")
+            raise
+
+    async def relay(
+        self,
+        request: web.BaseRequest,
+        decision: Forward,
+        url: URL,
+        data: Any,
+        headers: dict[str, str],
+        started: float,
+    ) -> web.StreamResponse:
         async with self.session.request(
-            decision.method, url, data=decision.body, headers=headers
+            decision.method, url, data=data, headers=headers
         ) as upstream:
             response = web.StreamResponse(
                 status=upstream.status, reason=upstream.reason, headers=passable(upstream.headers)
@@ -211,6 +255,16 @@ async def read_body(request: web.BaseRequest) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+async def guarded(chunks: AsyncIterator[bytes], refused: list[str]) -> AsyncIterator[bytes]:
+    """``chunks``, noting in ``refused`` why they stopped when the check refused the rest."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except TarRefused as exc:
+        refused.append(str(exc))
+        raise
 
 
 def passable(headers: Any) -> dict[str, str]:

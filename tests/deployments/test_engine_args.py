@@ -33,6 +33,13 @@ def errors_of(args: object, **kwargs: bool) -> list[str]:
         ({"enforce-eager": "yes"}, "--enforce-eager expects true or false"),
         ({"enable-auto-tool-choice": True}, "needs --tool-call-parser"),
         ({"trust-remote-code": True}, "Only for models an admin marked"),
+        ({"lora-modules": "a=/etc"}, "--lora-modules cannot be set"),
+        ({"max-loras": 2}, "--max-loras needs --enable-lora"),
+        ({"enable-lora": True, "max-lora-rank": 12}, "--max-lora-rank expects one of 1, 8, 16"),
+        (
+            {"enable-lora": True, "max-loras": 4, "max-cpu-loras": 2},
+            "--max-cpu-loras must be at least --max-loras",
+        ),
     ],
 )
 def test_bad_engine_args_are_refused_with_the_flag_named(args: dict, message: str) -> None:

@@ -41,6 +41,7 @@ def test_every_operation_task_is_registered_under_the_name_services_queue() -> N
             tasks.restart,
             tasks.remove,
             tasks.stage_weights,
+            tasks.check_adapter,
             tasks.start_ray_worker,
             tasks.stop_ray_worker,
         )

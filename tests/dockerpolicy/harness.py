@@ -179,6 +179,14 @@ class FakeDocker:
         )
         return web.Response(status=204)
 
+    async def on_put_containers(
+        self, request: web.Request, parts: list[str], body: bytes
+    ) -> web.StreamResponse:
+        """An archive put (the tar is in ``received``)."""
+        if self.find(parts[1]) is None:
+            return web.json_response({"message": "No such container"}, status=404)
+        return web.Response(status=200)
+
     async def on_delete_containers(
         self, request: web.Request, parts: list[str], body: bytes
     ) -> web.StreamResponse:

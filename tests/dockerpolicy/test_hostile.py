@@ -20,7 +20,9 @@ lifecycle does not use.
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -442,6 +444,20 @@ def image_and_name_cases() -> Iterator[Case]:
     yield Case("image-inspect/by-id", "GET", "/v1.41/images/{base_id}/json")
 
 
+def adapter_tar() -> bytes:
+    """A tar of the kind the worker puts into a helper's model cache."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("tollgate-adapters/evil/adapter_config.json")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"{}"))
+    return buffer.getvalue()
+
+
+ADAPTER_TAR = adapter_tar()
+CACHE_PUT = "archive?path=%2Froot%2F.cache%2Fhuggingface"
+
+
 def endpoint_cases() -> Iterator[Case]:
     own = "{own_id}"
     calls = [
@@ -457,6 +473,14 @@ def endpoint_cases() -> Iterator[Case]:
         ("attach/websocket", "GET", f"/v1.41/containers/{own}/attach/ws?stream=1", b""),
         ("archive/get", "GET", f"/v1.41/containers/{own}/archive?path=/etc", b""),
         ("archive/put", "PUT", f"/v1.41/containers/{own}/archive?path=/tmp", b"\0" * 1024),
+        # The one archive call allowed, aimed at an engine (a running one, not a fresh helper).
+        ("archive/put-into-engine", "PUT", f"/v1.41/containers/{own}/{CACHE_PUT}", ADAPTER_TAR),
+        (
+            "archive/put-under-hub",
+            "PUT",
+            f"/v1.41/containers/{own}/archive?path=/root/.cache/huggingface/hub",
+            ADAPTER_TAR,
+        ),
         ("archive/head", "HEAD", f"/v1.41/containers/{own}/archive?path=/", b""),
         ("export", "GET", f"/v1.41/containers/{own}/export", b""),
         (

@@ -6,9 +6,11 @@ is made here and must pass; the docker stage repeats this against a real Engine.
 """
 
 import http.client
+import io
 import json
 import logging
 import re
+import tarfile
 from collections.abc import Iterator
 
 import httpx
@@ -271,6 +273,76 @@ def test_calls_on_a_container_act_on_its_full_id_after_its_labels_are_checked(
     assert len(harness.docker.containers) == 3 and len(refusals(caplog)) == 4 * 7
     status, _, answer = raw(harness, "POST", "/v1.41/containers/nothing/start")
     assert (status, json.loads(answer)) == (404, {"message": "No such container: nothing"})
+
+
+def adapter_tar(*names: str) -> bytes:
+    """A tar as the worker sends it: an uploaded adapter's files under tollgate-adapters/."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.size, info.uid = 3, 1000
+            tar.addfile(info, io.BytesIO(b"abc"))
+    return buffer.getvalue()
+
+
+GOOD_TAR = ("tollgate-adapters/a-1/adapter_config.json", "tollgate-adapters/a-1/w.safetensors")
+PUT_PATH = "archive?path=%2Froot%2F.cache%2Fhuggingface"
+
+
+def test_an_uploaded_adapter_is_put_into_a_created_helper_s_model_cache(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """runtime.copy_into_cache: a helper created (never started), the tar put, the helper
+    removed; Docker receives the tar rebuilt (owner root) at the cache's mount point."""
+    dc = runtime.client(harness.url)
+    labels = runtime.labels_for(STACK, "n1", role="stage")
+    runtime.copy_into_cache(
+        dc, IMAGE, labels, f"{STACK}-adapter-copy-1", io.BytesIO(adapter_tar(*GOOD_TAR))
+    )
+    (put,) = [r for r in harness.docker.received if r.method == "PUT"]
+    assert re.fullmatch(
+        r"/v1\.[0-9]+/containers/[0-9a-f]{64}/archive"
+        r"\?path=%2Froot%2F\.cache%2Fhuggingface&noOverwriteDirNonDir=1",
+        put.target,
+    )
+    assert put.headers["content-type"] == "application/x-tar"
+    with tarfile.open(fileobj=io.BytesIO(put.body)) as tar:
+        assert [(m.name, m.uid) for m in tar.getmembers()] == [(n, 0) for n in GOOD_TAR]
+    assert "POST /containers/{id}/start" not in {
+        template(r.method, r.target) for r in harness.docker.received
+    }
+    assert harness.docker.containers == {} and refusals(caplog) == []
+
+
+def test_archives_go_only_into_this_stack_s_fresh_helpers_and_only_tollgate_adapters(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    helper = {"tollgate.managed": "true", "tollgate.stack": STACK, "tollgate.role": "stage"}
+    harness.docker.add_container(f"{STACK}-fresh", helper)
+    harness.docker.add_container(f"{STACK}-engine", {**helper, "tollgate.role": "engine"})
+    started = harness.docker.add_container(f"{STACK}-started", helper)
+    harness.docker.containers[started]["State"]["Status"] = "running"
+    harness.docker.add_container("other-helper", {**helper, "tollgate.stack": "other"})
+    good = adapter_tar(*GOOD_TAR)
+    for name, why in (
+        (f"{STACK}-engine", b"only into helper containers"),
+        (f"{STACK}-started", b"a helper that was never started"),
+        ("other-helper", b"is not Tollgate's"),
+    ):
+        status, _, answer = raw(harness, "PUT", f"/v1.41/containers/{name}/{PUT_PATH}", good)
+        assert status == 403 and why in answer, (name, answer)
+    for names, why in (
+        (("tollgate-adapters/a-1/ok.json", "hub/models--x/model.safetensors"), b"outside"),
+        (("tollgate-adapters/../x",), b"dot part"),
+    ):
+        target = f"/v1.41/containers/{STACK}-fresh/{PUT_PATH}"
+        status, _, answer = raw(harness, "PUT", target, adapter_tar(*names))
+        assert status == 403 and b"the archive: " in answer and why in answer, answer
+    assert [r.method for r in harness.docker.received if r.method != "GET"] == []
+    assert len(refusals(caplog)) == 5
+    status, _, _ = raw(harness, "PUT", f"/v1.41/containers/{STACK}-fresh/{PUT_PATH}", good)
+    assert status == 200
 
 
 def test_pull_progress_streams_line_by_line(harness: Harness) -> None:

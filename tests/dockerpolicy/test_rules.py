@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dockerpolicy.rules import Call, Forward, Refuse, decide
+from dockerpolicy.rules import Call, Forward, Refuse, decide, streams_body
 from dockerpolicy.settings import Settings, SettingsError
 
 S = Settings(
@@ -464,7 +464,6 @@ def test_pull_refusals(query: str, why: str) -> None:
         ("POST", "/v1.41/containers/st-x/exec"),
         ("POST", "/v1.41/exec/abc/start"),
         ("POST", "/v1.41/containers/st-x/attach"),
-        ("PUT", "/v1.41/containers/st-x/archive"),
         ("POST", "/v1.41/containers/st-x/restart"),
         ("POST", "/v1.41/containers/st-x/update"),
         ("POST", "/v1.41/build"),
@@ -483,6 +482,49 @@ def test_pull_refusals(query: str, why: str) -> None:
     ],
 )
 def test_calls_outside_the_engine_lifecycle_are_refused(method: str, target: str) -> None:
+    assert "is not a call Tollgate's engines need" in reason(call(method, target))
+
+
+# --- Archives: an uploaded adapter into a helper's model cache, and nothing else -------------
+
+
+def test_an_archive_into_the_model_cache_of_a_helper_passes_and_is_streamed() -> None:
+    target = "/v1.41/containers/st-adapter-copy-7/archive?path=%2Froot%2F.cache%2Fhuggingface"
+    decision = call("PUT", target, headers={})
+    assert isinstance(decision, Forward)
+    assert decision.target("f" * 64) == (
+        f"/v1.41/containers/{'f' * 64}/archive"
+        "?path=%2Froot%2F.cache%2Fhuggingface&noOverwriteDirNonDir=1"
+    )
+    # The owner must be Tollgate's (and a never started helper: checked by the server), and
+    # the body is the client's tar, checked to stay in tollgate-adapters/ as it streams.
+    assert decision.owner == "st-adapter-copy-7" and decision.tar_under == "tollgate-adapters"
+    assert streams_body("PUT", target) and streams_body("PUT", "/containers/x/archive?path=/")
+    assert not streams_body("GET", target) and not streams_body("PUT", "/containers/create")
+
+
+@pytest.mark.parametrize(
+    ("query", "headers", "why"),
+    [
+        ("path=/", {}, "only into the model cache (/root/.cache/huggingface)"),
+        ("path=/root/.cache/huggingface/hub", {}, "under its tollgate-adapters/ folder"),
+        ("path=/root/.cache/huggingface/tollgate-adapters", {}, "only into the model cache"),
+        ("path=/root/.cache/vllm", {}, "only into the model cache"),
+        ("path=/root/.cache/huggingface/", {}, "only into the model cache"),
+        ("", {}, "the query parameter 'path' is required"),
+        ("path=/root/.cache/huggingface&copyUIDGID=1", {}, "copyUIDGID is not allowed"),
+        ("path=/root/.cache/huggingface&x=1", {}, "'x' is not allowed"),
+        ("path=/root/.cache/huggingface", JSON, "must be a tar archive"),
+    ],
+)
+def test_archive_refusals(query: str, headers: dict, why: str) -> None:
+    target = f"/v1.41/containers/st-x/archive?{query}" if query else "/containers/st-x/archive"
+    assert why in reason(call("PUT", target, headers=headers))
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "POST", "DELETE"])
+def test_archives_are_never_read_from_a_container(method: str) -> None:
+    target = "/v1.41/containers/st-x/archive?path=/root/.cache/huggingface"
     assert "is not a call Tollgate's engines need" in reason(call(method, target))
 
 
