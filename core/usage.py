@@ -36,6 +36,9 @@ class UsageRecord:
     price_id: int | None  # the price version the gateway saw in force; None: look it up
     # The prompt's tokens are an estimate: neither the engine nor its tokenizer counted them.
     prompt_estimated: bool = False
+    # The LoRA adapter the tenant called (deployments.Adapter id); model_id is then its base.
+    # None: the base model itself (and every record written before adapters existed).
+    adapter_id: int | None = None
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson serialises dataclasses natively (no asdict copy)

@@ -18,11 +18,17 @@ from tenants.permissions import PlatformAdminWrites
 class PriceViewSet(
     AdminViewSetMixin, UserScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
 ):
-    """Price versions per model. Creating a price starts a new version; none is ever edited."""
+    """Price versions per model and adapter. Creating a price starts a new version; none is
+    ever edited."""
 
     serializer_class = PriceSerializer
     permission_classes = [IsAuthenticated, PlatformAdminWrites]
-    filterset_fields = {"model__served_name": ["exact"], "currency": ["exact"]}
+    filterset_fields = {
+        "model__served_name": ["exact"],
+        "adapter__served_name": ["exact"],
+        "adapter": ["isnull"],
+        "currency": ["exact"],
+    }
 
     queryset = Price.objects.none()
 
@@ -41,6 +47,7 @@ class PriceViewSet(
             data["output_per_mtok"],
             currency=data.get("currency", "USD"),
             effective_from=data.get("effective_from"),
+            adapter=data.get("adapter"),
         )
         return Response(self.get_serializer(price).data, status=status.HTTP_201_CREATED)
 
@@ -53,6 +60,7 @@ class UsageEventViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ReadOnlyMod
     filterset_fields = {
         "tenant__slug": ["exact"],
         "model__served_name": ["exact"],
+        "adapter__served_name": ["exact"],
         "api_key__prefix": ["exact"],
         "status": ["exact"],
         "occurred_at": ["gte", "lt"],

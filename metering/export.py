@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import Trunc
 
 from core.pricing import Rates, cost_nano, from_nano
@@ -46,6 +46,7 @@ SHOWBACK_COLUMNS = [
     "line_type",
     "usage_period_start",
     "estimated_prompt_tokens",
+    "adapter",  # appended (the documented promise): earlier columns keep their positions
 ]
 FOCUS_COLUMNS = [
     "BillingAccountId",
@@ -93,7 +94,8 @@ class ExportQuery:
     tenant_ids: frozenset[int] | None = None
     tenant: str = ""  # slug
     key: str = ""  # prefix
-    model: str = ""  # served name
+    model: str = ""  # served name (a base model: its adapters' usage included)
+    adapter: str = ""  # served name
 
 
 # --- Parsing request parameters ----------------------------------------------------------
@@ -121,6 +123,7 @@ def parse_query(params: Any, tenant_ids: frozenset[int] | None) -> ExportQuery:
         tenant=params.get("tenant") or "",
         key=params.get("key") or "",
         model=params.get("model") or "",
+        adapter=params.get("adapter") or "",
     )
 
 
@@ -164,7 +167,7 @@ def parse_moment(text: str | None, name: str) -> datetime:
 
 
 def filter_rows(qs: QuerySet, q: ExportQuery) -> QuerySet:
-    """Rollup or adjustment rows inside the query's period, tenants, key and model."""
+    """Rollup or adjustment rows inside the query's period, tenants, key, model and adapter."""
     qs = qs.filter(hour__gte=q.start, hour__lt=q.end)
     if q.tenant_ids is not None:
         qs = qs.filter(tenant_id__in=q.tenant_ids)
@@ -177,6 +180,8 @@ def filter_rows(qs: QuerySet, q: ExportQuery) -> QuerySet:
         qs = qs.filter(api_key__prefix=q.key)
     if q.model:
         qs = qs.filter(model__served_name=q.model)
+    if q.adapter:
+        qs = qs.filter(adapter__served_name=q.adapter)
     return qs
 
 
@@ -188,11 +193,14 @@ _GROUP = [
     "api_key__name",
     "api_key__prefix",
     "model__served_name",
+    "adapter__served_name",
     "currency",
     "price__input_per_mtok",
     "price__cached_input_per_mtok",
     "price__output_per_mtok",
 ]
+# A base model's line before its adapters' lines.
+_ORDER = [F(f).asc(nulls_first=True) if f == "adapter__served_name" else f for f in _GROUP]
 _SUMS = {
     name: Sum(name)
     for name in (
@@ -215,7 +223,7 @@ def _grouped(qs: QuerySet, q: ExportQuery, usage_hour: str) -> QuerySet:
         )
         .values(*_GROUP)
         .annotate(**_SUMS)
-        .order_by(*_GROUP)
+        .order_by(*_ORDER)
     )
 
 
@@ -281,6 +289,7 @@ def showback_record(row: dict[str, Any], q: ExportQuery) -> list[Any]:
         row["line_type"],
         _iso(row["usage_bucket"]),
         row["estimated_prompt_tokens"],
+        row["adapter__served_name"] or "",
     ]
 
 
@@ -302,6 +311,16 @@ def _part_costs(row: dict[str, Any], parts: list[tuple[str, int, Decimal | None]
     return costs
 
 
+def _resource(row: dict[str, Any]) -> tuple[str, str, str]:
+    """The FOCUS resource a line's tokens were used on (id, type, description): the model, or
+    the LoRA adapter called on it. An adapter is its own resource and SKU, whatever it is
+    priced at (its own price, or its base's while it has none)."""
+    model, adapter = row["model__served_name"], row["adapter__served_name"]
+    if adapter:
+        return adapter, "LoRA adapter", f"{adapter} (adapter on {model})"
+    return model, "Model", model
+
+
 def focus_records(row: dict[str, Any], q: ExportQuery) -> list[list[Any]]:
     """One FOCUS row per token kind used; their BilledCost adds up to the line's cost."""
     parts = [
@@ -320,7 +339,8 @@ def focus_records(row: dict[str, Any], q: ExportQuery) -> list[list[Any]]:
     charge_end = _bucket_end(charge_start, q.granularity)
     if row["line_type"] == "usage":
         charge_start, charge_end = max(charge_start, q.start), min(charge_end, q.end)
-    model, key = row["model__served_name"], row["api_key__prefix"] or ""
+    key = row["api_key__prefix"] or ""
+    resource, resource_type, described = _resource(row)
     out = []
     for (kind, qty, price), cost in zip(parts, costs, strict=True):
         out.append(
@@ -332,7 +352,7 @@ def focus_records(row: dict[str, Any], q: ExportQuery) -> list[list[Any]]:
                 _iso(next_month(billing_start)),
                 "Usage",
                 "Correction" if row["line_type"] == "adjustment" else "",
-                f"{model} {kind} tokens",
+                f"{described} {kind} tokens",
                 _iso(charge_start),
                 _iso(charge_end),
                 qty,
@@ -348,11 +368,11 @@ def focus_records(row: dict[str, Any], q: ExportQuery) -> list[list[Any]]:
                 PROVIDER,
                 "AI and Machine Learning",
                 "LLM inference",
-                model,
-                model,
-                "Model",
-                f"{model}:{kind}",
-                f"{model}:{kind}:{_plain(price or Decimal(0))}",
+                resource,
+                resource,
+                resource_type,
+                f"{resource}:{kind}",
+                f"{resource}:{kind}:{_plain(price or Decimal(0))}",
                 key,
                 row["api_key__name"] or "",
             ]

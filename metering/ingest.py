@@ -27,12 +27,13 @@ from typing import Any
 import orjson
 import redis
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core.keyspace import usage_stream
 from core.redis import get_redis
 from core.usage import FIELD, UsageRecord
-from deployments.models import CatalogModel, Deployment
+from deployments.models import Adapter, CatalogModel, Deployment
 from metering import rollups
 from metering.choices import Endpoint, UsageStatus
 from metering.models import DeadLetter, Price
@@ -133,7 +134,7 @@ def _validate(r: UsageRecord) -> None:
         raise Malformed("occurred_at out of range")
     for name in (*_INT_FIELDS, "tenant_id", "model_id", "http_status"):
         _check_int(r, name, required=True)
-    for name in ("api_key_id", "deployment_id", "ttft_ms", "price_id"):
+    for name in ("api_key_id", "deployment_id", "ttft_ms", "price_id", "adapter_id"):
         _check_int(r, name, required=False)
     if r.http_status > 32767:
         raise Malformed("http_status out of range")
@@ -165,8 +166,10 @@ class References:
     models: set[int]
     key_tenant: dict[int, int]
     deployments: set[int]
+    adapters: set[int]
     prices_by_id: dict[int, Price]
-    versions: dict[tuple[int, str], list[Price]]  # by (model, currency), oldest first
+    versions: dict[tuple[int, str], list[Price]]  # base models' by (model, currency), oldest first
+    adapter_versions: dict[tuple[int, str], list[Price]]  # adapters' own by (adapter, currency)
 
     @classmethod
     def load(cls, records: list[UsageRecord]) -> "References":
@@ -176,11 +179,18 @@ class References:
             )
         )
         model_ids = {r.model_id for r in records}
+        adapter_ids = {r.adapter_id for r in records if r.adapter_id}
         versions: dict[tuple[int, str], list[Price]] = defaultdict(list)
-        prices = Price.objects.filter(model_id__in=model_ids).order_by("effective_from")
+        adapter_versions: dict[tuple[int, str], list[Price]] = defaultdict(list)
+        prices = Price.objects.filter(
+            Q(model_id__in=model_ids, adapter=None) | Q(adapter_id__in=adapter_ids)
+        ).order_by("effective_from")
         by_id = {}
         for price in prices:
-            versions[(price.model_id, price.currency)].append(price)
+            if price.adapter_id is None:
+                versions[(price.model_id, price.currency)].append(price)
+            else:
+                adapter_versions[(price.adapter_id, price.currency)].append(price)
             by_id[price.pk] = price
         return cls(
             tenant_currency=tenants,
@@ -195,8 +205,10 @@ class References:
                     pk__in={r.deployment_id for r in records if r.deployment_id}
                 ).values_list("pk", flat=True)
             ),
+            adapters=set(Adapter.objects.filter(pk__in=adapter_ids).values_list("pk", flat=True)),
             prices_by_id=by_id,
             versions=versions,
+            adapter_versions=adapter_versions,
         )
 
     def check(self, r: UsageRecord) -> None:
@@ -207,14 +219,36 @@ class References:
         if r.api_key_id is not None and self.key_tenant.get(r.api_key_id) != r.tenant_id:
             raise Malformed(f"key {r.api_key_id} is not a key of tenant {r.tenant_id}")
 
+    def adapter_of(self, r: UsageRecord) -> int | None:
+        """The record's adapter; one deleted while its usage waited in the stream (it had
+        none stored yet) is billed as its base: usage that happened is never dropped."""
+        return r.adapter_id if r.adapter_id in self.adapters else None
+
     def price_for(self, r: UsageRecord, at: datetime) -> Price | None:
-        """The version the gateway saw if it names one of this model, else the one in force."""
+        """The version the gateway saw if it is one that applies to the request, else the
+        one in force: an adapter's own, or its base's while the adapter has none."""
+        adapter_id = self.adapter_of(r)
+        currency = self.tenant_currency[r.tenant_id]
+        own = (
+            _in_force(self.adapter_versions.get((adapter_id, currency)), at) if adapter_id else None
+        )
         seen = self.prices_by_id.get(r.price_id) if r.price_id else None
-        if seen is not None and seen.model_id == r.model_id:
-            return seen
-        versions = self.versions.get((r.model_id, self.tenant_currency[r.tenant_id]), [])
-        i = bisect_right([p.effective_from for p in versions], at)
-        return versions[i - 1] if i else None
+        if seen is not None:
+            if adapter_id is not None and seen.adapter_id == adapter_id:
+                return seen
+            # The base's price stands for an adapter only while the adapter has none of its
+            # own in force: else the adapter would be billed at its base's.
+            if seen.adapter_id is None and seen.model_id == r.model_id and own is None:
+                return seen
+        return own or _in_force(self.versions.get((r.model_id, currency)), at)
+
+
+def _in_force(versions: list[Price] | None, at: datetime) -> Price | None:
+    """The latest of the versions (oldest first) that started by ``at``."""
+    if not versions:
+        return None
+    i = bisect_right([p.effective_from for p in versions], at)
+    return versions[i - 1] if i else None
 
 
 def event_cost(price: Price | None, r: UsageRecord) -> Decimal:
@@ -236,6 +270,7 @@ _COLUMNS = [
     ("tenant_id", "bigint"),
     ("api_key_id", "bigint"),
     ("model_id", "bigint"),
+    ("adapter_id", "bigint"),
     ("deployment_id", "bigint"),
     ("endpoint", "text"),
     ("priority", "text"),
@@ -286,6 +321,7 @@ def _row(
         r.tenant_id,
         r.api_key_id,
         r.model_id,
+        refs.adapter_of(r),
         r.deployment_id if r.deployment_id in refs.deployments else None,
         r.endpoint,
         r.priority,

@@ -24,6 +24,7 @@ UNIT_PRICE = {
 # log records them; tenants.models says more).
 PRICE_FIELDS = (
     "model",
+    "adapter",
     "currency",
     "input_per_mtok",
     "cached_input_per_mtok",
@@ -33,13 +34,25 @@ PRICE_FIELDS = (
 
 
 class Price(models.Model):
-    """One version of a model's price per 1M tokens, in force from ``effective_from``.
+    """One version of a model's (or one of its adapters') price per 1M tokens, in force
+    from ``effective_from``.
 
-    Rows are never edited: a new price is a new row, so history stays as billed.
+    Rows are never edited: a new price is a new row, so history stays as billed. A row with
+    ``adapter`` set prices that LoRA adapter (``model`` is its base); an adapter without
+    prices of its own is billed at its base's.
     """
 
     model = models.ForeignKey(
         "deployments.CatalogModel", on_delete=models.CASCADE, related_name="prices"
+    )
+    # Cascading cannot lose history: events and rollups PROTECT the prices they were billed
+    # at (and the adapter itself), so only versions nothing was billed at go with an adapter.
+    adapter = models.ForeignKey(
+        "deployments.Adapter",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="prices",
     )
     currency = models.CharField(max_length=3, default="USD", validators=[currency_validator])
     input_per_mtok = models.DecimalField(**UNIT_PRICE)
@@ -52,15 +65,19 @@ class Price(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["model__served_name", "currency", "-effective_from"]
+        ordering = ["model__served_name", "adapter__served_name", "currency", "-effective_from"]
         constraints = [
+            # The base's versions and each adapter's are separate histories.
             models.UniqueConstraint(
-                fields=["model", "currency", "effective_from"], name="price_unique_version"
+                fields=["model", "adapter", "currency", "effective_from"],
+                name="price_unique_version",
+                nulls_distinct=False,
             )
         ]
 
     def __str__(self) -> str:
-        return f"{self.model} {self.currency} from {self.effective_from:%Y-%m-%d %H:%M}"
+        what = self.adapter if self.adapter_id else self.model
+        return f"{what} {self.currency} from {self.effective_from:%Y-%m-%d %H:%M}"
 
     @property
     def rates(self) -> Rates:
@@ -88,6 +105,14 @@ class UsageEvent(models.Model):
     )
     model = models.ForeignKey(
         "deployments.CatalogModel", on_delete=models.PROTECT, related_name="usage_events"
+    )
+    # The LoRA adapter called (``model`` is then its base); empty: the base model itself.
+    adapter = models.ForeignKey(
+        "deployments.Adapter",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_events",
     )
     deployment = models.ForeignKey(
         "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -137,12 +162,13 @@ class UsageEvent(models.Model):
 
     @property
     def unpriced(self) -> bool:
-        """No price was in force for the model and currency: stored at cost 0."""
+        """No price was in force for the model (or adapter) and currency: stored at cost 0."""
         return self.price_id is None
 
 
 class UsageRollup(models.Model):
-    """Usage summed per hour, tenant, key, model and deployment; rebuildable from events."""
+    """Usage summed per hour, tenant, key, model, adapter and deployment; rebuildable from
+    events."""
 
     hour = models.DateTimeField()
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
@@ -151,6 +177,9 @@ class UsageRollup(models.Model):
     )
     model = models.ForeignKey(
         "deployments.CatalogModel", on_delete=models.CASCADE, related_name="+"
+    )
+    adapter = models.ForeignKey(
+        "deployments.Adapter", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     deployment = models.ForeignKey(
         "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -175,7 +204,16 @@ class UsageRollup(models.Model):
         ordering = ["-hour"]
         constraints = [
             models.UniqueConstraint(
-                fields=["hour", "tenant", "api_key", "model", "deployment", "price", "currency"],
+                fields=[
+                    "hour",
+                    "tenant",
+                    "api_key",
+                    "model",
+                    "adapter",
+                    "deployment",
+                    "price",
+                    "currency",
+                ],
                 name="rollup_unique_bucket_priced",
                 nulls_distinct=False,
             )
@@ -200,6 +238,9 @@ class UsageAdjustment(models.Model):
     )
     model = models.ForeignKey(
         "deployments.CatalogModel", on_delete=models.CASCADE, related_name="+"
+    )
+    adapter = models.ForeignKey(
+        "deployments.Adapter", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     deployment = models.ForeignKey(
         "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -228,6 +269,7 @@ class UsageAdjustment(models.Model):
                     "tenant",
                     "api_key",
                     "model",
+                    "adapter",
                     "deployment",
                     "price",
                     "currency",

@@ -35,21 +35,23 @@ _ADD_COUNTS = ", ".join(
 )
 _HOUR = "date_trunc('hour', occurred_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
 
+# An adapter's usage is its own bucket beside its base model's (adapter_id NULL: the base).
 ROLLUP_SQL = f"""
-INSERT INTO metering_usagerollup AS t (hour, tenant_id, api_key_id, model_id, deployment_id,
-    price_id, currency, {_COUNT_COLUMNS})
-SELECT {_HOUR}, tenant_id, api_key_id, model_id, deployment_id, price_id, currency, {_COUNTS}
+INSERT INTO metering_usagerollup AS t (hour, tenant_id, api_key_id, model_id, adapter_id,
+    deployment_id, price_id, currency, {_COUNT_COLUMNS})
+SELECT {_HOUR}, tenant_id, api_key_id, model_id, adapter_id, deployment_id, price_id, currency,
+    {_COUNTS}
 FROM metering_usageevent WHERE adjustment_hour IS NULL AND {{where}}
-GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
 ON CONFLICT ON CONSTRAINT rollup_unique_bucket_priced DO UPDATE SET {_ADD_COUNTS}
 """
 ADJUSTMENT_SQL = f"""
 INSERT INTO metering_usageadjustment AS t (hour, usage_hour, tenant_id, api_key_id, model_id,
-    deployment_id, price_id, currency, {_COUNT_COLUMNS})
-SELECT adjustment_hour, {_HOUR}, tenant_id, api_key_id, model_id, deployment_id, price_id,
-    currency, {_COUNTS}
+    adapter_id, deployment_id, price_id, currency, {_COUNT_COLUMNS})
+SELECT adjustment_hour, {_HOUR}, tenant_id, api_key_id, model_id, adapter_id, deployment_id,
+    price_id, currency, {_COUNTS}
 FROM metering_usageevent WHERE adjustment_hour IS NOT NULL AND {{where}}
-GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 ON CONFLICT ON CONSTRAINT adjustment_unique_bucket DO UPDATE SET {_ADD_COUNTS}
 """
 

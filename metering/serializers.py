@@ -1,15 +1,27 @@
 """Admin API representations of prices and usage."""
 
+from typing import Any
+
 from rest_framework import serializers
 
 from core.api import ModelSerializer
-from deployments.models import CatalogModel
+from deployments.models import Adapter, CatalogModel
 from metering.models import PRICE_FIELDS, Price, UsageEvent
 
 
 class PriceSerializer(ModelSerializer):
     model = serializers.SlugRelatedField(
-        slug_field="served_name", queryset=CatalogModel.objects.all()
+        slug_field="served_name",
+        queryset=CatalogModel.objects.all(),
+        required=False,
+        help_text="The base model; for an adapter's price it may be left out.",
+    )
+    adapter = serializers.SlugRelatedField(
+        slug_field="served_name",
+        queryset=Adapter.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="A LoRA adapter's served name: the price is the adapter's own.",
     )
     cached_input_per_mtok = serializers.DecimalField(
         max_digits=14,
@@ -28,11 +40,22 @@ class PriceSerializer(ModelSerializer):
         read_only_fields = ["created_at"]
         validators = []  # uniqueness is checked by the service with a readable message
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        adapter = attrs.get("adapter")
+        if adapter is not None:
+            attrs.setdefault("model", adapter.base)
+        if "model" not in attrs:
+            raise serializers.ValidationError({"model": "Name a model or an adapter."})
+        return attrs
+
 
 class UsageEventSerializer(ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True, allow_null=True)
     model = serializers.SlugRelatedField(slug_field="served_name", read_only=True)
+    adapter = serializers.SlugRelatedField(
+        slug_field="served_name", read_only=True, allow_null=True
+    )
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
@@ -43,6 +66,7 @@ class UsageEventSerializer(ModelSerializer):
             "tenant",
             "api_key",
             "model",
+            "adapter",
             "deployment",
             "endpoint",
             "priority",

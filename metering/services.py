@@ -1,5 +1,8 @@
 """Rules for prices (versioned, never edited, looked up by the time of a request), who sees
-which prices and usage, and which usage an export query covers."""
+which prices and usage, and which usage an export query covers.
+
+A LoRA adapter may have prices of its own (rows with ``adapter`` set, ``model`` its base);
+while it has none in force, its requests are billed at its base's price."""
 
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -7,13 +10,13 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.changes import publish_change
 from core.errors import Conflict
-from deployments.access import models_visible_to
-from deployments.models import CatalogModel
+from deployments.access import adapters_visible_to, models_visible_to
+from deployments.models import Adapter, CatalogModel
 from metering import export
 from metering.models import PRICE_FIELDS, Price, UsageEvent, UsageRollup
 from tenants.access import own_rows
@@ -33,8 +36,14 @@ def set_price(
     output_per_mtok: Decimal,
     currency: str = "USD",
     effective_from: datetime | None = None,
+    adapter: Adapter | None = None,
 ) -> Price:
-    """A new price version for a model; the previous version stays for history."""
+    """A new price version for a model, or for one of its adapters (``model`` is then the
+    adapter's base); the previous version stays for history."""
+    if adapter is not None and adapter.base_id != model.pk:
+        raise ValidationError(
+            {"adapter": f"{adapter} is an adapter of {adapter.base}, not {model}."}
+        )
     now = timezone.now()
     effective_from = effective_from or now
     if effective_from < now - BACKDATE_GRACE:
@@ -43,6 +52,7 @@ def set_price(
         )
     price = Price(
         model=model,
+        adapter=adapter,
         currency=currency,
         input_per_mtok=input_per_mtok,
         cached_input_per_mtok=input_per_mtok
@@ -57,18 +67,54 @@ def set_price(
         with transaction.atomic():
             price.save()
     except IntegrityError:
+        what = "adapter" if adapter is not None else "model"
         raise Conflict(
-            {"effective_from": "A price for this model starts at that moment already."}
+            {"effective_from": f"A price for this {what} starts at that moment already."}
         ) from None
-    record(actor, AuditAction.CREATE, price, changes=snapshot(price, PRICE_FIELDS))
+    # An adapter's owner sees its price change in their tenant's audit log.
+    owner = adapter.tenant if adapter is not None else None
+    record(actor, AuditAction.CREATE, price, tenant=owner, changes=snapshot(price, PRICE_FIELDS))
     publish_change("price", model.pk)
     return price
 
 
-def price_at(model: CatalogModel, currency: str, when: datetime) -> Price | None:
-    """The price version in force for a model and currency at a moment."""
+def set_adapter_price(
+    actor: Actor,
+    adapter: Adapter,
+    input_per_mtok: Decimal,
+    cached_input_per_mtok: Decimal | None,
+    output_per_mtok: Decimal,
+    currency: str = "USD",
+    effective_from: datetime | None = None,
+) -> Price:
+    """A new price version for an adapter; until its first starts, its base's price applies."""
+    return set_price(
+        actor,
+        adapter.base,
+        input_per_mtok,
+        cached_input_per_mtok,
+        output_per_mtok,
+        currency=currency,
+        effective_from=effective_from,
+        adapter=adapter,
+    )
+
+
+def price_at(
+    model: CatalogModel, currency: str, when: datetime, adapter: Adapter | None = None
+) -> Price | None:
+    """The price version in force at a moment for a model, or for an adapter of it: the
+    adapter's own if it has one in force then, else its base's."""
+    if adapter is not None:
+        own = _in_force(Price.objects.filter(adapter=adapter), currency, when)
+        if own is not None:
+            return own
+    return _in_force(Price.objects.filter(model=model, adapter=None), currency, when)
+
+
+def _in_force(prices: QuerySet[Price], currency: str, when: datetime) -> Price | None:
     return (
-        Price.objects.filter(model=model, currency=currency, effective_from__lte=when)
+        prices.filter(currency=currency, effective_from__lte=when)
         .order_by("-effective_from")
         .first()
     )
@@ -84,13 +130,19 @@ def filter_usage(q: export.ExportQuery) -> QuerySet[UsageRollup]:
 
 
 def prices_visible_to(user: Any) -> QuerySet[Price]:
-    """The prices of the models the user may see."""
-    return Price.objects.select_related("model").filter(model__in=models_visible_to(user))
+    """The prices of the models and adapters the user may see (another tenant's private
+    adapter and its prices do not exist for them)."""
+    base = Q(adapter=None, model__in=models_visible_to(user))
+    return Price.objects.select_related("model", "adapter").filter(
+        base | Q(adapter__in=adapters_visible_to(user))
+    )
 
 
 def usage_events_visible_to(user: Any) -> QuerySet[UsageEvent]:
     """Requests' usage: tenant admins see their tenants', members their own keys'."""
-    events = UsageEvent.objects.select_related("tenant", "api_key", "model", "deployment")
+    events = UsageEvent.objects.select_related(
+        "tenant", "api_key", "model", "adapter", "deployment"
+    )
     return own_rows(user, events, owner="api_key__created_by")
 
 

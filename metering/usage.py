@@ -4,7 +4,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDay
 
 from core.keyspace import quota_key
@@ -41,10 +41,16 @@ def summary(qs: QuerySet[UsageRollup]) -> dict[str, Any]:
 
 
 def breakdown(qs: QuerySet[UsageRollup], group_by: str) -> list[dict[str, Any]]:
-    """Usage per model (``model``) or per UTC day (``day``)."""
+    """Usage per model and adapter (``model``: a row for the base model itself and one per
+    adapter called on it, ``adapter`` null on the first) or per UTC day (``day``)."""
     if group_by == "model":
-        rows = qs.values("model__served_name").annotate(**_SUMS).order_by("model__served_name")
-        return [{"model": r["model__served_name"], **_figures(r)} for r in rows]
+        names = ("model__served_name", "adapter__served_name")
+        base_first = F("adapter__served_name").asc(nulls_first=True)
+        rows = qs.values(*names).annotate(**_SUMS).order_by("model__served_name", base_first)
+        return [
+            {"model": r["model__served_name"], "adapter": r["adapter__served_name"], **_figures(r)}
+            for r in rows
+        ]
     rows = qs.annotate(day=TruncDay("hour")).values("day").annotate(**_SUMS).order_by("day")
     return [{"day": r["day"].date().isoformat(), **_figures(r)} for r in rows]
 

@@ -98,7 +98,10 @@ class UsageExportView(APIView):
             OpenApiParameter("end", str, description="Date or ISO time, exclusive."),
             OpenApiParameter("tenant", str, description="Tenant slug."),
             OpenApiParameter("key", str, description="API key prefix."),
-            OpenApiParameter("model", str, description="Model served name."),
+            OpenApiParameter(
+                "model", str, description="Model served name (its adapters' usage included)."
+            ),
+            OpenApiParameter("adapter", str, description="LoRA adapter served name."),
             OpenApiParameter("granularity", str, enum=export.GRANULARITIES, default="day"),
             OpenApiParameter("format", str, enum=export.FORMATS, default="showback"),
         ],
