@@ -170,7 +170,7 @@ def prepare(ex: Exchange, scope: dict) -> tuple[int, int]:
     rt, payload, tenant, model, upstreams = ex.rt, ex.payload, ex.tenant, ex.model, ex.upstreams
     occurred = ex.occurred = time.time()
     prompt_est, output_est = estimate(ex.body, payload, model, ex.endpoint)
-    ex.price = rt.snapshot.price_at(model.id, tenant.currency, occurred)
+    ex.price = rt.snapshot.price_for(model, tenant.currency, occurred)
     ex.request_id = "req_" + secrets.token_hex(12)
     # The body's "priority" is Tollgate's (a class to lower to); it never reaches an engine
     # as such: engines that schedule by priority get the class as vLLM's integer instead.
@@ -203,7 +203,8 @@ def prepare(ex: Exchange, scope: dict) -> tuple[int, int]:
     ex.claim = Claim(
         request_id=ex.request_id,
         model_id=model.id,
-        budget=sum(u.max_num_seqs for u in upstreams),
+        # The model's whole pool (an adapter's requests share its base's engine slots).
+        budget=sum(u.max_num_seqs for u in rt.snapshot.routes.get(model.id, upstreams)),
         priority=priority,
         tenant_id=tenant.id,
         weight=tenant.weight,
@@ -226,6 +227,7 @@ def open_record(ex: Exchange) -> dict:
             "tenant_id": ex.tenant.id,
             "api_key_id": ex.key.id,
             "model_id": ex.model.id,
+            "adapter_id": ex.model.adapter_id or None,
             "deployment_id": None,
             "endpoint": ex.endpoint,
             "priority": ex.claim.priority,

@@ -175,7 +175,11 @@ class Gateway:
         return None if tenant is None else (key, tenant)
 
     def allowed(self, key: KeyInfo, tenant: TenantInfo, model: ModelInfo | None) -> bool:
+        """Whether the key may call ``model`` (an adapter: one its tenant may call, on a base
+        its key may call); the caller answers anything else exactly as a missing model."""
         if model is None or model.id not in tenant.model_ids:
+            return False
+        if model.adapter_id and model.adapter_id not in tenant.adapter_ids:
             return False
         return not key.model_ids or model.id in key.model_ids
 
@@ -187,7 +191,7 @@ class Gateway:
             return await respond(send, 401, INVALID_KEY)
         key, tenant = auth
         cards = [
-            {"id": m.served_name, "object": "model", "created": m.created, "owned_by": "tollgate"}
+            model_card(m)
             for m in sorted(self.rt.snapshot.models.values(), key=lambda m: m.served_name)
             if self.allowed(key, tenant, m)
         ]
@@ -272,6 +276,14 @@ class Gateway:
             payload, plan = prepared
             body = orjson.dumps(payload)
         upstreams = self.rt.snapshot.routes.get(model.id)
+        if upstreams and model.adapter_id:
+            problem = adapter_problem(model)
+            if problem:
+                return await respond(send, *problem)
+            upstreams = await self.rt.lora.ensure(model, upstreams)
+            if isinstance(upstreams, tuple):
+                metrics.REJECTIONS.labels(tenant.slug, "adapter_not_loaded").inc()
+                return await respond(send, *upstreams)
         if not upstreams:
             metrics.REJECTIONS.labels(tenant.slug, "no_replica").inc()
             return await respond(
@@ -340,3 +352,33 @@ class Gateway:
                 "stream_options is only allowed when stream is true.", param="stream_options"
             )
         return None
+
+
+def model_card(model: ModelInfo) -> dict:
+    """A model's /v1/models card; an adapter's names its base (as vLLM's cards do)."""
+    card = {"id": model.served_name, "object": "model", "created": model.created}
+    card["owned_by"] = "tollgate"
+    if model.adapter_id:
+        card["parent"] = model.parent
+    return card
+
+
+def adapter_problem(model: ModelInfo) -> tuple | None:
+    """Why an adapter the tenant may call cannot be called yet (its files are checked first)."""
+    if model.status == "ready":
+        return None
+    if model.status == "failed":
+        return 400, error_body(
+            f"The adapter `{model.served_name}` failed its check: {model.status_message}",
+            param="model",
+            code="model_not_supported",
+        )
+    return (
+        503,
+        error_body(
+            f"The adapter `{model.served_name}` is still being checked. Please retry shortly.",
+            "server_error",
+            code="model_not_ready",
+        ),
+        [(b"retry-after", b"10")],
+    )

@@ -101,12 +101,18 @@ class Forwarding:
         ex = self.ex
         outcome, model_name = self.outcome, ex.payload["model"]
         replicas = ex.upstreams
+        adapter = ex.model.adapter_id
         if len(replicas) > 1:
-            replicas = await ex.rt.router.order(ex.model.id, ex.endpoint, ex.payload, replicas)
+            # An adapter's prefixes are cached apart from its base's (vLLM keys the KV cache
+            # by adapter too): its own table.
+            table = f"{ex.model.id}.{adapter}" if adapter else ex.model.id
+            replicas = await ex.rt.router.order(table, ex.endpoint, ex.payload, replicas)
         path = UPSTREAM_PATHS[ex.endpoint]
         headers = {"content-type": "application/json", "x-request-id": ex.request_id}
         for upstream in replicas:
             self.chosen = upstream
+            if adapter:
+                ex.rt.lora.touch(upstream.replica_id, adapter)
             upstream.outstanding += 1
             metrics.in_flight[model_name] += 1
             try:

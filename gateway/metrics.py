@@ -76,6 +76,17 @@ QUEUE_WAIT = Histogram(
     ["priority", "tenant"],
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+ADAPTER_LOADS = Counter(
+    "tollgate_adapter_loads_requested_total",
+    "Loads of a LoRA adapter into an engine replica the gateway asked a worker for.",
+    ["model"],
+)
+ADAPTER_WAIT = Histogram(
+    "tollgate_adapter_load_wait_seconds",
+    "Time requests waited for their LoRA adapter to be loaded into an engine.",
+    ["model"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
 UPSTREAM_ERRORS = Counter(
     "tollgate_upstream_errors_total", "Engine failures seen by the gateway.", ["model", "kind"]
 )

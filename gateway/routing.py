@@ -99,7 +99,7 @@ class Router:
         self._turn = itertools.count()
 
     async def order(
-        self, model_id: int, endpoint: str, payload: dict, upstreams: list[Upstream]
+        self, model_id: int | str, endpoint: str, payload: dict, upstreams: list[Upstream]
     ) -> list[Upstream]:
         if len(upstreams) < 2:
             return upstreams

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 import aiohttp
+import orjson
 import redis.asyncio as aioredis
 import redis.exceptions
 from django.conf import settings
@@ -23,6 +24,7 @@ from core.keyspace import invalidation_channel, preempt_channel, wake_channel
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.limiter import Limiter, Reservation
+from gateway.lora import LoraTable
 from gateway.redispipe import RedisPipe
 from gateway.response_store import ResponseStore
 from gateway.routing import Router
@@ -45,6 +47,13 @@ def _load_in_thread(previous: Snapshot | None) -> Snapshot:
         return load_snapshot(previous)
     finally:
         close_old_connections()
+
+
+def _send_task(name: str, args: list, queue: str) -> None:
+    """Queue a worker task by name (the gateway never imports the apps' task modules)."""
+    from celery import current_app  # the project's app (config/__init__.py loads it)
+
+    current_app.send_task(name, args=args, queue=queue or None)
 
 
 def _mark_used(key_ids: set[int]) -> None:
@@ -74,11 +83,13 @@ class Runtime:
         self.unsettled: list[tuple[Reservation, int, int, bytes, int]] = []
         self.admission: Admission | None = None
         self.responses: ResponseStore | None = None  # kept /v1/responses answers
+        self.lora: LoraTable | None = None  # which engines hold which adapters
         self.open_requests: set[str] = set()  # admitted, not yet settled
         # Preemptible requests of this process (request id -> its forwarding, which
         # on_preempt() stops: gateway/preemptible.py)
         self.preemptible: dict[str, Any] = {}
         self._tasks: list[asyncio.Task] = []
+        self._side_tasks: set[asyncio.Task] = set()
         self._reload_requested = asyncio.Event()
 
     async def start(self) -> None:
@@ -98,6 +109,7 @@ class Runtime:
         self.router = Router(self.pipe)
         self.admission = Admission(self.redis)
         self.responses = ResponseStore(self.redis, self.pipe)
+        self.lora = LoraTable(self.redis, _send_task)
         self.session = make_client(settings.TOLLGATE_UPSTREAM_CLIENT)
         try:
             self.snapshot = await asyncio.to_thread(_load_in_thread, None)
@@ -112,6 +124,9 @@ class Runtime:
             asyncio.create_task(self._flush_last_used(), name="gateway-last-used"),
             asyncio.create_task(self._retry_unsettled(), name="gateway-settle-retry"),
             asyncio.create_task(self._flush_metrics(), name="gateway-metrics"),
+            asyncio.create_task(
+                self.lora.keep_fresh(lambda: self.snapshot.routes), name="gateway-adapters"
+            ),
             asyncio.create_task(
                 self.admission.renew_leases(self.open_requests), name="gateway-leases"
             ),
@@ -223,6 +238,11 @@ class Runtime:
                         victim = self.preemptible.get(message["data"].decode())
                         if victim is not None:  # else another process serves it
                             victim.on_preempt()
+                    elif message["data"].startswith(b'{"kind":"lora"'):
+                        replica = int(orjson.loads(message["data"])["id"])
+                        task = asyncio.create_task(self._refresh_lora(replica))
+                        self._side_tasks.add(task)  # held until done (asyncio keeps weak refs)
+                        task.add_done_callback(self._side_tasks.discard)
                     else:
                         self.request_reload()
             except asyncio.CancelledError:
@@ -232,6 +252,12 @@ class Runtime:
                 await asyncio.sleep(1.0)
             finally:
                 await pubsub.aclose()
+
+    async def _refresh_lora(self, replica_id: int) -> None:
+        try:
+            await self.lora.refresh([replica_id])
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            log.warning("could not read replica %s's adapters", replica_id, exc_info=True)
 
     async def _flush_last_used(self) -> None:
         while True:

@@ -79,6 +79,7 @@ def usage_record(
         tenant_id=ex.tenant.id,
         api_key_id=ex.key.id,
         model_id=ex.model.id,
+        adapter_id=ex.model.adapter_id or None,
         deployment_id=upstream.deployment_id if upstream else None,
         endpoint=ex.endpoint,
         priority=ex.claim.priority,

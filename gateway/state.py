@@ -37,6 +37,7 @@ class TenantInfo:
     quota_money_nano: int  # 0: no money quota
     currency: str
     model_ids: frozenset[int]
+    adapter_ids: frozenset[int] = frozenset()  # the LoRA adapters it may call
 
     def priority_at(self, now: float) -> str:
         return "P0" if self.boost_until > now else self.priority
@@ -57,11 +58,18 @@ class KeyInfo:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """A name tenants call: a catalogue model, or a LoRA adapter on one (then ``id`` is its
+    base's: the base's engines, slots, routes and limits serve it)."""
+
     id: int
     served_name: str
     task: str
     context_length: int
     created: int
+    adapter_id: int = 0  # 0: the base model itself
+    parent: str = ""  # an adapter's base model's served name
+    status: str = ""  # an adapter's: ready, checking or failed
+    status_message: str = ""
 
 
 @dataclass(slots=True)
@@ -74,6 +82,7 @@ class Upstream:
     max_num_seqs: int
     auth_header: str = ""  # external engines that expect their own key
     priority_scheduling: bool = False  # vLLM --scheduling-policy priority: its queue by class
+    adapter_slots: int = 0  # LoRA adapters it keeps loaded (0: it serves none)
     outstanding: int = 0
 
 
@@ -96,7 +105,16 @@ class Snapshot:
     models: dict[str, ModelInfo] = field(default_factory=dict)
     routes: dict[int, list[Upstream]] = field(default_factory=dict)
     prices: dict[tuple[int, str], list[PriceInfo]] = field(default_factory=dict)
+    adapter_prices: dict[tuple[int, str], list[PriceInfo]] = field(default_factory=dict)
     loaded_at: float = 0.0
+
+    def price_for(self, model: ModelInfo, currency: str, at: float) -> PriceInfo | None:
+        """The price in force for a call of ``model``: an adapter's own, else its base's."""
+        if model.adapter_id:
+            for price in self.adapter_prices.get((model.adapter_id, currency), ()):
+                if price.effective_from <= at:
+                    return price
+        return self.price_at(model.id, currency, at)
 
     def price_at(self, model_id: int, currency: str, at: float) -> PriceInfo | None:
         """The price version in force at ``at`` (versions are sorted newest first)."""
@@ -126,6 +144,7 @@ def load_snapshot(previous: Snapshot | None = None) -> Snapshot:
     """Read everything the gateway needs in a handful of queries (runs in a thread)."""
     snap = Snapshot(loaded_at=time.time())
     _load_models(snap)
+    _load_adapters(snap)
     _load_tenants(snap)
     _load_keys(snap)
     _load_routes(snap, previous)
@@ -153,8 +172,28 @@ def _load_models(snap: Snapshot) -> None:
         )
 
 
+def _load_adapters(snap: Snapshot) -> None:
+    from deployments.models import Adapter
+
+    for adapter in Adapter.objects.select_related("base"):
+        if adapter.served_name in snap.models:
+            continue  # a model of that name came first (the services refuse such clashes)
+        base = adapter.base
+        snap.models[adapter.served_name] = ModelInfo(
+            id=base.pk,
+            served_name=adapter.served_name,
+            task=base.task,
+            context_length=base.context_length,
+            created=int(adapter.created_at.timestamp()),
+            adapter_id=adapter.pk,
+            parent=base.served_name,
+            status=adapter.status,
+            status_message=adapter.status_message,
+        )
+
+
 def _load_tenants(snap: Snapshot) -> None:
-    from deployments.access import models_for_tenant
+    from deployments.access import adapters_for_tenant, models_for_tenant
     from tenants.models import Tenant
 
     for tenant in Tenant.objects.all():
@@ -170,6 +209,7 @@ def _load_tenants(snap: Snapshot) -> None:
             quota_money_nano=_nano(tenant.quota_amount),
             currency=tenant.currency,
             model_ids=frozenset(models_for_tenant(tenant).values_list("pk", flat=True)),
+            adapter_ids=frozenset(adapters_for_tenant(tenant).values_list("pk", flat=True)),
         )
 
 
@@ -218,6 +258,9 @@ def _load_routes(snap: Snapshot, previous: Snapshot | None) -> None:
             auth_header=f"Bearer {replica.deployment.upstream_key}"
             if replica.deployment.upstream_key
             else "",
+            adapter_slots=replica.deployment.adapter_slots
+            if replica.deployment.serves_adapters
+            else 0,
             outstanding=old[replica.pk].outstanding if replica.pk in old else 0,
         )
         snap.routes.setdefault(replica.deployment.model_id, []).append(upstream)
@@ -227,7 +270,11 @@ def _load_prices(snap: Snapshot) -> None:
     from metering.models import Price
 
     for price in Price.objects.order_by("model_id", "currency", "-effective_from"):
-        snap.prices.setdefault((price.model_id, price.currency), []).append(
+        if price.adapter_id:
+            table, owner = snap.adapter_prices, price.adapter_id
+        else:
+            table, owner = snap.prices, price.model_id
+        table.setdefault((owner, price.currency), []).append(
             PriceInfo(
                 id=price.pk,
                 input_nano_per_mtok=_nano(price.input_per_mtok),

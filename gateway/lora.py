@@ -1,0 +1,196 @@
+"""Which engine replicas hold which LoRA adapters, and getting one loaded for a request.
+
+A request for an adapter goes to a replica of its base that holds it (then the usual
+prefix-aware or least-loaded choice among those). When none does, the gateway asks a worker
+to load it into the least-loaded replica (the task ``deployments.load_adapter`` on
+``TOLLGATE_ADAPTER_QUEUE``; one request per replica and adapter, however many requests
+wait) and the request waits, up to
+``TOLLGATE_ADAPTER_LOAD_TIMEOUT``, for the worker to say it is there. When every holder is
+busy, it is loaded on one more replica meanwhile, while this request goes to a holder.
+
+What each replica holds is the worker's record in Redis (core.keyspace.lora_keys), read
+again when the worker announces a change (kind ``lora`` on the invalidation channel), every
+``REFRESH_SECONDS`` in case an announcement was lost, and while a request waits. Each use
+is recorded (batched, once a second) for the worker's least-recently-used unloading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import redis.exceptions
+
+from core.hot import setting
+from core.keyspace import lora_keys, lora_want_key
+from gateway import metrics
+from gateway.errors import error_body
+from gateway.state import ModelInfo, Upstream
+
+log = logging.getLogger("tollgate.gateway")
+
+REFRESH_SECONDS = 10.0
+FLUSH_SECONDS = 1.0
+LOAD_TASK = "deployments.load_adapter"
+
+
+class LoraTable:
+    """One gateway process's view of the adapters its engines hold."""
+
+    def __init__(self, redis: Any, send_task: Any) -> None:
+        self.redis = redis
+        self.send_task = send_task  # (task name, args, queue) -> None, blocking (a thread)
+        self.held: dict[int, frozenset[int]] = {}  # replica id -> adapter ids
+        self.failures: dict[int, dict[int, str]] = {}  # replica id -> adapter id -> reason
+        self.used: dict[int, dict[int, float]] = {}  # replica id -> adapter id -> ms, to flush
+        self._changed = asyncio.Event()
+
+    # --- what replicas hold ------------------------------------------------------------------
+
+    def holders(self, adapter_id: int, upstreams: list[Upstream]) -> list[Upstream]:
+        return [u for u in upstreams if adapter_id in self.held.get(u.replica_id, ())]
+
+    async def refresh(self, replica_ids: list[int]) -> None:
+        """Read what these replicas hold (and why loads failed) from the worker's record."""
+        if not replica_ids:
+            return
+        async with asyncio.timeout(2.0):
+            pipe = self.redis.pipeline(transaction=False)
+            for rid in replica_ids:
+                held, _used, err = lora_keys(rid)
+                pipe.hkeys(held)
+                pipe.hgetall(err)
+            answers = await pipe.execute()
+        for rid, keys, errs in zip(replica_ids, answers[::2], answers[1::2], strict=True):
+            self.held[rid] = frozenset(int(k) for k in keys)
+            self.failures[rid] = {int(k): v.decode() for k, v in errs.items()}
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def keep_fresh(self, routes: Any) -> None:
+        """Background task: re-read every replica serving adapters now and then, and flush
+        the uses recorded since the last round."""
+        last = 0.0
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            try:
+                await self.flush_used()
+                if time.monotonic() - last >= REFRESH_SECONDS:
+                    last = time.monotonic()
+                    ids = [
+                        u.replica_id for ups in routes().values() for u in ups if u.adapter_slots
+                    ]
+                    await self.refresh(ids)
+            except (redis.exceptions.RedisError, OSError, TimeoutError):
+                log.warning("could not read or record engines' adapters; will retry", exc_info=True)
+
+    def touch(self, replica_id: int, adapter_id: int) -> None:
+        """A request for the adapter went to the replica (recorded in the next flush)."""
+        self.used.setdefault(replica_id, {})[adapter_id] = time.time() * 1000
+
+    async def flush_used(self) -> None:
+        if not self.used:
+            return
+        batch, self.used = self.used, {}
+        async with asyncio.timeout(2.0):
+            pipe = self.redis.pipeline(transaction=False)
+            for rid, uses in batch.items():
+                pipe.zadd(lora_keys(rid)[1], uses)
+            await pipe.execute()
+
+    # --- getting an adapter loaded -------------------------------------------------------------
+
+    async def ensure(self, model: ModelInfo, upstreams: list[Upstream]) -> list[Upstream] | tuple:
+        """The replicas to send a request for ``model`` (an adapter) to, once one holds it;
+        or (status, body, headers) when none can in time."""
+        serving = [u for u in upstreams if u.adapter_slots]
+        if not serving:
+            return _refusal(
+                503,
+                f"The adapter `{model.served_name}` cannot be served now: no engine of its base "
+                f"model `{model.parent}` has adapters enabled.",
+            )
+        if setting("TOLLGATE_ADAPTER_ROUTING") == "ignore":
+            # For comparison (bench/adapter_routing_bench.py): the least-loaded replica,
+            # wherever the adapter is, loading it there if need be.
+            serving = [min(serving, key=_load)]
+        adapter = model.adapter_id
+        limit = setting("TOLLGATE_ADAPTER_LOAD_TIMEOUT")
+        deadline = time.monotonic() + limit
+        asked: set[int] = set()
+        while True:
+            holders = self.holders(adapter, serving)
+            if holders:
+                if asked:
+                    waited = time.monotonic() - (deadline - limit)
+                    metrics.ADAPTER_WAIT.labels(model.served_name).observe(waited)
+                await self._spread(model, holders, serving)
+                return holders
+            if not asked:
+                target = self._target(serving)
+                await self.request_load(model, target)
+                asked.add(target.replica_id)
+            for rid in asked:
+                reason = self.failures.get(rid, {}).get(adapter)
+                if reason:
+                    return _refusal(
+                        503, f"The adapter `{model.served_name}` could not be loaded: {reason}"
+                    )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return _refusal(
+                    503,
+                    f"The adapter `{model.served_name}` is being loaded into an engine and was "
+                    "not ready in time. Please retry shortly.",
+                )
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
+            except TimeoutError:
+                # The announcement may be lost (or was sent before we listened): read it.
+                await self.refresh(sorted(asked))
+
+    async def _spread(
+        self, model: ModelInfo, holders: list[Upstream], serving: list[Upstream]
+    ) -> None:
+        """Every holder busy past the threshold: load it on the least-loaded other replica
+        too (this request still goes to a holder)."""
+        spread = setting("TOLLGATE_ADAPTER_SPREAD_LOAD")
+        if len(holders) == len(serving) or min(map(_load, holders)) < spread:
+            return
+        others = [u for u in serving if u not in holders]
+        target = min(others, key=_load)
+        if _load(target) < spread:
+            await self.request_load(model, target)
+
+    def _target(self, serving: list[Upstream]) -> Upstream:
+        """Where to load an adapter no replica holds: the least-loaded replica, and among
+        equals the one holding the fewest adapters (its loading unloads nobody's)."""
+        return min(serving, key=lambda u: (_load(u), len(self.held.get(u.replica_id, ()))))
+
+    async def request_load(self, model: ModelInfo, target: Upstream) -> None:
+        """Ask a worker to load the adapter into the replica, once however many ask."""
+        adapter = model.adapter_id
+        timeout = max(int(setting("TOLLGATE_ADAPTER_LOAD_TIMEOUT")), 1)
+        try:
+            async with asyncio.timeout(2.0):
+                first = await self.redis.set(
+                    lora_want_key(target.replica_id, adapter), 1, nx=True, ex=timeout
+                )
+            if first:
+                metrics.ADAPTER_LOADS.labels(model.served_name).inc()
+                args = [adapter, target.replica_id]
+                queue = setting("TOLLGATE_ADAPTER_QUEUE")
+                await asyncio.to_thread(self.send_task, LOAD_TASK, args, queue)
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            log.warning("could not ask for adapter %s on replica %s", adapter, target.replica_id)
+
+
+def _load(u: Upstream) -> float:
+    return u.outstanding / max(u.max_num_seqs, 1)
+
+
+def _refusal(status: int, message: str) -> tuple:
+    body = error_body(message, "server_error", code="model_not_ready")
+    return status, body, [(b"retry-after", b"5")]
