@@ -5,6 +5,7 @@ from django.urls import path
 
 from core.api import AdminRouter
 from deployments.api import (
+    AdapterViewSet,
     AllowedImageViewSet,
     CatalogModelViewSet,
     DeploymentViewSet,
@@ -30,6 +31,7 @@ router.register("members", MembershipViewSet, basename="membership")
 router.register("users", UserViewSet, basename="user")
 router.register("tokens", AdminTokenViewSet, basename="admintoken")
 router.register("models", CatalogModelViewSet, basename="catalogmodel")
+router.register("adapters", AdapterViewSet, basename="adapter")
 router.register("prices", PriceViewSet, basename="price")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("deployments", DeploymentViewSet, basename="deployment")

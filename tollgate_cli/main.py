@@ -4,6 +4,8 @@
     tollgate tenants create "Acme Research" --set requests_per_minute=120
     tollgate keys create --tenant acme-research --name notebook       (prints the key once)
     tollgate prices set --model qwen3-8b --input 0.20 --output 0.60
+    tollgate adapters create acme/support-v3 --base qwen3-8b --source acme/support-v3-lora
+    tollgate adapters upload acme/support-v3 support-v3.tar.gz        (new files, checked again)
     tollgate usage export --period 2026-11 --tenant acme-research -o acme.csv
 
 Every command speaks the admin REST API (``/api/v1/``); ``--json`` prints its answers as
@@ -17,6 +19,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import httpx
+
 from tollgate_cli.client import DEFAULT_URL, Api, CliError, config_path, save_config
 
 # The columns a list shows, per resource (``--json`` shows everything).
@@ -24,6 +28,7 @@ COLUMNS = {
     "tenants": ["slug", "name", "status", "priority", "requests_per_minute", "quota_amount"],
     "keys": ["id", "tenant", "name", "key_hint", "status", "expires_at"],
     "models": ["served_name", "task", "visibility", "params_billions", "context_length"],
+    "adapters": ["served_name", "base", "tenant", "visibility", "status", "rank"],
     "prices": ["id", "model", "currency", "input_per_mtok", "output_per_mtok", "effective_from"],
     "deployments": ["name", "model", "node", "replicas", "desired_state", "state"],
 }
@@ -73,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tenants(commands, common)
     _keys(commands, common)
     _models(commands, common)
+    _adapters(commands, common)
     _prices(commands, common)
     _deployments(commands, common)
     _usage(commands, common)
@@ -164,12 +170,54 @@ def _models(commands: Any, common: argparse.ArgumentParser) -> None:
         )
 
 
+def _adapters(commands: Any, common: argparse.ArgumentParser) -> None:
+    group = _group(commands, "adapters", "LoRA adapters on a base model")
+    path = "/api/v1/adapters/"
+    listing = _action(group, common, "list", "list adapters", cmd_adapters_list)
+    listing.add_argument("--base", help="only this base model's (served name)")
+    listing.add_argument("--tenant", help="only this tenant's (slug)")
+    listing.add_argument("--status", choices=["checking", "ready", "failed"])
+    _action(group, common, "show", "one adapter", lambda a: show(a, f"{path}{a.name}/"), "name")
+    create = _action(group, common, "create", "register an adapter", cmd_adapter_create)
+    create.add_argument("served_name", help="the name clients pass as model")
+    create.add_argument("--base", required=True, help="the base model's served name")
+    files = create.add_mutually_exclusive_group(required=True)
+    files.add_argument(
+        "--source", help="hub id (downloaded into nodes' caches if missing), or a cache folder"
+    )
+    files.add_argument(
+        "--archive", metavar="FILE", help="upload its files: a .tar, .tar.gz or .zip"
+    )
+    create.add_argument("--tenant", help="owner tenant slug (default: yours; admins: none)")
+    create.add_argument("--description")
+    create.add_argument("--pinned", action="store_true", help="keep it loaded on every replica")
+    _fields(create)
+    update = _action(group, common, "update", "change fields", _update(path, "name"), "name")
+    _fields(update)
+    _action(group, common, "delete", "remove an adapter", _delete(path, "name"), "name")
+    grant = _grant(path, "grant")
+    _action(group, common, "grant", "let a tenant call it", grant, "name", "tenant")
+    revoke = group.add_parser(
+        "revoke", parents=[common], aliases=["ungrant"], help="take a tenant's grant away"
+    )
+    revoke.add_argument("name")
+    revoke.add_argument("tenant")
+    revoke.set_defaults(run=_grant(path, "ungrant"))
+    check = _post(path, "name", "check")
+    _action(group, common, "check", "check its files again", check, "name")
+    upload = _action(group, common, "upload", "replace its files", cmd_adapter_upload, "name")
+    upload.add_argument("archive", metavar="FILE", help="a .tar, .tar.gz or .zip of its files")
+
+
 def _prices(commands: Any, common: argparse.ArgumentParser) -> None:
-    group = _group(commands, "prices", "versioned prices per model")
+    group = _group(commands, "prices", "versioned prices per model and adapter")
     listing = _action(group, common, "list", "list price versions", cmd_prices_list)
     listing.add_argument("--model", help="only this model's (served name)")
+    listing.add_argument("--adapter", help="only this adapter's (served name)")
     price = _action(group, common, "set", "start a new price version", cmd_price_set)
-    price.add_argument("--model", required=True, help="served name")
+    what = price.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="served name")
+    what.add_argument("--adapter", help="an adapter's served name (its own price)")
     price.add_argument("--input", required=True, help="per 1M input tokens")
     price.add_argument("--output", required=True, help="per 1M output tokens")
     price.add_argument("--cached-input", help="per 1M cached input tokens (default: input)")
@@ -294,13 +342,74 @@ def cmd_model_create(args: argparse.Namespace) -> None:
     emit(args, api(args).request("POST", "/api/v1/models/", json=body))
 
 
+def cmd_adapters_list(args: argparse.Namespace) -> None:
+    filters = {"base__served_name": args.base, "tenant__slug": args.tenant, "status": args.status}
+    params = {k: v for k, v in filters.items() if v is not None}
+    show_list(args, "adapters", "/api/v1/adapters/", params)
+
+
+def cmd_adapter_create(args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {"served_name": args.served_name, "base": args.base}
+    optional = {"tenant": args.tenant, "description": args.description, "source": args.source}
+    body |= {k: v for k, v in optional.items() if v is not None}
+    if args.pinned:
+        body["pinned"] = True
+    body |= _parse_fields(args.fields)
+    if args.archive is None:
+        emit(args, api(args).request("POST", "/api/v1/adapters/", json=body))
+        return
+    with _opened(args.archive) as archive:
+        answer = api(args).request(
+            "POST",
+            "/api/v1/adapters/",
+            data={name: _form_value(value) for name, value in body.items()},
+            files={"archive": archive},
+            timeout=UPLOAD_TIMEOUT,
+        )
+    emit(args, answer)
+
+
+def cmd_adapter_upload(args: argparse.Namespace) -> None:
+    with _opened(args.archive) as archive:
+        answer = api(args).request(
+            "POST",
+            f"/api/v1/adapters/{args.name}/upload/",
+            files={"archive": archive},
+            timeout=UPLOAD_TIMEOUT,
+        )
+    emit(args, answer)
+
+
+# An upload is streamed from the file; the appliance checks it before it answers.
+UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+
+
+def _opened(path: str) -> Any:
+    """The archive to upload, opened for streaming (never read whole)."""
+    try:
+        return open(path, "rb")  # noqa: SIM115 - closed by the caller's with
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror}", status=2) from None
+
+
+def _form_value(value: Any) -> str:
+    """A field of a multipart body, as the API reads it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        raise CliError("with --archive, give lists and objects later with update", status=2)
+    return str(value)
+
+
 def cmd_prices_list(args: argparse.Namespace) -> None:
-    params = {"model__served_name": args.model} if args.model else None
-    show_list(args, "prices", "/api/v1/prices/", params)
+    filters = {"model__served_name": args.model, "adapter__served_name": args.adapter}
+    params = {k: v for k, v in filters.items() if v is not None}
+    show_list(args, "prices", "/api/v1/prices/", params or None)
 
 
 def cmd_price_set(args: argparse.Namespace) -> None:
-    body = {"model": args.model, "input_per_mtok": args.input, "output_per_mtok": args.output}
+    what = {"model": args.model} if args.model else {"adapter": args.adapter}
+    body = {**what, "input_per_mtok": args.input, "output_per_mtok": args.output}
     optional = {
         "cached_input_per_mtok": args.cached_input,
         "currency": args.currency,

@@ -21,9 +21,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from config.api_urls import router
+from deployments import adapters as adapter_services
 from deployments import services as deployment_services
 from deployments.choices import OperationKind, Visibility
-from deployments.models import CatalogModel, Deployment, Node, Operation
+from deployments.models import Adapter, CatalogModel, Deployment, Node, Operation
 from metering import services as metering_services
 from metering.models import Price, UsageEvent
 from tenants import services
@@ -69,6 +70,7 @@ class World:
     node: Node
     deployment: Deployment
     operation: Operation
+    adapter_a: Adapter  # tenant A's private LoRA adapter on the public model
 
 
 def _usage(key: ApiKey, model: CatalogModel) -> UsageEvent:
@@ -150,6 +152,14 @@ def world(
         node=local_node,
         deployment=deployment,
         operation=Operation.objects.create(kind=OperationKind.DEPLOY, deployment=deployment),
+        adapter_a=adapter_services.create_adapter(
+            alice,
+            served_name="acme/support-v3",
+            base=public_model,
+            tenant=tenant_a,
+            source="acme/support-v3-lora",
+            description="Acme's support tone.",
+        ),
     )
 
 

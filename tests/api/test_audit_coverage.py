@@ -18,6 +18,7 @@ import pytest
 from django.forms import ModelForm
 from django.urls import reverse
 from django.utils import timezone
+from rest_framework import serializers
 from rest_framework.test import APIClient
 
 from config.api_urls import router
@@ -33,8 +34,14 @@ SECRETS = {"password", "upstream_key"}
 
 
 def writable(basename: str) -> set[str]:
+    """Fields a JSON body writes (an uploaded file is audited as what it becomes: an
+    adapter's archive as its new source, tests/api/test_adapter_uploads.py)."""
     fields = VIEWSETS[basename].serializer_class().fields
-    return {name for name, f in fields.items() if not f.read_only}
+    return {
+        name
+        for name, f in fields.items()
+        if not f.read_only and not isinstance(f, serializers.FileField)
+    }
 
 
 def updatable(basename: str) -> bool:
@@ -174,9 +181,32 @@ RESOURCES = [
         },
     ),
     Resource(
+        "adapter",
+        # The platform's own first, then tenant A's: a tenant's adapter is named in its space.
+        lambda w: {
+            "served_name": "audit/lora",
+            "base": w.public_model.served_name,
+            "tenant": None,
+            "visibility": "private",
+            "source": "org/audit-lora",
+            "pinned": False,
+            "description": "For the audit.",
+        },
+        lambda w: {
+            "served_name": f"{w.tenant_a.slug}/lora-2",
+            "base": "audit-small",
+            "tenant": w.tenant_a.slug,
+            "visibility": "public",
+            "source": "/root/.cache/huggingface/adapters/audit-lora-2",
+            "pinned": True,
+            "description": "Changed.",
+        },
+    ),
+    Resource(
         "price",
         lambda w: {
             "model": w.public_model.served_name,
+            "adapter": None,  # the model's own price (an adapter's: tests/metering)
             "currency": "USD",
             "input_per_mtok": "0.100000",
             "cached_input_per_mtok": "0.050000",

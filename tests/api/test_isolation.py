@@ -34,6 +34,19 @@ def price_body(model: Callable[[World], Any]) -> Callable[[World], dict[str, Any
 NODE_BODY = {"name": "spark-9", "docker_url": "tcp://spark-9:2375"}
 
 
+def adapter_a(w: World) -> str:
+    return w.adapter_a.served_name
+
+
+def adapter_body(tenant: str) -> Callable[[World], dict[str, Any]]:
+    return lambda w: {
+        "served_name": f"{tenant}/planted",
+        "base": w.public_model.served_name,
+        "tenant": tenant,
+        "source": f"{tenant}/planted-lora",
+    }
+
+
 def deployment_body(w: World) -> dict[str, Any]:
     return {
         "name": "sneaky",
@@ -197,6 +210,18 @@ CAROL_CALLS = [
         lambda w: w.private_model_a.pk,
         lambda w: {"tenant": "acme"},
     ),
+    # Adapters: tenant A's private adapter does not exist for carol, by name or by id; nor
+    # does tenant A as an owner she could register one for.
+    Call("adapter-list", "GET", OK),
+    Call("adapter-list", "POST", BAD, body=adapter_body("acme")),
+    Call("adapter-detail", "GET", NOT_FOUND, adapter_a),
+    Call("adapter-detail", "GET", NOT_FOUND, lambda w: w.adapter_a.pk, note="by id"),
+    Call("adapter-detail", "PATCH", NOT_FOUND, adapter_a, lambda w: {"tenant": "bravo"}),
+    Call("adapter-detail", "DELETE", NOT_FOUND, adapter_a),
+    Call("adapter-grant", "POST", NOT_FOUND, adapter_a, lambda w: {"tenant": "bravo"}),
+    Call("adapter-ungrant", "POST", NOT_FOUND, adapter_a, lambda w: {"tenant": "acme"}),
+    Call("adapter-check", "POST", NOT_FOUND, adapter_a),
+    Call("adapter-upload", "POST", NOT_FOUND, adapter_a),
     # Prices: writes are platform-only; tenant A's private model's price does not exist.
     Call("price-list", "GET", OK),
     Call("price-list", "POST", FORBIDDEN, body=price_body(lambda w: w.private_model_a)),
@@ -356,6 +381,16 @@ BOB_CALLS = [
         lambda w: w.private_model_a.pk,
         lambda w: {"tenant": "acme"},
     ),
+    # Adapters: a member reads his tenant's and changes none.
+    Call("adapter-list", "GET", OK),
+    Call("adapter-list", "POST", FORBIDDEN, body=adapter_body("acme")),
+    Call("adapter-detail", "GET", OK, adapter_a),
+    Call("adapter-detail", "PATCH", FORBIDDEN, adapter_a, lambda w: {"description": "mine"}),
+    Call("adapter-detail", "DELETE", FORBIDDEN, adapter_a),
+    Call("adapter-grant", "POST", FORBIDDEN, adapter_a, lambda w: {"tenant": "bravo"}),
+    Call("adapter-ungrant", "POST", FORBIDDEN, adapter_a, lambda w: {"tenant": "acme"}),
+    Call("adapter-check", "POST", FORBIDDEN, adapter_a),
+    Call("adapter-upload", "POST", FORBIDDEN, adapter_a),
     Call("price-list", "GET", OK),
     Call("price-list", "POST", FORBIDDEN, body=price_body(lambda w: w.public_model)),
     Call("price-detail", "GET", OK, lambda w: w.private_price_a.pk),
@@ -662,6 +697,7 @@ def test_lists_show_exactly_the_rows_the_user_may_see(
         ("usage", {"tenant__slug": "acme"}),
         ("audit", {"tenant__slug": "acme"}),
         ("models", {"served_name": "acme-secret-70b"}),
+        ("adapters", {"tenant__slug": "acme"}),
         ("prices", {"model__served_name": "acme-secret-70b"}),
         ("usage", {"model__served_name": "acme-secret-70b"}),
     ],

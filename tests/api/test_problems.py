@@ -44,6 +44,7 @@ def _target(route: str, world: World) -> Any:
         "user": lambda: world.alice.username,
         "admintoken": lambda: AdminToken.objects.filter(user=world.root).first().pk,
         "catalogmodel": lambda: world.public_model.served_name,
+        "adapter": lambda: world.adapter_a.served_name,
         "price": lambda: world.public_price.pk,
         "node": lambda: world.node.name,
         "deployment": lambda: world.deployment.name,

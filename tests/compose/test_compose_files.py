@@ -33,15 +33,29 @@ def volumes(service: dict) -> dict[str, str]:
     return {v["target"]: v["source"] for v in service.get("volumes", [])}
 
 
+# Beside its secrets, a role's only volume: uploaded adapters, written by web, read by worker.
+UPLOADS = {"web": "adapter-uploads", "worker": "adapter-uploads"}
+
+
 def test_each_role_mounts_only_its_own_secrets_and_has_its_redis_identity() -> None:
     services = config("docker-compose.yml")["services"]
     for role in ("web", "gateway", "worker", "beat", "batches", "usage"):
-        assert volumes(services[role]) == {"/var/lib/tollgate": f"{role}-secrets"}, role
+        mounted = volumes(services[role])
+        if role in UPLOADS:
+            assert (
+                mounted.pop(services[role]["environment"]["TOLLGATE_UPLOAD_DIR"])
+                == "adapter-uploads"
+            )
+        assert mounted == {"/var/lib/tollgate": f"{role}-secrets"}, role
         assert services[role]["environment"]["TOLLGATE_IDENTITY"] == role
         assert volumes(services["keygen"])[f"/var/lib/tollgate-{role}"] == f"{role}-secrets"
     # The janitor has no Redis user or database: its own volume, with the secret key only.
     assert volumes(services["janitor"]) == {"/var/lib/tollgate": "janitor-secrets"}
     assert volumes(services["keygen"])["/var/lib/tollgate-janitor"] == "janitor-secrets"
+    worker_uploads = [v for v in services["worker"]["volumes"] if v["source"] == "adapter-uploads"]
+    assert worker_uploads[0]["read_only"]  # the worker only reads uploads
+    users = {name for name, s in services.items() if "adapter-uploads" in volumes(s).values()}
+    assert users == set(UPLOADS)
     # Only migrate (one-shot) keeps the state volume and the database owner's identity.
     assert volumes(services["migrate"]) == {"/var/lib/tollgate": "state"}
     assert "TOLLGATE_IDENTITY" not in services["migrate"]["environment"]

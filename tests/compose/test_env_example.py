@@ -56,6 +56,7 @@ PINNED = {
     "TOLLGATE_INTERNAL_URL",
     "TOLLGATE_PLAYGROUND_UPSTREAM",
     "TOLLGATE_IDENTITY",
+    "TOLLGATE_UPLOAD_DIR",  # where the adapter-uploads volume is mounted
 }
 
 
