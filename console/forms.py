@@ -7,8 +7,15 @@ from typing import Any
 from django import forms
 from django.utils import timezone
 
-from deployments.choices import Arch, NodeStatus
-from deployments.models import MODEL_FIELDS, CatalogModel, EngineProfile, Node
+from deployments.choices import Arch, NodeStatus, Visibility
+from deployments.models import (
+    ADAPTER_FIELDS,
+    MODEL_FIELDS,
+    Adapter,
+    CatalogModel,
+    EngineProfile,
+    Node,
+)
 from tenants.choices import Role
 from tenants.models import LIMIT_FIELDS, TENANT_FIELDS, ApiKey, Tenant
 
@@ -176,6 +183,125 @@ class GrantForm(forms.Form):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.all(), to_field_name="slug")
 
 
+class AdapterForm(forms.Form):
+    """A LoRA adapter. Tenant admins name it, its base and files; platform admins also choose
+    its owner, visibility and grants."""
+
+    served_name = forms.CharField(
+        max_length=128,
+        help_text="The name clients pass as “model”; no model or other adapter may have it.",
+    )
+    base = forms.ModelChoiceField(
+        queryset=CatalogModel.objects.none(),
+        label="Base model",
+        help_text="The model it was trained on; the base's engines serve it.",
+    )
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.none(),
+        required=False,
+        to_field_name="slug",
+        label="Owner",
+        help_text="Its admins manage it.",
+    )
+    source = forms.CharField(
+        max_length=255,
+        required=False,
+        help_text="A Hugging Face repo id (org/name; downloaded into each node's cache if it "
+        "is not there) or an absolute folder in the model cache; or upload the files below. "
+        "Its files are checked before anyone can call it.",
+    )
+    archive = forms.FileField(
+        required=False,
+        label="Or upload its files",
+        help_text="A .tar, .tar.gz or .zip of adapter_config.json, *.safetensors weights and "
+        "harmless text files (README.md …), checked before it is accepted.",
+        widget=forms.ClearableFileInput(attrs={"accept": ".tar,.tgz,.tar.gz,.zip"}),
+    )
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+    pinned = forms.BooleanField(
+        required=False,
+        label="Keep it loaded",
+        help_text="On every replica of the base, not only after it was used.",
+    )
+    visibility = forms.ChoiceField(choices=Visibility.choices, initial=Visibility.PRIVATE)
+    grants = forms.ModelMultipleChoiceField(
+        queryset=Tenant.objects.none(),
+        required=False,
+        label="Also granted to",
+        help_text="Private adapters: other tenants that may call it too.",
+    )
+
+    def __init__(
+        self,
+        *args: Any,
+        staff: bool,
+        tenants: Any,
+        bases: Any,
+        owner: Tenant | None = None,
+        editing: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """``tenants``: who may own it; ``owner``: the one owner when there is no choice."""
+        super().__init__(*args, **kwargs)
+        self.owner, self.editing = owner, editing
+        if editing:
+            self.fields["archive"].label = "Or upload new files"
+            self.fields["archive"].help_text += " They replace the adapter's and are checked again."
+        self.fields["base"].queryset = bases
+        self.fields["tenant"].queryset = tenants
+        if staff:
+            self.fields["tenant"].empty_label = "None: the platform's own"
+            self.fields["grants"].queryset = Tenant.objects.order_by("name")
+            return
+        # Sharing it and keeping it loaded on shared engines are platform admins' choices.
+        for name in ("visibility", "grants", "pinned"):
+            del self.fields[name]
+        if owner is not None or editing:
+            del self.fields["tenant"]
+        else:
+            self.fields["tenant"].required = True
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.editing and data.get("archive") and "source" in self.changed_data:
+            self.add_error("archive", "Change the source or upload new files, not both.")
+        elif not self.editing and bool(data.get("source")) == bool(data.get("archive")):
+            self.add_error(
+                "source", "Give a hub id or a folder in the model cache, or upload the files."
+            )
+        elif self.editing and not data.get("source") and not data.get("archive"):
+            self.add_error("source", "This field is required.")
+        return data
+
+    def uploaded(self) -> Any:
+        """The uploaded archive, if any (``service_data`` leaves it out)."""
+        return self.cleaned_data.get("archive")
+
+    def service_data(self) -> dict[str, Any]:
+        """The adapter's fields for the service (the grants apart: ``granted()``; the
+        archive apart: ``uploaded()``)."""
+        data = {k: v for k, v in self.cleaned_data.items() if k not in ("grants", "archive")}
+        if self.uploaded():
+            data.pop("source", None)
+        if "tenant" not in self.fields and not self.editing:
+            data["tenant"] = self.owner
+        return data
+
+    def granted(self) -> list[Tenant] | None:
+        """The tenants to grant it to; None when this form does not set grants."""
+        if "grants" not in self.fields:
+            return None
+        return list(self.cleaned_data.get("grants") or [])
+
+    @classmethod
+    def initial_for(cls, adapter: Adapter) -> dict[str, Any]:
+        return {
+            **{name: getattr(adapter, name) for name in ADAPTER_FIELDS},
+            "tenant": adapter.tenant.slug if adapter.tenant else None,
+            "grants": list(adapter.granted_tenants.all()),
+        }
+
+
 class NodeForm(forms.ModelForm):
     total_memory_gb = forms.DecimalField(
         required=False,
@@ -339,16 +465,29 @@ class UsageFilterForm(forms.Form):
         to_field_name="served_name",
         empty_label="All models",
     )
+    adapter = forms.ModelChoiceField(
+        queryset=Adapter.objects.none(),
+        required=False,
+        to_field_name="served_name",
+        empty_label="All adapters",
+        label="LoRA adapter",
+    )
     key = forms.CharField(required=False, max_length=16, label="Key prefix")
     group = forms.ChoiceField(
-        choices=[("tenant", "Tenant"), ("model", "Model")], required=False, label="Chart by"
+        choices=[("tenant", "Tenant"), ("model", "Model & adapter")],
+        required=False,
+        label="Chart by",
     )
     granularity = forms.ChoiceField(choices=[("day", "Day"), ("hour", "Hour")], required=False)
 
-    def __init__(self, *args: Any, tenants: Any, models: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, tenants: Any, models: Any, adapters: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.fields["tenant"].queryset = tenants
         self.fields["model"].queryset = models
+        if adapters is not None:
+            self.fields["adapter"].queryset = adapters
 
 
 class JoinNodeForm(forms.Form):

@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
@@ -132,14 +132,28 @@ def replica_metrics(replica: Replica) -> dict[str, Any] | None:
     }
 
 
+# What usage is grouped by: a tenant, or a model, its base's usage apart from each adapter's.
+USAGE_GROUPS = {
+    "tenant": ("tenant__slug",),
+    "model": ("model__served_name", "adapter__served_name"),
+}
+
+
+def usage_label(row: dict[str, Any], group: str) -> str:
+    """A usage group's name: the tenant, the model, or ``adapter (on model)``."""
+    if group == "tenant":
+        return row["tenant__slug"]
+    adapter = row["adapter__served_name"]
+    return f"{adapter} (on {row['model__served_name']})" if adapter else row["model__served_name"]
+
+
 def usage_series(
     rollups: QuerySet[UsageRollup], group: str, granularity: str, start: datetime, end: datetime
 ) -> dict[str, Any]:
-    """Tokens and cost per time bucket and per tenant/model, shaped for Chart.js."""
-    field = {"tenant": "tenant__slug", "model": "model__served_name"}[group]
+    """Tokens and cost per time bucket and per tenant or model/adapter, shaped for Chart.js."""
     rows = (
         rollups.annotate(bucket=Trunc("hour", granularity, tzinfo=UTC))
-        .values("bucket", field, "currency")
+        .values("bucket", *USAGE_GROUPS[group], "currency")
         .annotate(
             prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost")
         )
@@ -158,7 +172,7 @@ def usage_series(
         i = index.get(r["bucket"])
         if i is None:
             continue
-        name = r[field]
+        name = usage_label(r, group)
         tokens.setdefault(name, [0] * len(labels))[i] += (r["prompt"] or 0) + (r["completion"] or 0)
         cost.setdefault(name, [0.0] * len(labels))[i] += float(r["cost"] or 0)
         currencies.add(r["currency"])
@@ -172,9 +186,10 @@ def usage_series(
 
 
 def totals_by(rollups: QuerySet[UsageRollup], group: str) -> list[dict[str, Any]]:
-    field = {"tenant": "tenant__slug", "model": "model__served_name"}[group]
+    """Usage per tenant, or per model with a row for each adapter called on it."""
+    fields = USAGE_GROUPS[group]
     return list(
-        rollups.values(field, "currency")
+        rollups.values(*fields, "currency")
         .annotate(
             requests=Sum("requests"),
             errors=Sum("errors"),
@@ -183,12 +198,13 @@ def totals_by(rollups: QuerySet[UsageRollup], group: str) -> list[dict[str, Any]
             completion=Sum("completion_tokens"),
             cost=Sum("cost"),
         )
-        .order_by(field, "currency")
+        .order_by(*[F(f).asc(nulls_first=True) for f in fields], "currency")
     )
 
 
-def current_price(model: Any, currency: str) -> Price | None:
-    return price_at(model, currency, timezone.now())
+def current_price(model: Any, currency: str, adapter: Any = None) -> Price | None:
+    """The price in force now: a model's, or an adapter's own (else its base's)."""
+    return price_at(model, currency, timezone.now(), adapter=adapter)
 
 
 def cost_of(price: Price | None, prompt: int, cached: int, completion: int) -> Decimal | None:

@@ -3,6 +3,7 @@
 from django.urls import path
 
 from console.views import (
+    adapters,
     admission,
     audit,
     auth,
@@ -68,6 +69,14 @@ urlpatterns = [
     path(
         "models/<int:pk>/grants/<int:grant_id>/remove/", catalog.model_ungrant, name="model-ungrant"
     ),
+    path("adapters/", adapters.adapter_list, name="adapter-list"),
+    path("adapters/new/", adapters.adapter_new, name="adapter-new"),
+    path("adapters/<int:pk>/", adapters.adapter_detail, name="adapter-detail"),
+    path("adapters/<int:pk>/live/", adapters.adapter_live, name="adapter-live"),
+    path("adapters/<int:pk>/edit/", adapters.adapter_edit, name="adapter-edit"),
+    path("adapters/<int:pk>/delete/", adapters.adapter_delete, name="adapter-delete"),
+    path("adapters/<int:pk>/check/", adapters.adapter_check, name="adapter-check"),
+    path("adapters/<int:pk>/price/", adapters.adapter_price, name="adapter-price"),
     path("nodes/", catalog.node_list, name="node-list"),
     path("nodes/new/", catalog.node_new, name="node-new"),
     path("nodes/join/", catalog.node_join, name="node-join"),

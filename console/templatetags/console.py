@@ -27,6 +27,18 @@ def gb(value: Any) -> str:
 
 
 @register.filter
+def size(value: Any) -> str:
+    """Bytes in the unit that suits them (a LoRA adapter's files: kB to GB, powers of 10)."""
+    n = _num(value)
+    if n is None:
+        return "—"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n):,} bytes"
+
+
+@register.filter
 def tokens(value: Any) -> str:
     n = _num(value)
     if n is None:
@@ -144,6 +156,7 @@ def badge(state: Any, label: Any = None) -> str:
         "pending",
         "disabled",
         "client_closed",
+        "checking",
     }
     kind = "good" if state in good else "bad" if state in bad else "warn" if state in warn else ""
     return format_html('<span class="badge {}">{}</span>', kind, label or state)

@@ -100,10 +100,15 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "model": model,
         "nav": "models",
         "staff": staff,
-        "prices": model.prices.select_related("created_by").order_by("currency", "-effective_from"),
+        # The model's own versions: its adapters' prices are theirs (metering.models.Price).
+        "prices": model.prices.filter(adapter=None)
+        .select_related("created_by")
+        .order_by("currency", "-effective_from"),
         "current": {
             p.currency: p
-            for p in model.prices.order_by("currency", "-effective_from").distinct("currency")
+            for p in model.prices.filter(adapter=None)
+            .order_by("currency", "-effective_from")
+            .distinct("currency")
         },
         "price_form": PriceForm(),
         "grant_form": GrantForm(),
@@ -161,6 +166,21 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
 @staff_required
 def price_new(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(CatalogModel, pk=pk)
+    intro = "A new price is a new version from its start; billed requests keep the price they had."
+    return price_page(request, model, None, "models", "console:model-detail", intro)
+
+
+def price_page(
+    request: HttpRequest,
+    model: CatalogModel,
+    adapter: object | None,
+    nav: str,
+    back: str,
+    intro: str,
+) -> HttpResponse:
+    """A new price version for a model, or for one of its adapters (``back``: the page of
+    the one priced)."""
+    priced = adapter or model
 
     def set_price(form: PriceForm) -> object:
         data = form.cleaned_data
@@ -172,6 +192,7 @@ def price_new(request: HttpRequest, pk: int) -> HttpResponse:
             data["output_per_mtok"],
             currency=data["currency"],
             effective_from=data["effective_from"],
+            adapter=adapter,
         )
 
     return service_form(
@@ -180,16 +201,15 @@ def price_new(request: HttpRequest, pk: int) -> HttpResponse:
         set_price,
         lambda price: saved(
             request,
-            f"New {price.currency} price for {model} recorded; earlier requests keep theirs.",
-            "console:model-detail",
-            pk=pk,
+            f"New {price.currency} price for {priced} recorded; earlier requests keep theirs.",
+            back,
+            pk=priced.pk,
         ),
-        f"New price for {model}",
-        nav="models",
+        f"New price for {priced}",
+        nav=nav,
         submit="Set price",
-        cancel=reverse("console:model-detail", args=[pk]),
-        intro="A new price is a new version from its start; billed requests keep the price "
-        "they had.",
+        cancel=reverse(back, args=[priced.pk]),
+        intro=intro,
     )
 
 

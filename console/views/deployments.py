@@ -17,6 +17,7 @@ from console.forms import DeploymentForm, ScaleForm, parse_flags
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import badge
 from deployments import services
+from deployments.adapter_loading import loaded
 from deployments.choices import DeploymentState, DesiredState, OperationStatus
 from deployments.models import CatalogModel, Deployment, EngineProfile, Node, Operation
 
@@ -180,6 +181,9 @@ def _live(deployment: Deployment) -> dict[str, Any]:
     replicas = list(deployment.replica_set.select_related("node").order_by("index"))
     for replica in replicas:
         replica.metrics = queries.replica_metrics(replica)
+        # The worker's record (what the gateway routes adapters by): id -> served name.
+        held = loaded(replica.pk) if deployment.serves_adapters else {}
+        replica.adapters = sorted(held.items(), key=lambda item: item[1])
     return {
         "op": op,
         "op_replicas": _op_steps(op) if op else [],
@@ -187,6 +191,7 @@ def _live(deployment: Deployment) -> dict[str, Any]:
         "ready_count": sum(r.state == "ready" for r in replicas),
         "recent_ops": deployment.operations.all()[:8],
         "busy": bool(op and op.status in (OperationStatus.QUEUED, OperationStatus.RUNNING)),
+        "lora": deployment.serves_adapters,
     }
 
 

@@ -24,8 +24,9 @@ from django.views.decorators.http import require_POST
 
 from console import queries
 from console.templatetags.console import money_text
-from deployments.access import models_for_tenant
-from deployments.choices import Task
+from deployments.access import adapters_for_tenant, models_for_tenant
+from deployments.choices import AdapterStatus, Task
+from deployments.models import Adapter
 from tenants import services
 from tenants.access import tenants_of
 from tenants.models import ApiKey, Tenant
@@ -53,6 +54,9 @@ def playground(request: HttpRequest) -> HttpResponse:
         if tenant
         else []
     )
+    adapters = _adapters(tenant) if tenant else []
+    for model in models:  # each base with the adapters of it the tenant may call
+        model.usable_adapters = [a for a in adapters if a.base_id == model.pk]
     return render(
         request,
         "console/playground/page.html",
@@ -62,9 +66,27 @@ def playground(request: HttpRequest) -> HttpResponse:
             "tenant": tenant,
             "chosen": request.GET.get("tenant", ""),
             "models": models,
+            "selected": request.GET.get("model", ""),
             "max_tokens": MAX_TOKENS,
         },
     )
+
+
+def _adapters(tenant: Tenant) -> list[Adapter]:
+    """The adapters the tenant may call whose files passed their check."""
+    ready = adapters_for_tenant(tenant).filter(status=AdapterStatus.READY)
+    return list(ready.order_by("served_name"))
+
+
+def _priced(tenant: Tenant, name: str) -> Any:
+    """The price a chat with ``name`` (a model or an adapter) is shown at: what billing uses."""
+    model = models_for_tenant(tenant).filter(served_name=name).first()
+    if model is not None:
+        return queries.current_price(model, tenant.currency)
+    adapter = adapters_for_tenant(tenant).select_related("base").filter(served_name=name).first()
+    if adapter is not None:
+        return queries.current_price(adapter.base, tenant.currency, adapter=adapter)
+    return None
 
 
 def playground_key(request: HttpRequest, tenant: Tenant) -> tuple[str, bool]:
@@ -105,8 +127,7 @@ def playground_chat(request: HttpRequest) -> HttpResponse:
     tenant = get_object_or_404(tenants_of(request.user).filter(status="active"), slug=slug)
     if not isinstance(messages, list) or not messages:
         return JsonResponse({"error": "messages must be a non-empty list."}, status=400)
-    model = models_for_tenant(tenant).filter(served_name=model_name).first()
-    price = queries.current_price(model, tenant.currency) if model else None
+    price = _priced(tenant, model_name)
     key, fresh = playground_key(request, tenant)
     payload = {
         "model": model_name,

@@ -14,7 +14,7 @@ from django.utils import timezone
 from console import queries
 from console.access import export_scope
 from console.forms import UsageFilterForm
-from deployments.access import models_visible_to
+from deployments.access import adapters_visible_to, models_visible_to
 from metering import export
 from metering.services import filter_usage
 from tenants.access import admin_tenants
@@ -26,6 +26,7 @@ def _form(request: HttpRequest) -> UsageFilterForm:
         request.GET or None,
         tenants=admin_tenants(request.user),
         models=models_visible_to(request.user),
+        adapters=adapters_visible_to(request.user),
     )
 
 
@@ -44,6 +45,7 @@ def _query(form: UsageFilterForm, scope: frozenset[int] | None) -> export.Export
         tenant=data["tenant"].slug if data.get("tenant") else "",
         key=data.get("key") or "",
         model=data["model"].served_name if data.get("model") else "",
+        adapter=data["adapter"].served_name if data.get("adapter") else "",
     )
 
 
