@@ -184,8 +184,8 @@ class App:
         conn.send(503 if self.engine.dead else 200, b"", "application/json")
 
     def _model_list(self) -> dict:
-        """A card per served name, then one per adapter (its parent: the first served
-        name; its root: the path it was loaded from; no max_model_len of its own)."""
+        """A card per served name, then one per adapter in load order (its parent: the
+        first served name; its root: the path it was loaded from; no max_model_len)."""
         cards = []
         base = self.cfg.served_names[0]
         entries = [(n, self.cfg.model, None, self.cfg.max_model_len) for n in self.cfg.served_names]
@@ -225,7 +225,7 @@ class App:
         conn.send(200, self._models_body)
 
     async def load_lora(self, req: Request, conn: Connection) -> None:
-        said = self.engine.adapters.load(self._body(req))
+        said = await self.engine.adapters.load(self._body(req))
         self._models_body = b""
         conn.send(200, said.encode(), None)
 

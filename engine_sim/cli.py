@@ -68,6 +68,13 @@ KNOBS = [
     Knob("ttft-ms", float, 20.0, "prefill time per request, fixed part"),
     Knob("ttft-per-token-ms", float, 0.05, "prefill time per uncached prompt token"),
     Knob("first-request-delay-ms", float, 0.0, "extra delay of the first request (JIT warm-up)"),
+    Knob(
+        "lora-load-ms",
+        float,
+        0.0,
+        "time a LoRA adapter takes to read: load_lora_adapter answers after it, and a request on "
+        "an adapter pushed out of --max-cpu-loras waits for it before its first token",
+    ),
     Knob("decode-tps", float, 50.0, "decode tokens/s of one sequence running alone; 0 = no delay"),
     Knob(
         "bandwidth-alpha",
@@ -190,8 +197,8 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-force-include-usage", action=b, default=False)
     p.add_argument("--enable-prefix-caching", action=b, default=True)
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
-    # LoRA adapters (engine_sim/lora.py); --max-loras and --max-cpu-loras bound what a GPU
-    # holds at once, which the simulator does not model: any number is served.
+    # LoRA adapters (engine_sim/lora.py): --max-loras different adapters run at once (a
+    # request on another waits), --max-cpu-loras stay read (others are read again on use).
     p.add_argument("--enable-lora", action=b, default=False)
     p.add_argument("--max-lora-rank", type=int, choices=RANKS, default=16)
     p.add_argument("--max-loras", type=int, default=1)
@@ -315,6 +322,8 @@ class Config:
     lora_modules: dict[str, str] = field(default_factory=dict)
     max_lora_rank: int = 16
     runtime_lora: bool = False
+    max_loras: int = 1
+    max_cpu_loras: int = 1  # --max-cpu-loras, else --max-loras
 
 
 # Model names of cross-encoders: vLLM reads `*ForSequenceClassification` from the model's
@@ -350,6 +359,7 @@ def parse(argv: list[str] | None = None) -> Config:
             "ValueError: When `--enable-auto-tool-choice` is set, `--tool-call-parser` must be "
             "set\n",
         )
+    _check_lora(p, a)
     model = a.model_tag or a.model or DEFAULT_MODEL
     max_len = a.max_model_len if a.max_model_len > 0 else DEFAULT_MAX_MODEL_LEN
     scoring = _is_scoring(a, model)
@@ -379,4 +389,18 @@ def parse(argv: list[str] | None = None) -> Config:
         lora_modules=parse_modules(a.lora_modules or []) if a.enable_lora else {},
         max_lora_rank=a.max_lora_rank,
         runtime_lora=_env_flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+        max_loras=a.max_loras,
+        max_cpu_loras=a.max_loras if a.max_cpu_loras is None else a.max_cpu_loras,
     )
+
+
+def _check_lora(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """vLLM's LoRAConfig checks, which stop it at start-up."""
+    if a.max_loras < 1:
+        p.exit(1, "max_loras: Input should be greater than or equal to 1\n")
+    if a.max_cpu_loras is not None and a.max_cpu_loras < a.max_loras:
+        p.exit(
+            1,
+            f"ValueError: max_cpu_loras ({a.max_cpu_loras}) must be >= max_loras "
+            f"({a.max_loras}).\n",
+        )

@@ -24,9 +24,10 @@ import bisect
 import itertools
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from engine_sim.cli import Config
-from engine_sim.lora import Adapters
+from engine_sim.lora import Adapter, Adapters
 from engine_sim.metrics import Metrics
 
 
@@ -43,7 +44,8 @@ class Sequence:
 
     __slots__ = (
         "prompt_tokens",
-        "adapter",
+        "lora",
+        "deferred",
         "cached_tokens",
         "arrival",
         "scheduled",
@@ -75,7 +77,8 @@ class Sequence:
         self.waiter: asyncio.Future | None = None  # set while the sequence is in the queue
         self.release_mark = 0  # --sim-pause-after-tokens: SIGUSR1s before its last token
         self.preempted = False  # lost its slot; the decode loop must re-queue and re-prefill
-        self.adapter = ""  # the LoRA adapter it runs with: its cached blocks are its own
+        self.lora: Adapter | None = None  # the LoRA adapter it runs with (None: the base)
+        self.deferred = False  # waiting, passed over for the LoRA budget (--max-loras)
         self.started = 0  # when it last got a slot (an ever-growing count): fcfs preempts the last
         self.arrival = time.monotonic()
         self.scheduled = 0.0
@@ -100,7 +103,16 @@ class Engine:
     def __init__(self, cfg: Config) -> None:
         s = cfg.sim
         self.cfg = cfg
-        self.adapters = Adapters(cfg.lora_modules, cfg.max_lora_rank)
+        self.adapters = Adapters(
+            cfg.lora_modules,
+            cfg.max_lora_rank,
+            cfg.served_names,
+            cfg.max_cpu_loras,
+            s.sim_lora_load_ms / 1000,
+        )
+        # Requests on adapters that reached the scheduler and have not finished, by adapter
+        # name in the order they came: what vllm:lora_requests_info lists.
+        self.lora_requests: dict[str, set[Sequence]] = {}
         self.max_running = cfg.max_num_seqs
         self.block_size = cfg.block_size
         kv_tokens = s.sim_kv_cache_tokens or cfg.max_num_seqs * cfg.max_model_len
@@ -111,6 +123,8 @@ class Engine:
         self.waiting: list[Sequence] = []  # sorted by Sequence.key
         self.priority_policy = cfg.scheduling_policy == "priority"
         self.metrics = Metrics(cfg.served_names[0], cfg.max_model_len)
+        if cfg.enable_lora:
+            self.metrics.max_lora = cfg.max_loras
         self.metrics.cache_info = {
             "block_size": str(cfg.block_size),
             "cache_dtype": "auto",
@@ -132,6 +146,8 @@ class Engine:
         self.shared_blocks = 0  # sum of running sequences' shared_blocks
         self.finished = 0
         self.dead = False
+        # The engine dies (the server process sets it to its crash: the process ends too).
+        self.on_fatal: Callable[[], None] = self.kill
         self.hung = False
         self._hang_forever: asyncio.Future | None = None
         self.held = bool(s.sim_hold)
@@ -147,12 +163,24 @@ class Engine:
         need = self._blocks_for(seq)
         return self.running < self.max_running and self.used_blocks + need <= self.total_blocks
 
+    def _lora_blocked(self, seq: Sequence) -> bool:
+        """vLLM's LoRA budget: at most --max-loras different adapters run at once; a request
+        on another waits (the base's requests never do)."""
+        if seq.lora is None:
+            return False
+        running = {s.lora.id for s in self.running_seqs if s.lora is not None}
+        return seq.lora.id not in running and len(running) >= self.cfg.max_loras
+
     def _blocks_for(self, seq: Sequence) -> int:
         # A resumed sequence recomputes prompt + generated tokens, so it needs their blocks.
         return -(-(seq.prompt_tokens + seq.generated + 1) // self.block_size)
 
     def _start(self, seq: Sequence) -> None:
         seq.started = next(Sequence._order)
+        seq.deferred = False
+        if seq.lora is not None:
+            self.lora_requests.setdefault(seq.lora.name, set()).add(seq)
+            self._stamp_lora()
         seq.blocks = self._blocks_for(seq)
         self.used_blocks += seq.blocks
         self.running += 1
@@ -196,9 +224,10 @@ class Engine:
         EngineDead."""
         if self.dead:
             raise EngineDead()
-        if not self.waiting and (self._fits(seq) or self.running == 0):
-            self._start(seq)
-            return
+        if not self.waiting and not self._lora_blocked(seq):
+            if self._fits(seq) or self.running == 0:
+                self._start(seq)
+                return
         limit = self.cfg.max_num_queued
         if limit is not None and len(self.waiting) >= limit:
             raise QueueFull()
@@ -215,10 +244,37 @@ class Engine:
     def release(self, seq: Sequence) -> None:
         """The sequence left the batch (finished, aborted or failed): free its slot."""
         self._dequeue(seq)  # preempted and re-queued, then finished or aborted
+        self._lora_done(seq)
         if not seq.admitted:
             return
         self._free(seq)
         self._wake()
+
+    def _lora_done(self, seq: Sequence) -> None:
+        if seq.lora is None or seq not in self.lora_requests.get(seq.lora.name, ()):
+            return
+        requests = self.lora_requests[seq.lora.name]
+        requests.discard(seq)
+        if not requests:
+            del self.lora_requests[seq.lora.name]
+        self._stamp_lora()
+
+    def _stamp_lora(self) -> None:
+        if self.cfg.enable_lora:
+            self.metrics.stamp_lora(",".join(self.lora_requests))
+
+    def activate_lora(self, seq: Sequence) -> float:
+        """The worker runs the sequence's adapter (reading it again if it was pushed out of
+        the cache: the seconds that delays its first token); its files being gone kills the
+        engine, as in vLLM."""
+        if seq.lora is None:
+            return 0.0
+        read = self.adapters.activate(seq.lora)
+        if read is None:
+            seq.finish_reason = "error"
+            self.on_fatal()
+            raise EngineDead()
+        return read
 
     def _free(self, seq: Sequence) -> None:
         seq.admitted = False
@@ -244,11 +300,16 @@ class Engine:
         self._enqueue(seq)
 
     def _wake(self) -> None:
-        while self.waiting:
-            seq = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and self.running < self.max_running:
+            seq = self.waiting[i]
+            if self._lora_blocked(seq):
+                seq.deferred = True  # vLLM passes it over and looks at the next one
+                i += 1
+                continue
             if not (self._fits(seq) or self.running == 0):
                 return  # it waits for a running sequence to finish (or be preempted)
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             fut, seq.waiter = seq.waiter, None
             self._start(seq)
             if fut is not None and not fut.done():
@@ -256,12 +317,12 @@ class Engine:
 
     # --- prefix cache ------------------------------------------------------------------
 
-    def _block_hashes(self, ids: list[int], adapter: str = "") -> list[int]:
+    def _block_hashes(self, ids: list[int], adapter: Adapter | None = None) -> list[int]:
         """Chained hashes of the prompt's full blocks; the last token is always computed, as
         in vLLM, so a prompt of exactly n blocks caches n - 1 of them. An adapter's blocks
         hash apart from the base's (vLLM keys them with the LoRA too)."""
         bs = self.block_size
-        h = hash(adapter) if adapter else 0
+        h = hash((adapter.name, adapter.path)) if adapter is not None else 0
         out = []
         for i in range((len(ids) - 1) // bs):
             h = hash((h, tuple(ids[i * bs : (i + 1) * bs])))
@@ -274,7 +335,7 @@ class Engine:
         ids = seq.prompt_ids
         if ids is None or not self.cfg.prefix_caching:
             return 0
-        seq.block_hashes = self._block_hashes(ids, seq.adapter)
+        seq.block_hashes = self._block_hashes(ids, seq.lora)
         hit: list[int] = []
         for h in seq.block_hashes:
             if h not in self.prefix:
@@ -409,7 +470,10 @@ class Engine:
         return min(1.0, self.used_blocks / self.total_blocks)
 
     def render_metrics(self) -> str:
-        return self.metrics.render(self.running, len(self.waiting), self.kv_usage())
+        if self.running or self.waiting:
+            self._stamp_lora()  # vLLM stamps the gauge at every step while it works
+        deferred = sum(seq.deferred for seq in self.waiting)
+        return self.metrics.render(self.running, len(self.waiting), deferred, self.kv_usage())
 
     def kill(self) -> None:
         """The engine core died: waiting requests fail now, running ones at their next step."""

@@ -27,6 +27,7 @@ from engine_sim.errors import (
     validation_error,
 )
 from engine_sim.http import Connection, Request
+from engine_sim.lora import Adapter
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 DONE = b"data: [DONE]\n\n"
@@ -208,8 +209,9 @@ class Generator:
         await eng.admit(seq)
         seq.finish_reason = "abort"
         try:
+            read = eng.activate_lora(seq)
             loop = asyncio.get_running_loop()
-            delay = eng.prefill_delay(seq)
+            delay = read + eng.prefill_delay(seq)
             if delay > 0:
                 await asyncio.sleep(delay)
             eng.cache_prompt(seq)
@@ -244,11 +246,12 @@ class Generator:
                     conn.flush()
                     try:
                         await eng.resume(seq)
+                        read = eng.activate_lora(seq)
                     except EngineDead:
                         seq.finish_reason = "error"
                         raise
                     seq.finish_reason = "abort"
-                    delay = eng.prefill_delay(seq)
+                    delay = read + eng.prefill_delay(seq)
                     if delay > 0:
                         await asyncio.sleep(delay)
                     due = loop.time()
@@ -338,9 +341,10 @@ class Generator:
             return 0
         return max(0, self.cfg.sim.sim_reasoning_tokens)
 
-    def adapter_of(self, model: object) -> str:
-        """The LoRA adapter a request's ``model`` names ("" for the base)."""
-        return model if isinstance(model, str) and model in self.engine.adapters else ""
+    def lora_of(self, model: object) -> Adapter | None:
+        """The LoRA adapter a request's ``model`` names (None for the base): taken when the
+        request arrives, so unloading the name later does not stop the request."""
+        return self.engine.adapters.get(model)
 
     def _plan(
         self,
@@ -358,9 +362,9 @@ class Generator:
         limit = budget(self.cfg, n_prompt, max_tokens, sent)
         s = self.cfg.sim
         seed = tokenizer.seed_of(prompt_text)
-        adapter = self.adapter_of(body.get("model"))
-        if adapter:
-            seed ^= tokenizer.seed_of(adapter)  # an adapter answers the prompt its own way
+        adapter = self.lora_of(body.get("model"))
+        if adapter is not None:
+            seed ^= tokenizer.seed_of(adapter.path)  # an adapter answers the prompt its own way
         natural = replies.natural_length(seed, s.sim_output_tokens_min, s.sim_output_tokens_max)
         if body.get("ignore_eos"):
             natural = limit
@@ -400,7 +404,7 @@ class Generator:
             body, prompt, len(ids), ("max_completion_tokens", "max_tokens"), reasoning, tool
         )
         seq = Sequence(len(ids), priority_of(self.cfg, body))
-        seq.prompt_ids, seq.adapter = ids, self.adapter_of(model)
+        seq.prompt_ids, seq.lora = ids, self.lora_of(model)
         cid = "chatcmpl-" + rid
         headers = [("x-request-id", rid)]
         if body.get("stream"):
@@ -587,7 +591,7 @@ class Generator:
         text, ids = self._completion_prompt(body)
         reply = self._plan(body, text, len(ids), ("max_tokens",))
         seq = Sequence(len(ids), priority_of(self.cfg, body))
-        seq.prompt_ids, seq.adapter = ids, self.adapter_of(model)
+        seq.prompt_ids, seq.lora = ids, self.lora_of(model)
         cid = "cmpl-" + rid
         headers = [("x-request-id", rid)]
         if body.get("stream"):

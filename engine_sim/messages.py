@@ -388,7 +388,7 @@ class Messages:
             tool,
         )
         seq = Sequence(len(ids))
-        seq.prompt_ids, seq.adapter = ids, gen.adapter_of(model)
+        seq.prompt_ids, seq.lora = ids, gen.lora_of(model)
         if body.get("stream"):
             await self._stream(conn, "chatcmpl-" + rid, model, seq, reply)
         else:

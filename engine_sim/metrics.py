@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 
 TTFT_BUCKETS = (
@@ -73,7 +74,23 @@ LATENCY_BUCKETS = (
     7680.0,
 )
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+WAITING_BY_REASON_HELP = (
+    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+    "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
+    "blocked status). Sum of all reasons equals vllm:num_requests_waiting."
+)
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+
+
+def go_float(value: float) -> str:
+    """A float as prometheus_client writes it: Go's form, 1.7958527558830974e+09 for a
+    Unix time (vLLM's lora_requests_info value)."""
+    text = repr(value)
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return text
 
 
 def buckets_1_2_5(limit: int) -> tuple[float, ...]:
@@ -133,6 +150,10 @@ class Metrics:
         self.prompt_by_source = dict.fromkeys(PROMPT_SOURCES, 0)
         # Labels of vllm:cache_config_info (a subset of vLLM's CacheConfig), set by the engine.
         self.cache_info: dict[str, str] = {}
+        # vllm:lora_requests_info, with --enable-lora (max_lora: --max-loras): one sample per
+        # list of adapters ever seen, valued the last time it was current.
+        self.max_lora: int | None = None
+        self.lora_info: dict[str, float] = {}
         tok = buckets_1_2_5(max_model_len)
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
@@ -180,7 +201,24 @@ class Metrics:
             f"{name}{{{self.labels}}} {float(value)}",
         ]
 
-    def render(self, running: int, waiting: int, kv_usage: float) -> str:
+    def stamp_lora(self, adapters: str) -> None:
+        """The adapters with requests in the engine, comma-separated, are current now."""
+        self.lora_info[adapters] = time.time()
+
+    def _lora_info(self) -> list[str]:
+        """vLLM names every adapter with requests in the engine under both labels, running
+        and waiting alike (it lists the keys of its per-adapter counts, zeros included)."""
+        name = "vllm:lora_requests_info"
+        out = [f"# HELP {name} Running stats on lora requests.", f"# TYPE {name} gauge"]
+        for adapters, stamp in self.lora_info.items():
+            labels = (
+                f'max_lora="{self.max_lora}",running_lora_adapters="{adapters}",'
+                f'waiting_lora_adapters="{adapters}"'
+            )
+            out.append(f"{name}{{{labels}}} {go_float(stamp)}")
+        return out
+
+    def render(self, running: int, waiting: int, deferred: int, kv_usage: float) -> str:
         out: list[str] = []
         out += self._gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", running
@@ -188,6 +226,13 @@ class Metrics:
         out += self._gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting
         )
+        name = "vllm:num_requests_waiting_by_reason"
+        out += [
+            f"# HELP {name} {WAITING_BY_REASON_HELP}",
+            f"# TYPE {name} gauge",
+            f'{name}{{{self.labels},reason="capacity"}} {float(waiting - deferred)}',
+            f'{name}{{{self.labels},reason="deferred"}} {float(deferred)}',
+        ]
         out += self._gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage
         )
@@ -257,6 +302,8 @@ class Metrics:
             f'{name}{{{self.labels},finished_reason="{r}"}} {float(n)}'
             for r, n in self.success.items()
         ]
+        if self.max_lora is not None:
+            out += self._lora_info()
         for h in (
             self.ttft,
             self.itl,

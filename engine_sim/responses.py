@@ -209,7 +209,7 @@ class Turn:
             self._tool(),
         )
         self.seq = Sequence(len(ids), priority_of(cfg, body))
-        self.seq.prompt_ids, self.seq.adapter = ids, gen.adapter_of(body.get("model"))
+        self.seq.prompt_ids, self.seq.lora = ids, gen.lora_of(body.get("model"))
 
     def _tool(self) -> dict | None:
         choice = self.body.get("tool_choice", "auto")

@@ -14,6 +14,7 @@ from engine_sim import VLLM_VERSION
 from engine_sim.api import App
 from engine_sim.cli import Config, parse
 from engine_sim.engine import Engine
+from engine_sim.errors import ApiError
 from engine_sim.http import Server
 
 PID = os.getpid()
@@ -144,6 +145,7 @@ class Process:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.engine = Engine(cfg)
+        self.engine.on_fatal = self.crash
         self.app = App(cfg, self.engine)
         self.server = Server(self.app, finish_abandoned=bool(cfg.sim.sim_finish_abandoned))
         self.exit: asyncio.Future[int] | None = None
@@ -246,7 +248,12 @@ class Process:
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(argv)
     try:
-        code = asyncio.run(Process(cfg).run())
+        process = Process(cfg)
+    except ApiError as err:
+        # vLLM stops at start-up on an adapter named by --lora-modules it cannot load.
+        sys.exit(f"ValueError: {err.message}")
+    try:
+        code = asyncio.run(process.run())
     except KeyboardInterrupt:
         code = 0
     sys.stdout.flush()

@@ -1,16 +1,22 @@
-"""LoRA adapters on the simulator, as vLLM 0.32 serves them (tests/vllm/test_adapters.py holds
-the real engine to the same answers): named at start, loaded and unloaded at run time from a
-folder or the Hugging Face cache, each answering its own way, errors word for word."""
+"""LoRA adapters on the simulator, as vLLM 0.32 serves them (tests/vllm/fidelity_scenarios.py
+holds it to the real engine): named at start, loaded and unloaded at run time from a folder or
+the Hugging Face cache, each answering its own way, errors word for word; --max-loras
+different adapters at once (a request on another waits), --max-cpu-loras kept read (others
+read again when used, and the engine dies when their files are gone)."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.engine_sim.conftest import Sim
+from tests.engine_sim.conftest import Sim, wait_until
 
 BASE = "tiny"
 
@@ -118,6 +124,21 @@ def test_adapter_errors_as_vllm_words_them(lora_sim: Sim) -> None:
     no_path = admin(lora_sim, "load", lora_name="c")
     assert no_path.status_code == 400
     assert no_path.json()["error"]["param"] == "body.lora_path"
+    for body, message in (
+        ({"lora_name": "", "lora_path": "x"}, "Both 'lora_name' and 'lora_path' must be provided."),
+        (
+            {"lora_name": BASE, "lora_path": "acme/support-lora"},
+            f"The lora adapter '{BASE}' conflicts with a served base model.",
+        ),
+    ):
+        refused = admin(lora_sim, "load", **body)
+        assert (refused.status_code, refused.json()["error"]["type"]) == (400, "InvalidUserInput")
+        assert refused.json()["error"]["message"] == message
+    nameless = admin(lora_sim, "unload", lora_name="")
+    assert (nameless.status_code, nameless.json()["error"]["message"]) == (
+        400,
+        "'lora_name' needs to be provided to unload a LoRA adapter.",
+    )
     gone = admin(lora_sim, "unload", lora_name="a")
     assert (gone.status_code, gone.text) == (200, "Success: LoRA adapter 'a' removed successfully.")
     again = admin(lora_sim, "unload", lora_name="a")
@@ -153,3 +174,199 @@ def test_without_runtime_updating_there_are_no_routes(start_sim, tmp_path: Path)
     sim = start_sim("--enable-lora", "--lora-modules", f"a={adapter_folder(tmp_path, 'x')}")
     answer = admin(sim, "load", lora_name="b", lora_path=str(tmp_path / "x"))
     assert (answer.status_code, answer.json()) == (404, {"detail": "Not Found"})
+
+
+# --- the LoRA budget (--max-loras) and the worker's cache (--max-cpu-loras) -----------------
+
+
+@pytest.fixture
+def slots_sim(start_sim, tmp_path: Path) -> Sim:
+    """One adapter slot, two adapters kept read; 100 tokens/s, so a 200-token reply runs 2 s."""
+    hf_home = tmp_path / "hf"
+    for repo in ("acme/sea-lora", "acme/sky-lora", "acme/sun-lora"):
+        hub_adapter(hf_home, repo)
+    return start_sim(
+        "some/base-model",
+        "--served-model-name",
+        BASE,
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+        "--max-loras",
+        "1",
+        "--max-cpu-loras",
+        "2",
+        "--lora-modules",
+        "sea=acme/sea-lora",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "100",
+        "--sim-crash-grace-seconds",
+        "0.5",
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HOME": str(hf_home)},
+    )
+
+
+def background(fn: Callable[[], httpx.Response]) -> Future:
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    return future
+
+
+def long_reply(sim: Sim, model: str, tokens: int = 200) -> Callable[[], httpx.Response]:
+    body = {"model": model, "prompt": "the sea", "max_tokens": tokens, "ignore_eos": True}
+    return lambda: httpx.post(f"{sim.url}/v1/completions", json=body, timeout=30)
+
+
+def lora_info(sim: Sim) -> list[str]:
+    """The vllm:lora_requests_info samples, newest first."""
+    lines = [
+        line
+        for line in httpx.get(f"{sim.url}/metrics").text.splitlines()
+        if line.startswith("vllm:lora_requests_info{")
+    ]
+    return sorted(lines, key=lambda line: float(line.rsplit(" ", 1)[1]), reverse=True)
+
+
+def test_a_second_adapter_waits_for_the_slot_and_the_base_does_not(slots_sim: Sim) -> None:
+    """One slot: while sea's reply runs, sky's request waits (vLLM defers it: its LoRA
+    budget), the base's is answered at once; sky's runs when sea's is done."""
+    assert admin(slots_sim, "load", lora_name="sky", lora_path="acme/sky-lora").status_code == 200
+    sea = background(long_reply(slots_sim, "sea"))
+    wait_until(lambda: slots_sim.metric("vllm:num_requests_running") == 1, what="sea to run")
+    sky = background(long_reply(slots_sim, "sky", 2))
+    wait_until(
+        lambda: slots_sim.metric("vllm:num_requests_waiting_by_reason", 'reason="deferred"'),
+        what="sky to be deferred",
+    )
+    assert slots_sim.metric("vllm:num_requests_waiting") == 1
+    assert lora_info(slots_sim)[0].startswith(
+        'vllm:lora_requests_info{max_lora="1",running_lora_adapters="sea",'
+        'waiting_lora_adapters="sea"}'
+    )
+    base = long_reply(slots_sim, BASE, 2)()
+    assert base.status_code == 200
+    assert not sea.done() and not sky.done()
+    assert sky.result().status_code == 200
+    assert sea.done() and sea.result().status_code == 200
+    assert slots_sim.metric("vllm:num_requests_waiting_by_reason", 'reason="deferred"') == 0
+    assert 'running_lora_adapters=""' in lora_info(slots_sim)[0]
+
+
+def test_unloading_does_not_stop_requests_already_sent(slots_sim: Sim) -> None:
+    """vLLM's unload only takes the name out of the server's table: a reply running on the
+    adapter, and one waiting for the slot, both end as they would have."""
+    assert admin(slots_sim, "load", lora_name="sky", lora_path="acme/sky-lora").status_code == 200
+    sea = background(long_reply(slots_sim, "sea"))
+    wait_until(lambda: slots_sim.metric("vllm:num_requests_running") == 1, what="sea to run")
+    sky = background(long_reply(slots_sim, "sky", 5))
+    wait_until(lambda: slots_sim.metric("vllm:num_requests_waiting") == 1, what="sky to wait")
+    for name in ("sea", "sky"):
+        assert admin(slots_sim, "unload", lora_name=name).status_code == 200
+    assert ask(slots_sim, "sea").status_code == 404
+    assert not sea.done()
+    assert sea.result().json()["usage"]["completion_tokens"] == 200
+    assert sky.result().json()["usage"]["completion_tokens"] == 5
+
+
+def test_adapters_beyond_the_cpu_cache_still_answer(slots_sim: Sim) -> None:
+    """Four adapters, two kept read: each still answers (read again when used), and the
+    same files under another name answer alike."""
+    for name, repo in (
+        ("sky", "acme/sky-lora"),
+        ("sun", "acme/sun-lora"),
+        ("sea2", "acme/sea-lora"),
+    ):
+        assert admin(slots_sim, "load", lora_name=name, lora_path=repo).status_code == 200
+    first = {name: text(ask(slots_sim, name)) for name in ("sea", "sky", "sun", "sea2")}
+    assert first["sea2"] == first["sea"]
+    assert len({first["sea"], first["sky"], first["sun"]}) == 3
+    assert {name: text(ask(slots_sim, name)) for name in first} == first
+
+
+def test_an_adapter_read_again_from_files_that_are_gone_kills_the_engine(
+    slots_sim: Sim, tmp_path: Path
+) -> None:
+    """As with vLLM: an adapter pushed out of the worker's cache is read again when a request
+    uses it; with its folder deleted the engine dies (500 now, then /health 503 and exit)."""
+    folder = adapter_folder(tmp_path, "doomed")
+    assert admin(slots_sim, "load", lora_name="doomed", lora_path=str(folder)).status_code == 200
+    assert ask(slots_sim, "doomed").status_code == 200
+    shutil.rmtree(folder)
+    assert ask(slots_sim, "doomed").status_code == 200  # still in the cache: not read again
+    for name, repo in (("sky", "acme/sky-lora"), ("sun", "acme/sun-lora")):
+        assert admin(slots_sim, "load", lora_name=name, lora_path=repo).status_code == 200
+    died = ask(slots_sim, "doomed")
+    assert died.status_code == 500
+    assert died.json()["error"]["message"] == (
+        "EngineCore encountered an issue. See stack trace (above) for the root cause."
+    )
+    assert httpx.get(f"{slots_sim.url}/health").status_code == 503
+    deadline = time.monotonic() + 10
+    while slots_sim.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert slots_sim.proc.poll() == 1
+
+
+def test_lora_settings_vllm_refuses_at_start(start_sim, tmp_path: Path) -> None:
+    for args, said in (
+        (
+            ("--max-loras", "2", "--max-cpu-loras", "1"),
+            "ValueError: max_cpu_loras (1) must be >= max_loras (2).",
+        ),
+        (
+            ("--lora-modules", "a=/nonexistent"),
+            "ValueError: Loading lora a failed: No adapter found for /nonexistent",
+        ),
+    ):
+        sim = start_sim("--enable-lora", *args, "--sim-load-seconds", "0", wait=False)
+        assert sim.proc.wait(timeout=10) == 1
+        assert said in sim.output()
+
+
+def test_reading_an_adapter_takes_the_load_time(start_sim, tmp_path: Path) -> None:
+    """--sim-lora-load-ms: a runtime load answers after that long, and a request on an adapter
+    pushed out of --max-cpu-loras waits that long again (it is read anew); one on an adapter
+    still read does not."""
+    hf_home = tmp_path / "hf"
+    for repo in ("acme/sea-lora", "acme/sky-lora", "acme/sun-lora"):
+        hub_adapter(hf_home, repo)
+    sim = start_sim(
+        "some/base-model",
+        "--served-model-name",
+        BASE,
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+        "--max-cpu-loras",
+        "2",
+        "--lora-modules",
+        "sea=acme/sea-lora",
+        "--sim-load-seconds",
+        "0",
+        "--sim-ttft-ms",
+        "0",
+        "--sim-decode-tps",
+        "0",
+        "--sim-lora-load-ms",
+        "1000",
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HOME": str(hf_home)},
+    )
+
+    def seconds(call: Callable[[], httpx.Response]) -> float:
+        started = time.monotonic()
+        answer = call()
+        assert answer.status_code == 200, answer.text
+        return time.monotonic() - started
+
+    assert seconds(lambda: admin(sim, "load", lora_name="sky", lora_path="acme/sky-lora")) >= 1
+    assert seconds(lambda: ask(sim, "sky")) < 1  # read by the load
+    assert seconds(lambda: ask(sim, "sea")) < 1  # read at start
+    # A third adapter pushes the least recently used (sky) out of the two kept read.
+    assert seconds(lambda: admin(sim, "load", lora_name="sun", lora_path="acme/sun-lora")) >= 1
+    assert seconds(lambda: ask(sim, "sky")) >= 1
+    assert seconds(lambda: ask(sim, "sky")) < 1

@@ -3,8 +3,10 @@
 ``observe(scenario, url)`` sends the scenario's request and turns the answer into a plain
 document: ``{"status": …, "body": …}`` for JSON, the collapsed event sequence plus the first
 frame of each event kind for SSE, label sets for /metrics, outcomes for the abort and
-accounting scenarios. ``differences(real, sim, scenario)`` lists every place where the
-simulator's document differs from the real vLLM's, each with its exact path.
+accounting scenarios, what happened for the LoRA exchanges (an adapter's requests waiting
+for the slot, unloaded mid-stream, more adapters than the engine keeps read).
+``differences(real, sim, scenario)`` lists every place where the simulator's document
+differs from the real vLLM's, each with its exact path.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tests.vllm.fidelity_scenarios import CACHE_CONFIG_LABELS, METRIC_FAMILIES, Scenario
+from tests.vllm.fidelity_scenarios import CACHE_CONFIG_LABELS, METRIC_FAMILIES, MODEL, Scenario
 
 TIMEOUT = 120.0
 ABORT_DEADLINE = 60.0
@@ -117,7 +120,13 @@ def _value_difference(real: dict, sim: dict, path: str, norm: Callable[[Any], An
 
 def observe(scenario: Scenario, url: str) -> dict:
     """The scenario's outcome on the engine at ``url``, as a comparable document."""
+    prepare(scenario, url)
     return OBSERVERS[scenario.kind](scenario, url)
+
+
+def prepare(scenario: Scenario, url: str) -> None:
+    for path, body in scenario.before:
+        httpx.post(url + path, json=body, timeout=TIMEOUT)
 
 
 def _json(scenario: Scenario, url: str) -> dict:
@@ -206,6 +215,8 @@ def _metrics(scenario: Scenario, url: str) -> dict:
         if name == "vllm:cache_config_info":
             pairs = {k: v for k, v in pairs.items() if k in CACHE_CONFIG_LABELS}
             families[name] = {"block_size": pairs.get("block_size")}
+        if name == "vllm:lora_requests_info":
+            families[name] = {"max_lora": pairs.get("max_lora")}
         families.setdefault(name, {})["labels"] = sorted(pairs)
     return {"families": families}
 
@@ -355,10 +366,193 @@ ACCOUNTED = (
     "vllm:prefix_cache_hits_total",
 )
 
+# --- LoRA exchanges (tests/vllm/lora_scenarios.py) --------------------------------------
+
+
+class _Background:
+    """A request sent on a thread (a stream is read to its end, ``started`` set at its first
+    frame); ``result`` holds what it ended with (its frames, or its status and body).
+    ``label`` is appended to ``finished`` when the answer is complete."""
+
+    def __init__(
+        self, url: str, path: str, body: dict, label: str = "", finished: list | None = None
+    ) -> None:
+        self.started = threading.Event()
+        self.result: dict = {}
+        self.label, self.finished = label, finished if finished is not None else []
+        self.thread = threading.Thread(target=self._run, args=(url + path, body), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str, body: dict) -> None:
+        try:
+            if body.get("stream"):
+                self.result = self._stream(url, body)
+            else:
+                r = httpx.post(url, json=body, timeout=TIMEOUT)
+                self.result = {"status": r.status_code, "body": _body(r)}
+        finally:
+            self.finished.append(self.label)
+            self.started.set()
+
+    def _stream(self, url: str, body: dict) -> dict:
+        frames: list[Any] = []
+        with httpx.stream("POST", url, json=body, timeout=TIMEOUT) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data = line[len("data: ") :]
+                    frames.append(data if data == "[DONE]" else json.loads(data))
+                    self.started.set()
+        return {"status": r.status_code, "frames": frames}
+
+    def join(self) -> dict:
+        self.thread.join(TIMEOUT)
+        return self.result
+
+
+def _ending(result: dict, asked: int) -> dict:
+    """How a chat request sent by _Background ended: its status and finish, whether it got
+    every token asked for (usage), and for a stream an error frame and [DONE]."""
+    if "frames" not in result:
+        body = result.get("body")
+        body = body if isinstance(body, dict) and "choices" in body else {}
+        return {
+            "status": result.get("status"),
+            "finish_reason": body.get("choices", [{}])[0].get("finish_reason"),
+            "every_token": body.get("usage", {}).get("completion_tokens") == asked,
+        }
+    chunks = [f for f in result["frames"] if isinstance(f, dict)]
+    finishes = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+    usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), {})
+    return {
+        "status": result.get("status"),
+        "finish_reason": next((f for f in reversed(finishes) if f), None),
+        "every_token": usage.get("completion_tokens") == asked,
+        "error_frame": any("error" in c for c in chunks),
+        "done": result["frames"][-1:] == ["[DONE]"],
+    }
+
+
+def _short(scenario: Scenario, model: str) -> dict:
+    """A six-token chat on ``model`` (the long request's prompt)."""
+    messages = scenario.body["messages"]
+    return {"model": model, "messages": messages, "max_tokens": 6, "ignore_eos": True}
+
+
+def _lora_slot(scenario: Scenario, url: str) -> dict:
+    """Two long streams on two adapters and a shorter request on the base, sent at once to
+    an engine with one adapter slot (--max-loras 1). What happened is read from the engine
+    afterwards, not while it decodes (the CPU engine's API server may then not answer for
+    seconds on a busy machine): which answer ended first, how many requests waited over a
+    second to be scheduled, which lists of adapters vllm:lora_requests_info stamped. Made
+    again (up to three times in all) when the requests did not meet in the engine."""
+    for _ in range(3):
+        outcome = _lora_slot_once(scenario, url)
+        if outcome["finished_first"] == "base" and outcome["waited_over_1s"] == 1:
+            break
+    return outcome
+
+
+def _lora_slot_once(scenario: Scenario, url: str) -> dict:
+    stamps, waited = _lora_stamps(url), _waited_over(url, "1.0")
+    finished: list[str] = []
+    adapters = (scenario.body["model"], scenario.params["other"])
+    sent = [
+        _Background(url, scenario.path, {**scenario.body, "model": name}, name, finished)
+        for name in adapters
+    ]
+    base_body = {**_short(scenario, MODEL), "max_tokens": scenario.params["beside"]}
+    sent.append(_Background(url, scenario.path, base_body, "base", finished))
+    asked = (scenario.body["max_tokens"],) * 2 + (scenario.params["beside"],)
+    endings = [_ending(r.join(), n) for r, n in zip(sent, asked, strict=True)]
+    now = _lora_stamps(url)
+    return {
+        "finished_first": finished[0] if finished else None,
+        "waited_over_1s": _waited_over(url, "1.0") - waited,
+        "lora_info_stamped": sorted(k for k, v in now.items() if stamps.get(k) != v),
+        "endings": endings,
+    }
+
+
+def _lora_stamps(url: str) -> dict[str, float]:
+    """vllm:lora_requests_info: its running_lora_adapters label -> the time it was current."""
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=TIMEOUT).text.splitlines():
+        if line.startswith("vllm:lora_requests_info{"):
+            adapters = re.search(r'running_lora_adapters="([^"]*)"', line).group(1)
+            out[adapters] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _waited_over(url: str, bound: str) -> float:
+    """Requests that waited longer than ``bound`` seconds in the queue, so far."""
+    name = "vllm:request_queue_time_seconds"
+    return metric(url, name + "_count") - metric(url, name + "_bucket", f'le="{bound}"')
+
+
+def _unload_mid_stream(scenario: Scenario, url: str) -> dict:
+    """Two long streams on two adapters sent at once (one runs, the other waits for the
+    slot), then both adapters unloaded, then the first asked for again. Made again (up to
+    five times in all) when no stream was still running after the unloads: once the CPU
+    engine's API server falls behind the engine's output on a busy machine, it answers
+    nothing else until the engine stops, and then the unloads come too late."""
+    for attempt in range(5):
+        if attempt:
+            prepare(scenario, url)  # the adapters again
+        outcome = _unload_mid_stream_once(scenario, url)
+        in_flight = all(s["status"] == 200 for s in outcome["streams"])
+        if in_flight and outcome["a_stream_ran_after_unloads"]:
+            break
+    return outcome
+
+
+def _unload_mid_stream_once(scenario: Scenario, url: str) -> dict:
+    names = (scenario.body["model"], scenario.params["other"])
+    streams = [_Background(url, scenario.path, {**scenario.body, "model": name}) for name in names]
+    # At the first frame, before the API server can fall behind the engine's output. The
+    # second stream was sent before: it has been admitted too (else it is a 404: made again).
+    assert streams[0].started.wait(ABORT_DEADLINE), "the first stream did not start"
+    unloads = [
+        httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": n}, timeout=TIMEOUT)
+        for n in names
+    ]
+    # Every request in the engine is on an unloaded adapter.
+    ran_after = metric(url, "vllm:num_requests_running") >= 1
+    asked = httpx.post(url + scenario.path, json=_short(scenario, names[0]), timeout=TIMEOUT)
+    return {
+        "unloads": [(r.status_code, r.text) for r in unloads],
+        "a_stream_ran_after_unloads": ran_after,
+        "asked_after_unload": asked.status_code,
+        "streams": [_ending(s.join(), scenario.body["max_tokens"]) for s in streams],
+    }
+
+
+def _same_files(scenario: Scenario, url: str) -> dict:
+    """More adapters than --max-cpu-loras, two of them the same files under two names: each
+    asked twice, in turn (every request on an adapter the worker let go reads it again)."""
+    names = scenario.params["adapters"]
+    answers: dict[str, list] = {name: [] for name in names}
+    for _ in range(2):
+        for name in names:
+            body = {**scenario.body, "model": name}
+            r = httpx.post(url + scenario.path, json=body, timeout=TIMEOUT)
+            ok = r.status_code == 200
+            answers[name].append(r.json()["choices"][0]["message"]["content"] if ok else None)
+    twins = scenario.params["twins"]
+    return {
+        "all_answered": all(None not in got for got in answers.values()),
+        "each_answers_the_same_again": all(a == b for a, b in answers.values()),
+        "twins_answer_alike": all(answers[x] == answers[y] for x, y in twins),
+        "others_differ": len({got[0] for got in answers.values()}) == len(names) - len(twins),
+    }
+
+
 OBSERVERS: dict[str, Callable[[Scenario, str], dict]] = {
     "json": _json,
     "sse": _sse,
     "metrics": _metrics,
     "abort": _abort,
     "accounting": _accounting,
+    "lora_slot": _lora_slot,
+    "unload_mid_stream": _unload_mid_stream,
+    "same_files": _same_files,
 }

@@ -13,6 +13,11 @@ Outcome documents (see tests/vllm/fidelity.py): JSON answers are ``{status, cont
 body}``; streams are ``{status, content_type, sequence, frames}`` where ``sequence`` is the
 event kinds in order with repeats collapsed (a reply of 3 or 30 tokens has the same
 sequence) and ``frames`` maps each kind to its first frame.
+
+``before`` requests are sent to each engine ahead of the scenario's own, their answers
+unread: they make the engine's state the scenario needs (an adapter loaded or unloaded)
+whatever ran before it. LoRA adapters have scenarios of their own, run on a pair of engines
+started with adapters enabled: tests/vllm/lora_scenarios.py.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ METRIC_FAMILIES = (
     "vllm:cache_config_info",
     "vllm:prefix_cache_hits_total",
     "vllm:prefix_cache_queries_total",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:lora_requests_info",
 )
 
 # The labels of vllm:cache_config_info Tollgate reads (KV capacity = blocks x block size).
@@ -91,6 +98,10 @@ class Scenario:
     # Values the real vLLM must show: the scenario exercised what it claims (an abort that
     # came after the reply finished would otherwise agree on both engines and prove nothing).
     expect: dict[str, Any] = field(default_factory=dict)
+    # (path, body) POSTs sent first, answers unread: the state the scenario starts from.
+    before: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # What an exchange observer needs beyond ``body`` (e.g. the other adapter's name).
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 def chat(**extra: Any) -> dict[str, Any]:
@@ -377,8 +388,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         same=("status", "body.type", "body.error.type", "body.error.message"),
     ),
     Scenario(
-        # No adapter is loaded (the CPU test model has none): a LoRA name the engine does not
-        # serve is answered like any unknown model.
+        # These engines run without --enable-lora: a LoRA name is answered like any unknown
+        # model (lora_scenarios.py has the adapters' own).
         "unknown_lora_adapter",
         "/v1/chat/completions",
         chat(model="tiny-llama-sql-lora"),

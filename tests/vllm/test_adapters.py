@@ -1,8 +1,9 @@
 """The test adapters on the real vLLM: what per-tenant adapters (issue 29) are built on.
 
-``scripts/make-test-model`` stages two LoRA adapters for the test model beside it
+``scripts/make-test-model`` stages LoRA adapters for the test model beside it
 (``tollgate-test/tiny-llama-lora-a`` and ``-b``: PEFT's format, rank 8 on ``q_proj`` and
-``v_proj``, random matrices from seeds of their own). vLLM serves one named at start
+``v_proj``, random matrices from seeds of their own; ``-c`` the same at rank 16, which an
+engine with ``--max-lora-rank 8`` refuses). vLLM serves one named at start
 (``--lora-modules``) and one loaded at run time (``POST /v1/load_lora_adapter``, allowed by
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), with one adapter slot (``--max-loras 1``), so
 alternating requests swap them. These are the engine's own answers, shapes and errors that
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.vllm
 ADAPTER_DIGESTS = {
     "a": "baf7d8ca2c221e13d8917fe1869754579e67369584bfefab4c55f17453f83ff6",
     "b": "940c13fbeb7cc74e795eca08c99aabac3fa24963dd4f1a808fd9f69f51d9045d",
+    "c": "c43926de90ac416320afee00749f4efffda6dfe0c334c1f2667598a0b63dcd2a",
 }
 MAKER = "/opt/tollgate/testmodel/make_test_model.py"
 RUNTIME_LORA = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}

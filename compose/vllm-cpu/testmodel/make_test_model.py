@@ -6,10 +6,12 @@ corpus beside this file, with a chat template. Same bytes on every machine (the 
 numpy, tokenizers and safetensors): the same prompt has the same token count everywhere.
 Nothing is downloaded.
 
-Beside it, two LoRA adapters for it in PEFT's format (``adapter_config.json`` and
-``adapter_model.safetensors``; rank 8 on every layer's ``q_proj`` and ``v_proj``, random
-A and B matrices from seeds of their own, so each answers differently from the base and
-from the other), staged as ``<repo>-lora-a`` and ``<repo>-lora-b``.
+Beside it, three LoRA adapters for it in PEFT's format (``adapter_config.json`` and
+``adapter_model.safetensors``; on every layer's ``q_proj`` and ``v_proj``, random A and B
+matrices from seeds of their own, so each answers differently from the base and from the
+others), staged as ``<repo>-lora-a``, ``-lora-b`` (rank 8) and ``-lora-c`` (rank 16: an
+engine started with ``--max-lora-rank 8`` refuses it, as it refuses a real adapter too wide
+for its slots).
 
 The result is written in the hub cache's own layout (``hub/models--<org>--<name>/`` with
 ``blobs/``, ``snapshots/<revision>/`` and ``refs/main``), so an engine started with
@@ -48,9 +50,9 @@ HEADS = 2  # head_dim 64: vLLM's CPU attention refuses 16
 KV_HEADS = 1
 CONTEXT = 2048
 
-# LoRA adapters: name -> seed of their random matrices.
-ADAPTERS = {"a": SEED + 1, "b": SEED + 2}
-LORA_RANK = 8
+# LoRA adapters: name -> seed of their random matrices, and rank.
+ADAPTERS = {"a": SEED + 1, "b": SEED + 2, "c": SEED + 3}
+ADAPTER_RANKS = {"a": 8, "b": 8, "c": 16}
 LORA_ALPHA = 16
 LORA_TARGETS = ("q_proj", "v_proj")
 LORA_SCALE = 0.2  # standard deviation of A and B: a change a greedy reply shows at once
@@ -173,7 +175,7 @@ def write_folder(folder: Path) -> None:
     save_file(weights(tokenizer.get_vocab_size()), str(folder / "model.safetensors"))
 
 
-def adapter_weights(seed: int) -> dict[str, np.ndarray]:
+def adapter_weights(seed: int, rank: int) -> dict[str, np.ndarray]:
     """PEFT's tensor names and shapes: lora_A (rank × in), lora_B (out × rank)."""
     rng = np.random.Generator(np.random.PCG64(seed))
     head_dim = HIDDEN // HEADS
@@ -187,17 +189,17 @@ def adapter_weights(seed: int) -> dict[str, np.ndarray]:
     for layer in range(LAYERS):
         for target in LORA_TARGETS:
             p = f"base_model.model.model.layers.{layer}.self_attn.{target}."
-            tensors[p + "lora_A.weight"] = normal(LORA_RANK, HIDDEN)
-            tensors[p + "lora_B.weight"] = normal(out_features[target], LORA_RANK)
+            tensors[p + "lora_A.weight"] = normal(rank, HIDDEN)
+            tensors[p + "lora_B.weight"] = normal(out_features[target], rank)
     return tensors
 
 
-def adapter_config(base: str) -> dict:
+def adapter_config(base: str, rank: int) -> dict:
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base,
-        "r": LORA_RANK,
+        "r": rank,
         "lora_alpha": LORA_ALPHA,
         "lora_dropout": 0.0,
         "target_modules": list(LORA_TARGETS),
@@ -212,9 +214,11 @@ def write_adapter(folder: Path, name: str, base: str) -> None:
     """Adapter ``name``'s files into ``folder`` (created)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(
-        json.dumps(adapter_config(base), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        json.dumps(adapter_config(base, ADAPTER_RANKS[name]), indent=2, sort_keys=True) + "\n",
+        encoding="utf-8",
     )
-    save_file(adapter_weights(ADAPTERS[name]), str(folder / "adapter_model.safetensors"))
+    tensors = adapter_weights(ADAPTERS[name], ADAPTER_RANKS[name])
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
 
 
 def digest(folder: Path) -> str:
