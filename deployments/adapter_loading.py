@@ -59,16 +59,17 @@ def load_by_ids(adapter_id: int, replica_id: int) -> None:
 
 
 def load(adapter: Adapter, replica: Replica) -> None:
-    """Load ``adapter`` into ``replica`` unless it holds it already, unloading the least
-    recently used first when the replica is full."""
+    """Load ``adapter`` into ``replica``, unloading the least recently used first when the
+    replica is full. Asked for one the record says it holds, the engine is asked anyway (it
+    answers "already loaded" if so): an engine that lost it (a restart the record missed, an
+    unload by hand) is given it back, and the gateway that asked stops meeting 404s."""
     deployment = replica.deployment
     _check_fits(adapter, deployment)
     with get_redis().lock(lora_lock_key(replica.pk), timeout=LOCK_SECONDS, blocking_timeout=60):
         held = loaded(replica.pk)
-        if adapter.pk in held:
-            return
-        for victim in _victims(replica.pk, held, deployment.adapter_slots - 1):
-            unload_from(replica, victim, held[victim])
+        if adapter.pk not in held:
+            for victim in _victims(replica.pk, held, deployment.adapter_slots - 1):
+                unload_from(replica, victim, held[victim])
         _post(replica, "/v1/load_lora_adapter", adapter.served_name, adapter.source)
         _mark_loaded(replica.pk, adapter)
     log.info("adapter %s loaded into replica %s", adapter, replica.pk)

@@ -14,7 +14,7 @@ from functools import partial
 from gateway import messages, metrics
 from gateway.errors import error_body
 from gateway.exchange import PROMPT_ONLY, UPSTREAM_PATHS, Exchange
-from gateway.relay import StreamState, forward_stream, forward_whole, respond
+from gateway.relay import AdapterGone, StreamState, forward_stream, forward_whole, respond
 from gateway.responses import ResponseRelay
 from gateway.settling import checkpoint
 from gateway.state import Upstream
@@ -97,18 +97,44 @@ class Forwarding:
             self.answer = dialect.answer
 
     async def _to_a_replica(self) -> None:
-        """Try the replicas in routing's order until one takes the request."""
+        """Try the replicas in routing's order until one takes the request; a request for an
+        adapter the engines dropped meanwhile goes where it is held (loaded again), once."""
         ex = self.ex
-        outcome, model_name = self.outcome, ex.payload["model"]
-        replicas = ex.upstreams
         adapter = ex.model.adapter_id
-        if len(replicas) > 1:
-            # An adapter's prefixes are cached apart from its base's (vLLM keys the KV cache
-            # by adapter too): its own table.
-            table = f"{ex.model.id}.{adapter}" if adapter else ex.model.id
-            replicas = await ex.rt.router.order(table, ex.endpoint, ex.payload, replicas)
+        replicas = await self._ordered(ex.upstreams)
+        for attempt in range(2 if adapter else 1):
+            gone = await self._try(replicas)
+            if gone is None:
+                return
+            if not gone or attempt:
+                break
+            found = await ex.rt.lora.ensure(ex.model, ex.rt.snapshot.routes.get(ex.model.id, []))
+            if isinstance(found, tuple):
+                self.outcome.http_status = found[0]
+                await respond(ex.send, found[0], found[1], ex.headers + found[2])
+                return
+            replicas = await self._ordered(found)
+        await respond(ex.send, 503, NO_ENGINE, ex.headers + [(b"retry-after", b"5")])
+        self.outcome.http_status = 503
+
+    async def _ordered(self, replicas: list[Upstream]) -> list[Upstream]:
+        ex = self.ex
+        if len(replicas) < 2:
+            return replicas
+        # An adapter's prefixes are cached apart from its base's (vLLM keys the KV cache by
+        # adapter too): its own table.
+        adapter = ex.model.adapter_id
+        table = f"{ex.model.id}.{adapter}" if adapter else ex.model.id
+        return await ex.rt.router.order(table, ex.endpoint, ex.payload, replicas)
+
+    async def _try(self, replicas: list[Upstream]) -> bool | None:
+        """Send to the first replica that takes the request: None once one did; else whether
+        an engine no longer held the request's adapter."""
+        ex = self.ex
+        outcome, model_name, adapter = self.outcome, ex.payload["model"], ex.model.adapter_id
         path = UPSTREAM_PATHS[ex.endpoint]
         headers = {"content-type": "application/json", "x-request-id": ex.request_id}
+        gone = False
         for upstream in replicas:
             self.chosen = upstream
             if adapter:
@@ -121,24 +147,36 @@ class Forwarding:
                 if upstream.auth_header:
                     sent = {**headers, "authorization": upstream.auth_header}
                 await self._send(upstream, upstream.base_url + path, sent)
-                return
+                return None
             except UpstreamRefused:
                 outcome.forwarded = False
                 metrics.UPSTREAM_ERRORS.labels(model_name, "refused").inc()
                 # Nothing was sent yet: try the next replica.
+            except AdapterGone:
+                outcome.forwarded = False
+                ex.rt.lora.forget(upstream.replica_id, adapter)
+                gone = True
             finally:
                 upstream.outstanding -= 1
                 metrics.in_flight[model_name] -= 1
-        await respond(ex.send, 503, NO_ENGINE, ex.headers + [(b"retry-after", b"5")])
-        outcome.http_status = 503
+        return gone
 
     async def _send(self, upstream: Upstream, url: str, headers: dict[str, str]) -> None:
         """Send the request to one replica and relay its answer (UpstreamRefused: it did not
         take the request)."""
         ex, rt = self.ex, self.ex.rt
+        adapter = bool(ex.model.adapter_id)
         if self.stream:
             await forward_stream(
-                rt.session, url, ex.body, headers, ex.send, ex.headers, self.st, rt.max_frame
+                rt.session,
+                url,
+                ex.body,
+                headers,
+                ex.send,
+                ex.headers,
+                self.st,
+                rt.max_frame,
+                adapter,
             )
         else:
             await forward_whole(
@@ -151,6 +189,7 @@ class Forwarding:
                 self.outcome,
                 USAGE_SHAPES[ex.endpoint],
                 self.answer,
+                adapter,
             )
 
     async def _failed(self, exc: Exception) -> None:

@@ -45,6 +45,9 @@ class LoraTable:
         self.held: dict[int, frozenset[int]] = {}  # replica id -> adapter ids
         self.failures: dict[int, dict[int, str]] = {}  # replica id -> adapter id -> reason
         self.used: dict[int, dict[int, float]] = {}  # replica id -> adapter id -> ms, to flush
+        # Loads this process asked for and has not seen done: a burst of cold requests for
+        # several adapters spreads their loads instead of piling them onto one replica.
+        self.pending: dict[int, set[int]] = {}
         self._changed = asyncio.Event()
 
     # --- what replicas hold ------------------------------------------------------------------
@@ -66,6 +69,7 @@ class LoraTable:
         for rid, keys, errs in zip(replica_ids, answers[::2], answers[1::2], strict=True):
             self.held[rid] = frozenset(int(k) for k in keys)
             self.failures[rid] = {int(k): v.decode() for k, v in errs.items()}
+            self.pending.get(rid, set()).difference_update(self.held[rid], self.failures[rid])
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -85,6 +89,10 @@ class LoraTable:
                     await self.refresh(ids)
             except (redis.exceptions.RedisError, OSError, TimeoutError):
                 log.warning("could not read or record engines' adapters; will retry", exc_info=True)
+
+    def forget(self, replica_id: int, adapter_id: int) -> None:
+        """The replica's engine said it does not hold the adapter (unloaded meanwhile)."""
+        self.held[replica_id] = self.held.get(replica_id, frozenset()) - {adapter_id}
 
     def touch(self, replica_id: int, adapter_id: int) -> None:
         """A request for the adapter went to the replica (recorded in the next flush)."""
@@ -140,6 +148,8 @@ class LoraTable:
                     )
             left = deadline - time.monotonic()
             if left <= 0:
+                for rid in asked:  # no longer promised: the load may never come
+                    self.pending.get(rid, set()).discard(adapter)
                 return _refusal(
                     503,
                     f"The adapter `{model.served_name}` is being loaded into an engine and was "
@@ -159,15 +169,25 @@ class LoraTable:
         spread = setting("TOLLGATE_ADAPTER_SPREAD_LOAD")
         if len(holders) == len(serving) or min(map(_load, holders)) < spread:
             return
-        others = [u for u in serving if u not in holders]
+        # Only into a free place: a copy that unloads another adapter costs that one a load
+        # (and its requests a wait) to save this one a queue.
+        others = [u for u in serving if u not in holders and self._places(u) > 0]
+        if not others:
+            return
         target = min(others, key=_load)
         if _load(target) < spread:
             await self.request_load(model, target)
 
     def _target(self, serving: list[Upstream]) -> Upstream:
-        """Where to load an adapter no replica holds: the least-loaded replica, and among
-        equals the one holding the fewest adapters (its loading unloads nobody's)."""
-        return min(serving, key=lambda u: (_load(u), len(self.held.get(u.replica_id, ()))))
+        """Where to load an adapter no replica holds: the replica with the most free places
+        (counting loads asked for and not yet done: its loading unloads nobody's), then the
+        least loaded."""
+        return min(serving, key=lambda u: (-self._places(u), _load(u)))
+
+    def _places(self, u: Upstream) -> int:
+        """Adapter places of a replica neither held nor promised to a load under way."""
+        taken = self.held.get(u.replica_id, frozenset()) | self.pending.get(u.replica_id, set())
+        return u.adapter_slots - len(taken)
 
     async def request_load(self, model: ModelInfo, target: Upstream) -> None:
         """Ask a worker to load the adapter into the replica, once however many ask."""
@@ -178,6 +198,7 @@ class LoraTable:
                 first = await self.redis.set(
                     lora_want_key(target.replica_id, adapter), 1, nx=True, ex=timeout
                 )
+            self.pending.setdefault(target.replica_id, set()).add(adapter)
             if first:
                 metrics.ADAPTER_LOADS.labels(model.served_name).inc()
                 args = [adapter, target.replica_id]

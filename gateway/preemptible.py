@@ -67,12 +67,28 @@ class PreemptibleForwarding(Forwarding):
                         )
                     elif self.stream:
                         await forward_stream(
-                            rt.session, url, body, headers, ex.send, ex.headers, st, rt.max_frame
+                            rt.session,
+                            url,
+                            body,
+                            headers,
+                            ex.send,
+                            ex.headers,
+                            st,
+                            rt.max_frame,
+                            bool(ex.model.adapter_id),
                         )
                     else:
                         shape = USAGE_SHAPES[ex.endpoint]
                         await forward_whole(
-                            rt.session, url, body, headers, ex.send, ex.headers, outcome, shape
+                            rt.session,
+                            url,
+                            body,
+                            headers,
+                            ex.send,
+                            ex.headers,
+                            outcome,
+                            shape,
+                            adapter=bool(ex.model.adapter_id),
                         )
                     return
                 except asyncio.CancelledError:

@@ -67,6 +67,11 @@ async def _post(session: Any, url: str, body: bytes, headers: dict[str, str]) ->
         raise UpstreamRefused(str(exc)) from exc
 
 
+class AdapterGone(Exception):
+    """The engine answered 404 for a LoRA adapter the gateway believed it held (a worker
+    unloaded it meanwhile); nothing reached the client, so the request may go elsewhere."""
+
+
 async def forward_whole(
     session: Any,
     url: str,
@@ -77,15 +82,18 @@ async def forward_whole(
     outcome: Outcome,
     shape: UsageShape = CHAT,
     answer: Callable[[Outcome, bytes], Awaitable[bytes]] | None = None,
+    adapter: bool = False,
 ) -> None:
     """Non-streaming: wait for the engine's answer and pass it on unchanged (``shape``: its
     API's ``usage``; ``answer``: another dialect's reading of a 200 answer, which may also
-    change it)."""
+    change it; ``adapter``: the request names a LoRA adapter, AdapterGone on a 404)."""
     resp = await _post(session, url, body, headers)
     try:
         raw = await resp.read()
     finally:
         resp.close()
+    if adapter and resp.status == 404:
+        raise AdapterGone(raw[:200])
     outcome.http_status = resp.status
     if resp.status == 200:
         if answer is not None:
@@ -217,11 +225,15 @@ async def forward_stream(
     extra_headers: list[tuple[bytes, bytes]],
     st: StreamState,
     max_frame: int,
+    adapter: bool = False,
 ) -> None:
-    """Streaming: pass SSE frames through as they arrive, tracking tokens delivered."""
+    """Streaming: pass SSE frames through as they arrive, tracking tokens delivered
+    (``adapter``: as forward_whole's)."""
     outcome = st.outcome
     resp = await _post(session, url, body, headers)
     try:
+        if adapter and resp.status == 404:
+            raise AdapterGone(await resp.read())
         outcome.http_status = resp.status
         if resp.status != 200:
             raw = normalise_upstream_error(resp.status, await resp.read())

@@ -256,3 +256,31 @@ def test_an_adapter_not_yet_checked_or_failed_says_so_to_its_owner(lora: World) 
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert answer.status_code == 400 and "rank 64" in answer.json()["error"]["message"]
+
+
+def test_an_adapter_its_engine_dropped_meanwhile_is_loaded_again_not_a_404(lora: World) -> None:
+    """A worker's unload can cross a request routed by a moment-old table (or an engine can
+    lose its adapters behind Tollgate's back): the engine's 404 never reaches the client; the
+    gateway has it loaded again and answers."""
+    as_worker("acme/sea")
+    deadline = time.monotonic() + 10
+    while chat(lora, "acme/sea").status_code != 200:
+        assert time.monotonic() < deadline, "the gateway never served the loaded adapter"
+        time.sleep(0.1)
+    replica = Replica.objects.get(deployment__model__served_name=BASE)
+    gone = httpx.post(
+        f"{replica.base_url}/v1/unload_lora_adapter", json={"lora_name": "acme/sea"}, timeout=10
+    )
+    assert gone.status_code == 200, gone.text
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: answers.append(chat(lora, "acme/sea")))
+    waiting.start()
+    deadline = time.monotonic() + LOAD_TIMEOUT
+    while not queued_loads():
+        assert time.monotonic() < deadline, "the gateway never asked for the adapter again"
+        time.sleep(0.05)
+    as_worker("acme/sea")
+    waiting.join(30)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "acme/sea"
