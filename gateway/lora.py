@@ -17,6 +17,7 @@ is recorded (batched, once a second) for the worker's least-recently-used unload
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -204,8 +205,16 @@ class LoraTable:
                 args = [adapter, target.replica_id]
                 queue = setting("TOLLGATE_ADAPTER_QUEUE")
                 await asyncio.to_thread(self.send_task, LOAD_TASK, args, queue)
-        except (redis.exceptions.RedisError, OSError, TimeoutError):
-            log.warning("could not ask for adapter %s on replica %s", adapter, target.replica_id)
+        except Exception:  # noqa: BLE001 - the broker's errors too: the request waits on
+            log.warning(
+                "could not ask for adapter %s on replica %s",
+                adapter,
+                target.replica_id,
+                exc_info=True,
+            )
+            # Let the next request ask again instead of waiting out the mark.
+            with contextlib.suppress(redis.exceptions.RedisError, OSError, TimeoutError):
+                await self.redis.delete(lora_want_key(target.replica_id, adapter))
 
 
 def _load(u: Upstream) -> float:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.db import transaction
 
 from core.keyspace import lora_keys
 from core.redis import get_redis
@@ -29,6 +30,7 @@ from deployments.models import Adapter, CatalogModel, Replica
 from metering import services as metering_services
 from tests.engine_sim.conftest import start_sim  # noqa: F401
 from tests.gateway.conftest import (  # noqa: F401
+    METRICS_TOKEN,
     World,
     add_routed_model,
     engines,
@@ -97,17 +99,33 @@ def lora(world: World, quick_gateway: str, start_sim, tmp_path: Path) -> World: 
     base = add_routed_model(
         world, BASE, sim.port, max_num_seqs=4, engine_args={"enable-lora": True, "max-loras": 2}
     )
-    for name, repo in (("acme/sea", "acme/sea-lora"), ("acme/sky", "acme/sky-lora")):
-        adapter = create_adapter(
-            None, served_name=name, base=base, tenant=world.tenant_a, source=repo
-        )
-        Adapter.objects.filter(pk=adapter.pk).update(status=AdapterStatus.READY, rank=8)
+    # Checked as they are registered (one transaction): the gateway's reload that makes them
+    # known reads them ready, never "still being checked".
+    with transaction.atomic():
+        for name, repo in (("acme/sea", "acme/sea-lora"), ("acme/sky", "acme/sky-lora")):
+            adapter = create_adapter(
+                None, served_name=name, base=base, tenant=world.tenant_a, source=repo
+            )
+            Adapter.objects.filter(pk=adapter.pk).update(status=AdapterStatus.READY, rank=8)
     metering_services.set_price(None, base, Decimal("1"), Decimal("0.5"), Decimal("2"))
     wait_until_served(world.url, world.key_a, "acme/sky")
     yield world
     r = get_redis()
     replica = Replica.objects.get(deployment__model=base)
     r.delete(*lora_keys(replica.pk), QUEUE, f"_kombu.binding.{QUEUE}")
+
+
+def loads_asked(world: World, adapter: str) -> float:
+    """The gateway's tollgate_adapter_loads_requested_total for ``adapter`` (both workers)."""
+    page = httpx.get(
+        f"{world.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10
+    ).text
+    return sum(
+        float(line.split()[-1])
+        for line in page.splitlines()
+        if line.startswith("tollgate_adapter_loads_requested_total{")
+        and f'model="{adapter}"' in line
+    )
 
 
 def queued_loads() -> list[list[int]]:
@@ -173,15 +191,16 @@ def test_a_request_waits_for_its_adapter_to_be_loaded_then_is_answered_by_it(
     answers: list[httpx.Response] = []
     waiting = threading.Thread(target=lambda: answers.append(chat(lora, "acme/sea")))
     waiting.start()
-    # The gateway asked a worker for it (once): the task is on the node's queue.
+    # The gateway asked a worker for it (once): the task is on the adapter queue.
     adapter_id = Adapter.objects.get(served_name="acme/sea").pk
     deadline = time.monotonic() + LOAD_TIMEOUT
-    while not queued_loads():
+    while not loads_asked(lora, "acme/sea"):
         assert time.monotonic() < deadline, "the gateway never asked for the adapter"
         time.sleep(0.05)
     as_worker("acme/sea")
     waiting.join(30)
     # However often the request looked again while it waited, it asked once.
+    assert loads_asked(lora, "acme/sea") == 1
     assert queued_loads() == [[adapter_id, replica.pk]]
     (answer,) = answers
     assert answer.status_code == 200, answer.text
@@ -273,10 +292,11 @@ def test_an_adapter_its_engine_dropped_meanwhile_is_loaded_again_not_a_404(lora:
     )
     assert gone.status_code == 200, gone.text
     answers: list[httpx.Response] = []
+    asked = loads_asked(lora, "acme/sea")
     waiting = threading.Thread(target=lambda: answers.append(chat(lora, "acme/sea")))
     waiting.start()
     deadline = time.monotonic() + LOAD_TIMEOUT
-    while not queued_loads():
+    while loads_asked(lora, "acme/sea") == asked:
         assert time.monotonic() < deadline, "the gateway never asked for the adapter again"
         time.sleep(0.05)
     as_worker("acme/sea")
