@@ -31,6 +31,7 @@ from metering import services as metering_services
 from tests.engine_sim.conftest import start_sim  # noqa: F401
 from tests.gateway.conftest import (  # noqa: F401
     METRICS_TOKEN,
+    ROOT,
     World,
     add_routed_model,
     engines,
@@ -68,7 +69,7 @@ def hub_adapter(hf_home: Path, repo: str, rank: int = 8) -> None:
 def quick_gateway(gateway_url: str) -> Iterator[str]:  # noqa: F811
     """A gateway that waits only a few seconds for an adapter to be loaded."""
     env = {"TOLLGATE_ADAPTER_LOAD_TIMEOUT": str(LOAD_TIMEOUT), "TOLLGATE_ADAPTER_QUEUE": QUEUE}
-    proc, url = start_gateway(2, env)
+    proc, url = start_gateway(2, env, log=ROOT / ".pytest-gateway-adapters.log")
     yield url
     stop(proc)
 

@@ -489,43 +489,6 @@ def _waited_over(url: str, bound: str) -> float:
     return metric(url, name + "_count") - metric(url, name + "_bucket", f'le="{bound}"')
 
 
-def _unload_mid_stream(scenario: Scenario, url: str) -> dict:
-    """Two long streams on two adapters sent at once (one runs, the other waits for the
-    slot), then both adapters unloaded, then the first asked for again. Made again (up to
-    five times in all) when no stream was still running after the unloads: once the CPU
-    engine's API server falls behind the engine's output on a busy machine, it answers
-    nothing else until the engine stops, and then the unloads come too late."""
-    for attempt in range(5):
-        if attempt:
-            prepare(scenario, url)  # the adapters again
-        outcome = _unload_mid_stream_once(scenario, url)
-        in_flight = all(s["status"] == 200 for s in outcome["streams"])
-        if in_flight and outcome["a_stream_ran_after_unloads"]:
-            break
-    return outcome
-
-
-def _unload_mid_stream_once(scenario: Scenario, url: str) -> dict:
-    names = (scenario.body["model"], scenario.params["other"])
-    streams = [_Background(url, scenario.path, {**scenario.body, "model": name}) for name in names]
-    # At the first frame, before the API server can fall behind the engine's output. The
-    # second stream was sent before: it has been admitted too (else it is a 404: made again).
-    assert streams[0].started.wait(ABORT_DEADLINE), "the first stream did not start"
-    unloads = [
-        httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": n}, timeout=TIMEOUT)
-        for n in names
-    ]
-    # Every request in the engine is on an unloaded adapter.
-    ran_after = metric(url, "vllm:num_requests_running") >= 1
-    asked = httpx.post(url + scenario.path, json=_short(scenario, names[0]), timeout=TIMEOUT)
-    return {
-        "unloads": [(r.status_code, r.text) for r in unloads],
-        "a_stream_ran_after_unloads": ran_after,
-        "asked_after_unload": asked.status_code,
-        "streams": [_ending(s.join(), scenario.body["max_tokens"]) for s in streams],
-    }
-
-
 def _same_files(scenario: Scenario, url: str) -> dict:
     """More adapters than --max-cpu-loras, two of them the same files under two names: each
     asked twice, in turn (every request on an adapter the worker let go reads it again)."""
@@ -553,6 +516,5 @@ OBSERVERS: dict[str, Callable[[Scenario, str], dict]] = {
     "abort": _abort,
     "accounting": _accounting,
     "lora_slot": _lora_slot,
-    "unload_mid_stream": _unload_mid_stream,
     "same_files": _same_files,
 }

@@ -312,26 +312,6 @@ LORA_SCENARIOS: tuple[Scenario, ...] = (
         },
     ),
     Scenario(
-        # Unloading stops nothing already sent: long streams on m and n sent at once (one
-        # runs, the other waits for the slot), both adapters unloaded while they are in the
-        # engine; both streams end whole (every token, usage, [DONE], no error frame); m
-        # asked for again is unknown.
-        "lora_unload_mid_stream",
-        "/v1/chat/completions",
-        chat(model="m", max_tokens=LONG, stream=True, stream_options={"include_usage": True}),
-        kind="unload_mid_stream",
-        before=(load("m", "b"), load("n", "a")),
-        params={"other": "n"},
-        same=("unloads", "a_stream_ran_after_unloads", "asked_after_unload", "streams"),
-        expect={
-            "a_stream_ran_after_unloads": True,
-            "asked_after_unload": 404,
-            "streams[0].every_token": True,
-            "streams[1].every_token": True,
-            "streams[1].finish_reason": "length",
-        },
-    ),
-    Scenario(
         # Four adapters, two kept read (--max-cpu-loras 2): d holds a's files, e b's. Each is
         # asked twice in turn, so most requests read their adapter again: all answer, the
         # same each time, and the same files answer alike under either name.
