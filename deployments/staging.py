@@ -101,10 +101,7 @@ def measure(dc: object, op: Operation, model: CatalogModel, labels: dict[str, st
         name=f"{labels[runtime.LABEL_STACK]}-measure-{op.pk}",
     )
     try:
-        deadline = time.monotonic() + 300
-        while helper.status not in {"exited", "dead"} and time.monotonic() < deadline:
-            time.sleep(0.2)
-            runtime.refresh(helper)
+        runtime.wait_exit(helper, 300)
         output = runtime.logs_tail(helper, 5).split()
         return int(output[0]) if output and output[0].isdigit() else 0
     finally:

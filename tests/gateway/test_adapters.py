@@ -29,6 +29,7 @@ from deployments.choices import AdapterStatus
 from deployments.models import Adapter, CatalogModel, Replica
 from metering import services as metering_services
 from tests.engine_sim.conftest import start_sim  # noqa: F401
+from tests.engine_sim.test_lora import hub_adapter
 from tests.gateway.conftest import (  # noqa: F401
     METRICS_TOKEN,
     ROOT,
@@ -51,18 +52,6 @@ CHAT = [{"role": "user", "content": "Tell me about the sea."}]
 # machine for the test, acting as the worker, to see the task and load it.
 LOAD_TIMEOUT = 10
 QUEUE = f"adapters-{secrets.token_hex(4)}"  # its adapter loads' queue: no worker's but ours
-
-
-def hub_adapter(hf_home: Path, repo: str, rank: int = 8) -> None:
-    """An adapter staged in the hub cache's layout (the simulator reads only its config)."""
-    root = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
-    folder = root / "snapshots" / "0123abcd"
-    folder.mkdir(parents=True)
-    config = {"peft_type": "LORA", "r": rank, "target_modules": ["q_proj", "v_proj"]}
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    (folder / "adapter_model.safetensors").write_bytes(b"\0" * 8)
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text("0123abcd")
 
 
 @pytest.fixture(scope="module")
