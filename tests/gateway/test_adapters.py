@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.conf import settings as django_settings
 from django.db import transaction
 
 from core.keyspace import lora_keys
@@ -58,6 +59,9 @@ QUEUE = f"adapters-{secrets.token_hex(4)}"  # its adapter loads' queue: no worke
 def quick_gateway(gateway_url: str) -> Iterator[str]:  # noqa: F811
     """A gateway that waits only a few seconds for an adapter to be loaded."""
     env = {"TOLLGATE_ADAPTER_LOAD_TIMEOUT": str(LOAD_TIMEOUT), "TOLLGATE_ADAPTER_QUEUE": QUEUE}
+    # The broker queued_loads() reads: tests/batches/conftest.py, loaded whenever the whole
+    # suite is collected, puts another Redis database in this process's environment.
+    env["CELERY_BROKER_URL"] = django_settings.REDIS_URL
     proc, url = start_gateway(2, env, log=ROOT / ".pytest-gateway-adapters.log")
     yield url
     stop(proc)
@@ -129,6 +133,13 @@ def queued_loads() -> list[list[int]]:
     return found
 
 
+def gateway_warnings() -> str:
+    """What the gateway logged above INFO (why a load it asked for is not on the queue)."""
+    log = ROOT / ".pytest-gateway-adapters.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return "gateway log:\n" + "\n".join(line for line in lines[-60:] if "UserWarning" not in line)
+
+
 def chat(world: World, model: str, key: str | None = None) -> httpx.Response:
     return httpx.post(
         f"{world.v1}/chat/completions",
@@ -191,7 +202,7 @@ def test_a_request_waits_for_its_adapter_to_be_loaded_then_is_answered_by_it(
     waiting.join(30)
     # However often the request looked again while it waited, it asked once.
     assert loads_asked(lora, "acme/sea") == 1
-    assert queued_loads() == [[adapter_id, replica.pk]]
+    assert queued_loads() == [[adapter_id, replica.pk]], gateway_warnings()
     (answer,) = answers
     assert answer.status_code == 200, answer.text
     sea = answer.json()
