@@ -10,7 +10,8 @@ Three kinds of source:
 - an uploaded archive: the web process keeps it, checked and normalised, as a tar in
   TOLLGATE_UPLOAD_DIR, and the adapter's source is a folder of Tollgate's own in the cache
   (``tollgate-adapters/<folder>``); the worker copies the tar into each node's cache through
-  Docker's archive API into a helper that is created and never started.
+  Docker's archive API into a helper that is created and never started (on a joined node
+  the tar streams through its agent: deployments/relay.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from django.conf import settings
 from docker import DockerClient
 
-from deployments import progress, relay, runtime
+from deployments import progress, runtime
 from deployments.models import Adapter, Operation
 from deployments.operations import EngineFailed, update_op
 
@@ -143,11 +144,6 @@ def _follow(op: Operation, helper: object) -> int:
 def copy_upload(op: Operation, dc: DockerClient, adapter: Adapter, labels: dict[str, str]) -> None:
     """Copy the upload's tar into this node's cache (tollgate-adapters/<folder>/)."""
     node, path = op.node, upload_archive(adapter.source)
-    if relay.is_relayed(node.docker_url):
-        raise FetchFailed(
-            f"Node {node.name} is joined through its agent, which carries no file uploads: "
-            "give this adapter as a hub id, or as a folder staged in that node's cache"
-        )
     if path is None or not path.is_file():
         raise FetchFailed(
             f"The uploaded files of {adapter} are not in this worker's upload folder "

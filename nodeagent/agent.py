@@ -7,6 +7,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ log = logging.getLogger("nodeagent")
 EXIT_REVOKED = 0  # compose restarts the agent on failure only: a revoked node stays down
 EXIT_JOIN_REFUSED = 2
 ALIVE_FILE = Path(tempfile.gettempdir()) / "tollgate-agent-alive"
+
+
+class BodyAborted(Exception):
+    """A streamed request body stopped before its end (the sender failed or went silent)."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +231,9 @@ class Agent:
         if any(k.lower() == "upgrade" for k in request.get("headers") or {}):
             self._push(key, {"status": 501, "headers": {}}, {"end": True})
             return  # attach/exec hijack a socket: nothing Tollgate's engines need
-        body = protocol.unb64(request["body"]) if request.get("body") else None
+        if request.get("length") is not None:
+            headers["Content-Length"] = str(request["length"])  # httpx then sends it unchunked
+        body = self._body(request)
         try:
             with client.stream(
                 request["method"], root + request["path"], headers=headers, content=body
@@ -237,6 +244,28 @@ class Agent:
             self._push(key, {"end": True})
         except httpx.HTTPError as exc:
             self._push(key, {"error": f"the node's Docker API does not answer: {exc}"})
+        except BodyAborted as exc:
+            # httpx closed Docker's connection mid-body: Docker drops the call, waits for nothing.
+            self._push(key, {"error": f"the request body did not arrive: {exc}"})
+
+    def _body(self, request: dict[str, Any]) -> bytes | Iterator[bytes] | None:
+        if request.get("body_key"):
+            return self._streamed_body(request["body_key"])
+        return protocol.unb64(request["body"]) if request.get("body") else None
+
+    def _streamed_body(self, key: str) -> Iterator[bytes]:
+        """The chunks of a streamed body as they arrive; raises BodyAborted when they stop."""
+        while True:
+            item = self.redis.brpop([key], timeout=protocol.BODY_CHUNK_WAIT_SECONDS)
+            if item is None:
+                wait = protocol.BODY_CHUNK_WAIT_SECONDS
+                raise BodyAborted(f"the control plane sent nothing for {wait:g} s")
+            message = json.loads(item[1])
+            if message.get("end"):
+                return
+            if "error" in message:
+                raise BodyAborted(message["error"])
+            yield protocol.unb64(message["data"])
 
     def _push(self, key: str, *messages: dict[str, Any]) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from deployments import adapter_uploads, adapters, services, tasks
+from deployments import adapter_uploads, adapters, relay, services, tasks
 from deployments.adapter_files import UPLOADS, archive_path, upload_folder
 from deployments.choices import AdapterStatus, OperationKind, OperationStatus
 from deployments.models import Adapter, CatalogModel, Deployment, Node, Operation, Replica
@@ -25,6 +25,7 @@ from tenants.models import Tenant
 from tests.deployments.conftest import SIM_IMAGE
 from tests.deployments.test_adapter_archives import GOOD, make_tar
 from tests.deployments.test_docker import containers
+from tests.scaleout.agents import agent_thread
 
 REPORT = {
     "files": ["adapter_config.json", "adapter_model.safetensors"],
@@ -200,6 +201,37 @@ def test_an_uploaded_adapter_is_copied_into_the_nodes_cache_and_passes_its_check
     tasks.check_adapter(again.pk)
     again.refresh_from_db()
     assert again.status == OperationStatus.SUCCEEDED and again.phase == "inspect"
+
+
+@pytest.mark.docker
+def test_an_upload_reaches_a_node_joined_through_its_agent_and_passes_its_check(
+    transactional_db: None, sim_model: CatalogModel, stack: str, uploads: Path, settings: Any
+) -> None:
+    """The archive streams through Redis and the node's agent (a thread here, as the node's
+    own Redis user) to that box's Docker API policy, which checks it as it arrives."""
+    joined = services.register_node(
+        None,
+        name=f"j-{stack[-10:]}",
+        docker_url=relay.node_url(f"j-{stack[-10:]}"),
+        engine_host="127.0.0.1",
+        total_memory_bytes=64 * 2**30,
+    )
+    lora_deployment(sim_model, joined)
+    adapter = adapter_uploads.create_uploaded_adapter(
+        None,
+        SimpleUploadedFile("support.tar.gz", make_tar(GOOD, compress=True)),
+        served_name="acme/support",
+        base=sim_model,
+        tenant=acme(),
+    )
+    with agent_thread(joined.name, settings.TOLLGATE_DOCKER_URL):
+        op = run_check(adapter)
+    assert op.status == OperationStatus.SUCCEEDED, op.error
+    adapter.refresh_from_db()
+    assert adapter.status == AdapterStatus.READY, adapter.status_message
+    assert adapter.rank == 8
+    assert adapter.size_bytes == sum(len(data) for data in GOOD.values())
+    assert containers(stack) == []
 
 
 # A stand-in for `hf download` in the engine image (no network here): it writes an adapter

@@ -3,28 +3,34 @@ the node's own ACL user, against a small HTTP server standing in for the node's 
 API policy (no Docker needed: what is tested is the channel, not Docker)."""
 
 import hashlib
+import io
 import json
-import secrets
+import random
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from core.redis import get_redis
-from deployments import credentials, relay, runtime
+from deployments import relay, runtime
 from nodeagent import protocol
-from nodeagent.agent import Agent, Config
+from nodeagent.agent import Agent
+from tests.deployments.test_docker import wait_for
+from tests.scaleout.agents import agent_thread
 
 NAME = "relay-node"
+MIB = 2**20
 
 
 class FakeDocker(BaseHTTPRequestHandler):
     """Answers like Docker: JSON, a streamed (chunked) pull, and whatever it was sent."""
 
     seen: list[tuple[str, str, bytes]] = []
+    # Bodies of PUTs (archives) as they came: "length" or "chunked" and the bytes, or
+    # ("aborted", None) when the connection closed mid-body.
+    puts: list[tuple[str, bytes | None]] = []
 
     def do_GET(self) -> None:
         self._json(200, {"ServerVersion": "27.0", "path": self.path})
@@ -35,6 +41,43 @@ class FakeDocker(BaseHTTPRequestHandler):
         if self.path.split("?")[0].endswith("/images/create"):
             return self._chunked([b'{"status":"Pulling"}\r\n', b'{"status":"Done"}\r\n'])
         self._json(201, {"Id": "abc", "echo": json.loads(body or b"{}")})
+
+    def do_PUT(self) -> None:
+        if "refuse" in self.path:  # as the policy refuses an archive: answers, reads no more
+            self.close_connection = True
+            return self._json(403, {"message": "refused by the policy: the archive"})
+        chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        try:
+            body = self._read_chunked() if chunked else self._read(self._length())
+        except EOFError:
+            self.puts.append(("aborted", None))
+            self.close_connection = True
+            return
+        self.puts.append(("chunked" if chunked else "length", body))
+        self._json(200, {"size": len(body)})
+
+    def _length(self) -> int:
+        return int(self.headers.get("Content-Length") or 0)
+
+    def _read(self, size: int) -> bytes:
+        data = self.rfile.read(size)
+        if len(data) < size:
+            raise EOFError
+        return data
+
+    def _read_chunked(self) -> bytes:
+        """A chunked body, decoded (http.server leaves that to the handler)."""
+        parts = []
+        while True:
+            line = self.rfile.readline()
+            if not line:
+                raise EOFError
+            size = int(line.split(b";")[0], 16)
+            if size == 0:
+                self._read(2)  # the CRLF after the last, empty chunk (no trailers are sent)
+                return b"".join(parts)
+            parts.append(self._read(size))
+            self._read(2)  # the CRLF after each chunk
 
     def _json(self, status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
@@ -60,37 +103,20 @@ class FakeDocker(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Agent]:
-    """An agent thread logged in as the node's own Redis user, relaying to FakeDocker."""
+def fake_docker() -> Iterator[str]:
+    """FakeDocker's URL, as the agent's TOLLGATE_DOCKER_URL."""
+    FakeDocker.puts.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeDocker)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    password = secrets.token_hex(16)
-    redis_client = get_redis()
-    rules = credentials.acl_rules(NAME, hashlib.sha256(password.encode()).hexdigest())
-    redis_client.execute_command("ACL", "SETUSER", credentials.acl_user(NAME), *rules)
-    kwargs = redis_client.connection_pool.connection_kwargs
-    config = Config.from_env(
-        {
-            "TOLLGATE_NODE_NAME": NAME,
-            "TOLLGATE_CONTROL_PLANE_REDIS": f"redis://{kwargs['host']}:{kwargs['port']}/0",
-            "TOLLGATE_DOCKER_URL": f"tcp://127.0.0.1:{server.server_port}",
-            "TOLLGATE_AGENT_THREADS": "2",
-            "TOLLGATE_AGENT_FACTS_SECONDS": "0.2",
-        }
-    )
-    credential = {
-        "redis_user": credentials.acl_user(NAME),
-        "redis_password": password,
-        "key_base": relay.key_base(NAME),
-    }
-    running = Agent(config, credential)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    yield running
-    running.stop()
-    thread.join(timeout=10)
+    yield f"tcp://127.0.0.1:{server.server_port}"
     server.shutdown()
-    redis_client.execute_command("ACL", "DELUSER", credentials.acl_user(NAME))
+
+
+@pytest.fixture
+def agent(fake_docker: str) -> Iterator[Agent]:
+    """An agent thread logged in as the node's own Redis user, relaying to FakeDocker."""
+    with agent_thread(NAME, fake_docker) as running:
+        yield running
 
 
 def test_docker_calls_go_through_the_agent_and_back(agent: Agent) -> None:
@@ -125,3 +151,80 @@ def test_a_silent_agent_is_an_error_naming_the_node(settings: object) -> None:
         runtime.info(dc)
     assert "nobody-home: its agent did not answer within 5.5 s" in str(info.value)
     assert settings.TOLLGATE_REDIS_PREFIX in relay.key_base("nobody-home")
+
+
+def archive_url(dc: object) -> str:
+    return dc.api._url("/containers/abc/archive")
+
+
+def fingerprint(data: bytes | None) -> tuple[int, str]:
+    """Length and digest: a mismatch of megabytes is read as two short lines."""
+    return (len(data), hashlib.sha256(data).hexdigest()) if data is not None else (0, "")
+
+
+def body_lists() -> list[bytes]:
+    return get_redis().keys(protocol.body_key(relay.key_base(NAME), "*"))
+
+
+def test_an_uploaded_file_reaches_docker_whole_with_its_length(agent: Agent) -> None:
+    """More chunks than the relay lets wait in Redis at once: the flow control is used."""
+    data = random.randbytes(5 * MIB + 123)
+    dc = relay.client(relay.node_url(NAME))
+    answer = dc.api.put(archive_url(dc), params={"path": "/cache"}, data=io.BytesIO(data))
+    assert answer.status_code == 200 and answer.json() == {"size": len(data)}
+    framing, body = FakeDocker.puts[-1]
+    assert framing == "length" and fingerprint(body) == fingerprint(data)
+    assert body_lists() == []  # nothing of the upload is left in Redis
+
+
+def test_a_generated_body_reaches_docker_whole_chunked(agent: Agent) -> None:
+    data = random.randbytes(3 * MIB + 7)
+    pieces = (data[i : i + 100_000] for i in range(0, len(data), 100_000))
+    dc = relay.client(relay.node_url(NAME))
+    answer = dc.api.put(archive_url(dc), data=pieces)
+    assert answer.status_code == 200 and answer.json() == {"size": len(data)}
+    framing, body = FakeDocker.puts[-1]
+    assert framing == "chunked" and fingerprint(body) == fingerprint(data)
+
+
+def test_an_upload_refused_before_its_end_gets_the_refusal(agent: Agent) -> None:
+    """Docker (its policy) may answer without reading the rest: the caller gets that
+    answer at once, not a silence of the agent once the chunks it no longer takes pile up."""
+    data = io.BytesIO(bytes(4 * protocol.BODY_WINDOW_CHUNKS * MIB))
+    dc = relay.client(relay.node_url(NAME))
+    answer = dc.api.put(dc.api._url("/containers/refuse/archive"), data=data, timeout=5)
+    assert answer.status_code == 403
+    assert answer.json() == {"message": "refused by the policy: the archive"}
+    assert body_lists() == []
+
+
+def test_a_body_whose_source_fails_is_cut_off_and_the_agent_goes_on(fake_docker: str) -> None:
+    def failing() -> Iterator[bytes]:
+        yield random.randbytes(3 * MIB)
+        raise OSError("the upload's disk went away")
+
+    with agent_thread(NAME, fake_docker, threads=1):  # one thread: it must survive the abort
+        dc = relay.client(relay.node_url(NAME))
+        dc.api.timeout = 5
+        with pytest.raises(OSError, match="the upload's disk went away"):
+            dc.api.put(archive_url(dc), data=failing())
+        # Docker sees its connection close mid-body, so it does not wait for the rest.
+        wait_for(lambda: FakeDocker.puts == [("aborted", None)], timeout=10)
+        assert dc.info()["ServerVersion"] == "27.0"
+
+
+def test_an_upload_nobody_takes_stops_after_a_few_chunks_naming_the_node() -> None:
+    """Redis holds a few chunks of an upload, never all of it, when no agent reads them."""
+    read = []
+
+    def source() -> Iterator[bytes]:
+        for _ in range(64):
+            read.append(MIB)
+            yield bytes(MIB)
+
+    dc = relay.client(relay.node_url("nobody-home"))
+    with pytest.raises(relay.AgentUnavailable) as info:
+        dc.api.put(archive_url(dc), data=source(), timeout=0.5)
+    assert "nobody-home: its agent took none of the request body for 5.5 s" in str(info.value)
+    assert sum(read) <= (protocol.BODY_WINDOW_CHUNKS + 1) * MIB
+    get_redis().delete(protocol.rpc_key(relay.key_base("nobody-home")))
