@@ -16,6 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from batches import render, services
 from batches.services import RequestError
+from core.uploads import refused_upload
 from tenants.auth import authenticate_api_key, invalid_key
 from tenants.models import ApiKey
 
@@ -79,6 +80,13 @@ def limit_of(request: HttpRequest, default: int, most: int) -> int:
 def files(request: HttpRequest, key: ApiKey) -> JsonResponse:
     if request.method == "POST":
         upload = request.FILES.get("file")
+        if refused := refused_upload(request):  # a chunked body past the limit, cut off
+            raise RequestError(
+                400,
+                f"The file is larger than the limit of {refused.limit} bytes.",
+                "file",
+                "file_too_large",
+            )
         if upload is None:
             raise RequestError(400, "Send the file as the multipart field 'file'.", "file")
         services.check_size(upload.size)  # before reading a spooled upload into memory

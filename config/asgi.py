@@ -13,7 +13,8 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_application = get_asgi_application()
 
-from gateway.app import Gateway  # noqa: E402 - needs Django set up first
+from core.uploads import BodyLimit  # noqa: E402 - needs Django set up first
+from gateway.app import Gateway  # noqa: E402
 
 
 class Dispatcher:
@@ -46,4 +47,4 @@ class Dispatcher:
                 return
 
 
-application = Dispatcher(django_application, Gateway())
+application = Dispatcher(BodyLimit(django_application), Gateway())

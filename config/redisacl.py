@@ -9,14 +9,15 @@ Redis that kept running through an upgrade learns new users and rules too.
   SHUTDOWN, …) but the ACL subcommands that manage joined nodes' users.
 - ``gateway``: the tenant-facing gateway service. Only Tollgate's own keys and channels —
   everything core/keyspace.py names lives under ``<TOLLGATE_REDIS_PREFIX>:`` (so do Django's
-  cache entries) — plus what queuing a Batch API job takes (the batch queue and its Celery
-  bindings). It cannot queue deploys or node work or run dangerous commands (FLUSHALL, KEYS, …).
+  cache entries) — plus what queuing a Batch API job or an adapter load takes (the batch
+  queue, the adapter queue and their Celery bindings). It cannot queue deploys or node work
+  or run dangerous commands (FLUSHALL, KEYS, …).
 - ``worker``: the Celery worker (deployments, telemetry, the usage safety net, the gateway's
-  housekeeping: it touches every ``<prefix>:`` key). Its Celery queues (control, joined nodes,
-  ``node.*``, and the batch queue, where it requeues batches whose runner died), Celery's
-  bookkeeping (unacked messages, remote control for its health check); and, as the process
-  whose periodic pass restores joined nodes' users after a Redis restart
-  (deployments/credentials.py), the same ACL subcommands as ``tollgate``.
+  housekeeping: it touches every ``<prefix>:`` key). Its Celery queues (control, adapter
+  loads, joined nodes, ``node.*``, and the batch queue, where it requeues batches whose
+  runner died), Celery's bookkeeping (unacked messages, remote control for its health
+  check); and, as the process whose periodic pass restores joined nodes' users after a
+  Redis restart (deployments/credentials.py), the same ACL subcommands as ``tollgate``.
 - ``beat``: Celery beat: it only queues periodic tasks on the control queue.
 - ``batches``: the Batch API runner (a Celery worker on the batch queue): that queue, its own
   unacked-message keys (``unacked.<batch queue>``), remote control, and the gateways'
@@ -74,17 +75,20 @@ JOINED_NODES_QUEUE = "nodes"
 
 @dataclass(frozen=True)
 class Names:
-    """What the rules depend on: the key prefix, the batch queue, the Redis database."""
+    """What the rules depend on: the key prefix, the batch queue, the Redis database and the
+    queue of adapter loads (settings' TOLLGATE_ADAPTER_QUEUE)."""
 
     prefix: str = "tollgate"
     batch_queue: str = "batches"
     db: int = 0
+    adapter_queue: str = "adapters"
 
     @classmethod
     def from_env(cls) -> "Names":
         return cls(
             os.environ.get("TOLLGATE_REDIS_PREFIX", "tollgate"),
             os.environ.get("TOLLGATE_BATCH_QUEUE", "batches"),
+            adapter_queue=os.environ.get("TOLLGATE_ADAPTER_QUEUE", "adapters"),
         )
 
 
@@ -126,9 +130,11 @@ def role_patterns(role: str, names: Names) -> list[str]:
     own = [f"~{names.prefix}:*", f"&{names.prefix}:*"]
     batches = names.batch_queue
     if role == "gateway":
-        return [*own, *queue_patterns(batches)]
+        # Its requests ask a worker to load an adapter they wait for (gateway/lora.py).
+        return [*own, *queue_patterns(batches, names.adapter_queue)]
     if role == "worker":
-        queues = queue_patterns(CONTROL_QUEUE, JOINED_NODES_QUEUE, "node.*", batches)
+        nodes = (JOINED_NODES_QUEUE, "node.*")
+        queues = queue_patterns(CONTROL_QUEUE, names.adapter_queue, *nodes, batches)
         return [*own, *queues, *consumer_patterns(names)]
     if role == "beat":
         return queue_patterns(CONTROL_QUEUE)
@@ -152,9 +158,9 @@ def role_rules(role: str, names: Names) -> list[str]:
     return ["resetkeys", "resetchannels", *role_patterns(role, names), *role_commands(role).split()]
 
 
-def gateway_rules(prefix: str, batch_queue: str) -> list[str]:
+def gateway_rules(prefix: str, batch_queue: str, adapter_queue: str = "adapters") -> list[str]:
     """The gateway user's ACL rules (after its password)."""
-    return role_rules("gateway", Names(prefix, batch_queue))
+    return role_rules("gateway", Names(prefix, batch_queue, adapter_queue=adapter_queue))
 
 
 def password_hash(path: Path) -> str:

@@ -378,6 +378,13 @@ TOLLGATE_ADAPTER_MAX_BYTES = env_int("TOLLGATE_ADAPTER_MAX_BYTES", 2 * 1024**3)
 # the worker, which copies them into nodes' model caches. The appliance mounts one volume
 # here in both (and in no other service).
 TOLLGATE_UPLOAD_DIR = env_str("TOLLGATE_UPLOAD_DIR", str(BASE_DIR / "var" / "uploads"))
+# Uploaded files are cut off while they are read once past their route's limit (the adapter
+# and batch limits): a too large body never fills memory or the temporary folder.
+FILE_UPLOAD_HANDLERS = [
+    "core.uploads.BoundedUploadHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 TOLLGATE_ADAPTER_LOAD_TIMEOUT = env_float("TOLLGATE_ADAPTER_LOAD_TIMEOUT", 60.0)
 # When every replica holding an adapter has this share of its sequences busy (this gateway
 # process's count), the adapter is loaded on one more replica of its base.
@@ -385,9 +392,10 @@ TOLLGATE_ADAPTER_SPREAD_LOAD = env_float("TOLLGATE_ADAPTER_SPREAD_LOAD", 1.0)
 # "loaded": an adapter's requests go to the replicas holding it (the default); "ignore": to
 # the least-loaded replica of its base, loading it there if need be (to compare against).
 TOLLGATE_ADAPTER_ROUTING = env_str("TOLLGATE_ADAPTER_ROUTING", "loaded")
-# The Celery queue of adapter loads: the control plane's worker, which reaches every engine
-# (as its telemetry scrapes do).
-TOLLGATE_ADAPTER_QUEUE = env_str("TOLLGATE_ADAPTER_QUEUE", "control")
+# The Celery queue of adapter loads, consumed by the control plane's worker, which reaches
+# every engine (as its telemetry scrapes do). A queue of its own: the gateway's Redis user may
+# push to it (config/redisacl.py), never to the control queue.
+TOLLGATE_ADAPTER_QUEUE = env_str("TOLLGATE_ADAPTER_QUEUE", "adapters")
 # Given to engines and staging helpers for gated models; never logged or audited.
 HF_TOKEN = env_secret("HF_TOKEN")
 
@@ -422,6 +430,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # --- Gateway (/v1) -------------------------------------------------------------------------
 
+# The largest body on /v1, and on the console's and /api's routes that take no file
+# (core/uploads.py; those that take one have the file's limit).
 TOLLGATE_MAX_BODY_BYTES = env_int("TOLLGATE_MAX_BODY_BYTES", 8 * 1024 * 1024)
 TOLLGATE_MAX_N = env_int("TOLLGATE_MAX_N", 8)  # choices per request
 TOLLGATE_MAX_SSE_FRAME_BYTES = env_int("TOLLGATE_MAX_SSE_FRAME_BYTES", 1024 * 1024)

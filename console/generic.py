@@ -21,7 +21,7 @@ from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 PER_PAGE = 25
 Result = TypeVar("Result")
@@ -100,10 +100,13 @@ class ListPage:
         return render(request, "console/generic/list.html", context)
 
 
+EMPTY_CELL = mark_safe('<span class="muted">—</span>')  # noqa: S308 - a constant
+
+
 def _cell(column: Column, obj: Any) -> dict[str, Any]:
     value = column.value(obj)
     if value is None or value == "":
-        value = format_html('<span class="muted">—</span>')
+        value = EMPTY_CELL
     return {
         "value": value,
         "href": column.href(obj) if column.href else "",

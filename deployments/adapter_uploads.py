@@ -15,12 +15,10 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import UploadedFile
 
+from core.uploads import FORM_SLACK_BYTES, refused_upload
 from deployments import adapter_archives, adapter_files, adapters
 from deployments.models import Adapter
 from tenants.audit import Actor
-
-# Room for the form fields beside the archive in a multipart body.
-FORM_SLACK_BYTES = 1024 * 1024
 
 
 def check_request_size(content_length: str | int | None) -> None:
@@ -30,6 +28,19 @@ def check_request_size(content_length: str | int | None) -> None:
     except ValueError:
         return
     adapter_archives.check_packed_size(max(0, length - FORM_SLACK_BYTES))
+
+
+def check_not_cut_off(request: Any) -> None:
+    """Refuse a body whose archive was dropped while it was read (core/uploads.py): a
+    chunked upload past the limit has no Content-Length to refuse it by beforehand."""
+    refused = refused_upload(request)
+    if refused is not None:
+        raise ValidationError(
+            {
+                "archive": f"The archive is larger than the {adapter_archives.gb(refused.limit)} "
+                f"an adapter may take ({refused.setting})."
+            }
+        )
 
 
 def accept_upload(archive: UploadedFile, served_name: str) -> str:

@@ -187,6 +187,10 @@ class AdapterViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelViewSet):
         super().initial(request, *args, **kwargs)
         if self.action in ("create", "upload"):  # before a too large body is parsed
             adapter_uploads.check_request_size(request.META.get("CONTENT_LENGTH"))
+            # A chunked body has no length: parse it now, and refuse it in the archive's
+            # words if its file was cut off while read (not "no file was submitted").
+            _ = request.data
+            adapter_uploads.check_not_cut_off(request)
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         fields = dict(serializer.validated_data)

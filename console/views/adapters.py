@@ -332,6 +332,8 @@ def _too_large(request: HttpRequest) -> HttpResponse | None:
         return None
     try:
         uploads.check_request_size(request.META.get("CONTENT_LENGTH"))
+        _ = request.FILES  # parsed (the CSRF check may have already): cut off while read?
+        uploads.check_not_cut_off(request)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect(request.get_full_path())

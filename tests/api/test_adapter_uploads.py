@@ -126,6 +126,23 @@ def test_an_upload_larger_than_the_limit_is_refused_before_it_is_read(
     assert kept(uploads) == []
 
 
+def test_an_archive_past_the_limit_inside_its_length_is_cut_off_and_refused_in_its_terms(
+    world: World, client_for: Callable[..., APIClient], settings: Any, uploads: Path
+) -> None:
+    """The body's length leaves room for the form's fields, the archive alone is too
+    large: it is dropped while read, and the 400 names the archive, not a missing file."""
+    settings.TOLLGATE_ADAPTER_MAX_BYTES = 100_000
+    big = make_tar({**GOOD, "adapter_model.safetensors": b"\0" * 300_000})
+    refused = client_for(world.alice).post(LIST, fields(archive=archive(big)), format="multipart")
+    assert refused.status_code == 400, refused.content
+    assert reason(refused) == {
+        "archive": "The archive is larger than the 0.00 GB an adapter may take "
+        "(TOLLGATE_ADAPTER_MAX_BYTES)."
+    }
+    assert not Adapter.objects.filter(served_name="acme/legal-v1").exists()
+    assert kept(uploads) == []
+
+
 def test_a_tenant_admin_replaces_her_adapters_files_and_the_old_ones_go(
     world: World,
     client_for: Callable[..., APIClient],

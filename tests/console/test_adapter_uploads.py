@@ -124,6 +124,20 @@ def test_an_upload_too_large_for_any_adapter_is_refused_before_it_is_read(
     assert not Adapter.objects.exists() and kept(uploads) == []
 
 
+def test_an_upload_past_the_limit_inside_its_length_is_cut_off_and_said_so(
+    web: Any, alice: Any, public_model: CatalogModel, settings: Any, uploads: Path
+) -> None:
+    """A body within the allowance for the form's fields, whose file alone is too large:
+    the file is dropped while it is read, and the form says why."""
+    settings.TOLLGATE_ADAPTER_MAX_BYTES = 100_000
+    big = make_tar({**GOOD, "adapter_model.safetensors": b"\0" * 300_000})
+    client = web(alice)
+    refused = client.post(u("adapter-new"), form(public_model, archive=upload(big)), follow=True)
+    page = refused.content.decode()
+    assert "The archive is larger than the 0.00 GB an adapter may take" in page
+    assert not Adapter.objects.exists() and kept(uploads) == []
+
+
 def test_only_the_adapters_own_admins_upload_its_files(
     web: Any,
     alice: Any,
