@@ -27,6 +27,7 @@ import pytest
 from openai import OpenAI
 
 from tests import leaks
+from tests.deployments.test_adapter_archives import GOOD, make_tar
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -862,6 +863,41 @@ def redis_users_by_service(
     return users, seen["log"]
 
 
+def tenant_adapter_answers(stack: Stack, api: httpx.Client, key: str) -> None:
+    post(api, "/api/v1/models/", {"served_name": "sim-base", "source": "tollgate/sim-base",
+                                  "params_billions": "0.5", "context_length": 8192})  # fmt: skip
+    lora = {"enable-lora": True, "max-loras": 1, "max-lora-rank": 8}
+    post(api, "/api/v1/deployments/", {"name": "sim-lora", "model": "sim-base", "node": "local",
+                                       "image": SIM_IMAGE, "profile": "simulator",
+                                       "replicas": 1, "engine_args": lora})  # fmt: skip
+    wait_ready(api, "sim-lora")
+    archive = make_tar(GOOD, compress=True)
+    created = api.post(
+        "/api/v1/adapters/",
+        data={"served_name": "acme/sea", "base": "sim-base", "tenant": "acme"},
+        files={"archive": ("sea.tar.gz", archive, "application/gzip")},
+    )
+    assert created.status_code == 201, created.text
+    deadline = time.monotonic() + 120
+    while (adapter := api.get("/api/v1/adapters/acme/sea/").json())["status"] == "checking":
+        assert time.monotonic() < deadline, adapter
+        time.sleep(1)
+    assert adapter["status"] == "ready" and adapter["rank"] == 8, adapter
+    client = OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=90,
+                    http_client=httpx.Client(verify=stack.tls()))  # fmt: skip
+    said = {}
+    for model in ("acme/sea", "sim-base"):
+        reply = client.chat.completions.create(
+            model=model, max_tokens=8, temperature=0,
+            messages=[{"role": "user", "content": "Tell me about the sea."}],
+        )  # fmt: skip
+        assert reply.model == model and reply.choices[0].message.content
+        said[model] = reply.choices[0].message.content
+    assert said["acme/sea"] != said["sim-base"]  # the adapter, not the base, answered
+    loaded = api.get("/api/v1/adapters/acme/sea/").json()
+    assert loaded.get("loaded_on"), loaded
+
+
 def test_compose_appliance_end_to_end(stack: Stack) -> None:
     api = stack.api()
     redis_users_by_service(stack, reset=True)  # earlier tests' probes were refused on purpose
@@ -1035,6 +1071,11 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
             break
         time.sleep(1)
     assert sum(completion) > 0, scrape.text
+
+    # A tenant's adapter, uploaded through the admin API, is copied into the model cache and
+    # checked by the worker, then loaded on first use: the gateway (as its Redis user) asks
+    # the worker for it on the adapter queue, and the request waits for it.
+    tenant_adapter_answers(stack, api, key)
 
     # All of that ran with each process connected to Redis as its own ACL user, and none of
     # them was refused anything.
