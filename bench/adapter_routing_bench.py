@@ -6,7 +6,7 @@ Three simulator engines of one base model (``--max-num-seqs 8``, ``--enable-lora
 alpha 0.15) behind the whole appliance (bench/gateway_appliance.py: web ``gunicorn -w 2``
 with production settings, worker, beat, usage consumer), on a throw-away database
 (``tollgate_adapterbench``, cloned from a migrated template) and Redis prefix. The worker
-consumes ``control``, where the gateway sends its loads (``TOLLGATE_ADAPTER_QUEUE=control``
+consumes ``control``, where the gateway sends its loads (``TOLLGATE_DEMAND_QUEUE=control``
 set explicitly), and loads adapters into the engines with its LRU unloading at the
 deployment's adapter slots (``--max-cpu-loras``, else ``--max-loras``).
 
@@ -385,7 +385,7 @@ def run_once(mode: str, cpu_loras: int, a: argparse.Namespace, base_env: dict) -
         "TOLLGATE_METRICS_TOKEN": token,
         "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"),
         "TOLLGATE_ADAPTER_ROUTING": mode,
-        "TOLLGATE_ADAPTER_QUEUE": QUEUE,
+        "TOLLGATE_DEMAND_QUEUE": QUEUE,
     }
     client_redis = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     servers: list = []

@@ -5,7 +5,7 @@
 #   migrate   migrate, bootstrap (first admin, local node), seed the demo on first start
 #   web       gunicorn + uvicorn workers: console, admin API, /v1 gateway, /healthz
 #   gateway   the same server for /v1, as the database's least-privilege gateway role
-#   worker    Celery worker for the control queue, adapter loads and this node's queue
+#   worker    Celery worker for the control queue, the gateway's demands and this node's queue
 #   beat      Celery beat (periodic reconcile, telemetry, usage safety net, rollups)
 #   usage     usage consumer: Redis stream -> PostgreSQL (`usage export …`: the command line)
 #   janitor   idle; on SIGTERM (compose down/stop) remove this stack's engine containers
@@ -243,7 +243,7 @@ role_web() {
 role_worker() {
   load_secrets
   exec celery -A config worker \
-    --queues "${TOLLGATE_WORKER_QUEUES:-control,${TOLLGATE_ADAPTER_QUEUE:-adapters},nodes,node.${TOLLGATE_LOCAL_NODE_NAME:-local}}" \
+    --queues "${TOLLGATE_WORKER_QUEUES:-control,${TOLLGATE_DEMAND_QUEUE:-demand},nodes,node.${TOLLGATE_LOCAL_NODE_NAME:-local}}" \
     --concurrency "${TOLLGATE_WORKER_CONCURRENCY:-4}" \
     --hostname "worker@%h" --without-gossip --without-mingle \
     --loglevel "${TOLLGATE_LOG_LEVEL:-INFO}"

@@ -9,15 +9,16 @@ Redis that kept running through an upgrade learns new users and rules too.
   SHUTDOWN, …) but the ACL subcommands that manage joined nodes' users.
 - ``gateway``: the tenant-facing gateway service. Only Tollgate's own keys and channels —
   everything core/keyspace.py names lives under ``<TOLLGATE_REDIS_PREFIX>:`` (so do Django's
-  cache entries) — plus what queuing a Batch API job or an adapter load takes (the batch
-  queue, the adapter queue and their Celery bindings). It cannot queue deploys or node work
-  or run dangerous commands (FLUSHALL, KEYS, …).
+  cache entries) — plus what queuing a Batch API job or a request's demand (an adapter load,
+  an on-demand start) takes: the batch and demand queues and their Celery bindings. It
+  cannot queue deploys or node work or run dangerous commands (FLUSHALL, KEYS, …).
 - ``worker``: the Celery worker (deployments, telemetry, the usage safety net, the gateway's
-  housekeeping: it touches every ``<prefix>:`` key). Its Celery queues (control, adapter
-  loads, joined nodes, ``node.*``, and the batch queue, where it requeues batches whose
-  runner died), Celery's bookkeeping (unacked messages, remote control for its health
-  check); and, as the process whose periodic pass restores joined nodes' users after a
-  Redis restart (deployments/credentials.py), the same ACL subcommands as ``tollgate``.
+  housekeeping: it touches every ``<prefix>:`` key). Its Celery queues (control, the
+  gateway's demands, joined nodes, ``node.*``, and the batch queue, where it requeues
+  batches whose runner died), Celery's bookkeeping (unacked messages, remote control for
+  its health check); and, as the process whose periodic pass restores joined nodes' users
+  after a Redis restart (deployments/credentials.py), the same ACL subcommands as
+  ``tollgate``.
 - ``beat``: Celery beat: it only queues periodic tasks on the control queue.
 - ``batches``: the Batch API runner (a Celery worker on the batch queue): that queue, its own
   unacked-message keys (``unacked.<batch queue>``), remote control, and the gateways'
@@ -76,19 +77,20 @@ JOINED_NODES_QUEUE = "nodes"
 @dataclass(frozen=True)
 class Names:
     """What the rules depend on: the key prefix, the batch queue, the Redis database and the
-    queue of adapter loads (settings' TOLLGATE_ADAPTER_QUEUE)."""
+    queue of work the gateway asks for on a request's behalf (settings' TOLLGATE_DEMAND_QUEUE:
+    adapter loads, on-demand starts)."""
 
     prefix: str = "tollgate"
     batch_queue: str = "batches"
     db: int = 0
-    adapter_queue: str = "adapters"
+    demand_queue: str = "demand"
 
     @classmethod
     def from_env(cls) -> "Names":
         return cls(
             os.environ.get("TOLLGATE_REDIS_PREFIX", "tollgate"),
             os.environ.get("TOLLGATE_BATCH_QUEUE", "batches"),
-            adapter_queue=os.environ.get("TOLLGATE_ADAPTER_QUEUE", "adapters"),
+            demand_queue=os.environ.get("TOLLGATE_DEMAND_QUEUE", "demand"),
         )
 
 
@@ -130,11 +132,12 @@ def role_patterns(role: str, names: Names) -> list[str]:
     own = [f"~{names.prefix}:*", f"&{names.prefix}:*"]
     batches = names.batch_queue
     if role == "gateway":
-        # Its requests ask a worker to load an adapter they wait for (gateway/lora.py).
-        return [*own, *queue_patterns(batches, names.adapter_queue)]
+        # Its requests ask a worker for what they wait for: an adapter's load, an on-demand
+        # model's start (gateway/lora.py, gateway/demand.py).
+        return [*own, *queue_patterns(batches, names.demand_queue)]
     if role == "worker":
         nodes = (JOINED_NODES_QUEUE, "node.*")
-        queues = queue_patterns(CONTROL_QUEUE, names.adapter_queue, *nodes, batches)
+        queues = queue_patterns(CONTROL_QUEUE, names.demand_queue, *nodes, batches)
         return [*own, *queues, *consumer_patterns(names)]
     if role == "beat":
         return queue_patterns(CONTROL_QUEUE)
@@ -158,9 +161,9 @@ def role_rules(role: str, names: Names) -> list[str]:
     return ["resetkeys", "resetchannels", *role_patterns(role, names), *role_commands(role).split()]
 
 
-def gateway_rules(prefix: str, batch_queue: str, adapter_queue: str = "adapters") -> list[str]:
+def gateway_rules(prefix: str, batch_queue: str, demand_queue: str = "demand") -> list[str]:
     """The gateway user's ACL rules (after its password)."""
-    return role_rules("gateway", Names(prefix, batch_queue, adapter_queue=adapter_queue))
+    return role_rules("gateway", Names(prefix, batch_queue, demand_queue=demand_queue))
 
 
 def password_hash(path: Path) -> str:

@@ -392,10 +392,14 @@ TOLLGATE_ADAPTER_SPREAD_LOAD = env_float("TOLLGATE_ADAPTER_SPREAD_LOAD", 1.0)
 # "loaded": an adapter's requests go to the replicas holding it (the default); "ignore": to
 # the least-loaded replica of its base, loading it there if need be (to compare against).
 TOLLGATE_ADAPTER_ROUTING = env_str("TOLLGATE_ADAPTER_ROUTING", "loaded")
-# The Celery queue of adapter loads, consumed by the control plane's worker, which reaches
-# every engine (as its telemetry scrapes do). A queue of its own: the gateway's Redis user may
-# push to it (config/redisacl.py), never to the control queue.
-TOLLGATE_ADAPTER_QUEUE = env_str("TOLLGATE_ADAPTER_QUEUE", "adapters")
+# The Celery queue of what the gateway asks for on a request's behalf (adapter loads,
+# on-demand starts), consumed by the control plane's worker, which reaches every engine (as
+# its telemetry scrapes do). A queue of its own: the gateway's Redis user may push to it
+# (config/redisacl.py), never to the control queue.
+TOLLGATE_DEMAND_QUEUE = env_str("TOLLGATE_DEMAND_QUEUE", "demand")
+# An on-demand model used this recently counts as in use and is never put to sleep to make
+# room for another (the gateway touches models with requests in flight every 2 s).
+TOLLGATE_DEMAND_BUSY_SECONDS = env_float("TOLLGATE_DEMAND_BUSY_SECONDS", 15.0)
 # Given to engines and staging helpers for gated models; never logged or audited.
 HF_TOKEN = env_secret("HF_TOKEN")
 

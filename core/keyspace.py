@@ -236,3 +236,31 @@ def _preempt_channel(prefix: str) -> str:  # every admission passes it: cached p
 def invalidation_channel() -> str:
     """Channel: cached state changed (``core.changes.publish_change``)."""
     return rkey("gateway", "invalidate")
+
+
+def demand_used_key() -> str:
+    """Sorted set: on-demand deployment id -> when a request last used it (epoch seconds)."""
+    return rkey("demand", "used")
+
+
+def demand_wake_key(deployment_id: int) -> str:
+    """Set (NX, with the start timeout as TTL) while a start of the on-demand deployment is
+    asked for or under way: however many requests wait, one start."""
+    return rkey("demand", deployment_id, "wake")
+
+
+def demand_failed_key(deployment_id: int) -> str:
+    """Why the last start of the on-demand deployment failed or was refused (short TTL):
+    the requests waiting for it answer with it instead of waiting out their timeout."""
+    return rkey("demand", deployment_id, "failed")
+
+
+def demand_stats_key() -> str:
+    """Hash: on-demand starts, evictions and seconds to ready per model (the worker counts,
+    the gateway's /metrics shows them)."""
+    return rkey("demand", "stats")
+
+
+def demand_node_lock(node_id: int) -> str:
+    """One on-demand start decision at a time per node (what fits, what to evict)."""
+    return rkey("demand", "node", node_id, "lock")

@@ -158,7 +158,7 @@ def load_everywhere(adapter: Adapter) -> None:
                 "deployments.load_adapter",
                 adapter.pk,
                 replica.pk,
-                queue=settings.TOLLGATE_ADAPTER_QUEUE,
+                queue=settings.TOLLGATE_DEMAND_QUEUE,
             )
 
 

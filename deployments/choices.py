@@ -54,6 +54,13 @@ class DesiredState(models.TextChoices):
     STOPPED = "stopped", "Stopped"
 
 
+class DeploymentMode(models.TextChoices):
+    """When a deployment's replicas run: all the time, or only while it is being used."""
+
+    ALWAYS = "always", "Always running"
+    ON_DEMAND = "on_demand", "On demand"
+
+
 class DeploymentState(models.TextChoices):
     """What the reconciler observed for the deployment as a whole."""
 
@@ -90,6 +97,7 @@ class OperationKind(models.TextChoices):
     CHECK_ADAPTER = "check_adapter", "Check adapter"
     WORKER_START = "worker_start", "Start Ray worker"
     WORKER_STOP = "worker_stop", "Stop Ray worker"
+    WAKE = "wake", "Start on demand"
 
 
 class AdapterStatus(models.TextChoices):

@@ -16,7 +16,13 @@ from django.utils import timezone
 
 from core.changes import publish_change
 from deployments import adapters, engine, placement, runtime
-from deployments.choices import DeploymentState, DesiredState, OperationKind, ReplicaState
+from deployments.choices import (
+    DeploymentMode,
+    DeploymentState,
+    DesiredState,
+    OperationKind,
+    ReplicaState,
+)
 from deployments.models import Deployment, Node, Operation, Replica
 from deployments.operations import EngineFailed, op_node, queue_operation, update_op
 from deployments.runtime import RuntimeFailure
@@ -217,11 +223,13 @@ def stop(op: Operation) -> None:
     Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPING)
     for replica in on_node(deployment, op_node(op)):
         drain_and_remove(replica, op)
-    # Stopped once no node has a live replica left (each node stops its own).
+    # Stopped once no node has a live replica left (each node stops its own); an on-demand
+    # deployment put to sleep too.
     if not deployment.replica_set.exclude(state=ReplicaState.STOPPED).exists():
-        Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.STOPPED).update(
-            state=DeploymentState.STOPPED, state_message=""
-        )
+        asleep = Q(mode=DeploymentMode.ON_DEMAND, awake=False)
+        Deployment.objects.filter(Q(desired_state=DesiredState.STOPPED) | asleep).filter(
+            pk=deployment.pk
+        ).update(state=DeploymentState.STOPPED, state_message="")
 
 
 def remove(op: Operation) -> None:
@@ -240,10 +248,7 @@ def remove(op: Operation) -> None:
 def refresh_deployment_state(deployment: Deployment) -> None:
     """Ready when every replica is, degraded when some are; failed stays failed."""
     deployment.refresh_from_db()
-    if (
-        deployment.desired_state != DesiredState.RUNNING
-        or deployment.state == DeploymentState.FAILED
-    ):
+    if not deployment.wanted_running or deployment.state == DeploymentState.FAILED:
         return
     states = list(deployment.replica_set.values_list("state", flat=True))
     ready = states.count(ReplicaState.READY)

@@ -8,6 +8,7 @@ from core.fields import EncryptedTextField
 from deployments.choices import (
     AdapterStatus,
     Arch,
+    DeploymentMode,
     DeploymentState,
     DesiredState,
     NodeStatus,
@@ -65,6 +66,9 @@ DEPLOYMENT_FIELDS = (
     "external_url",
     "upstream_key",
     "replicas",
+    "mode",
+    "idle_timeout_seconds",
+    "start_timeout_seconds",
 )
 ADAPTER_FIELDS = (
     "served_name",
@@ -354,6 +358,26 @@ class Deployment(models.Model):
     desired_state = models.CharField(
         max_length=16, choices=DesiredState, default=DesiredState.RUNNING
     )
+    mode = models.CharField(
+        max_length=16,
+        choices=DeploymentMode,
+        default=DeploymentMode.ALWAYS,
+        help_text="On demand: started by the first request, stopped after its idle timeout.",
+    )
+    idle_timeout_seconds = models.PositiveIntegerField(
+        default=900,
+        validators=[MinValueValidator(10), MaxValueValidator(86400)],
+        help_text="On demand: unused this long, its replicas are stopped.",
+    )
+    start_timeout_seconds = models.PositiveIntegerField(
+        default=600,
+        validators=[MinValueValidator(10), MaxValueValidator(86400)],
+        help_text="On demand: how long a request waits for a start before a 503.",
+    )
+    # On demand: whether its replicas should run now (a request woke it; the idle pass or
+    # an eviction puts it back to sleep). Always-running deployments ignore it.
+    awake = models.BooleanField(default=False, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     state = models.CharField(
         max_length=16, choices=DeploymentState, default=DeploymentState.PENDING
     )
@@ -369,6 +393,17 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def on_demand(self) -> bool:
+        return self.mode == DeploymentMode.ON_DEMAND
+
+    @property
+    def wanted_running(self) -> bool:
+        """Whether its replicas should run now: desired running, and awake if on demand."""
+        if self.desired_state != DesiredState.RUNNING:
+            return False
+        return self.awake or not self.on_demand
 
     @property
     def max_num_seqs(self) -> int:

@@ -38,6 +38,7 @@ TASKS: dict[str, str] = {
     OperationKind.CHECK_ADAPTER: "deployments.check_adapter",
     OperationKind.WORKER_START: "deployments.start_ray_worker",
     OperationKind.WORKER_STOP: "deployments.stop_ray_worker",
+    OperationKind.WAKE: "deployments.wake",
 }
 CONTROL_QUEUE = "control"
 

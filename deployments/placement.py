@@ -90,8 +90,11 @@ def free_bytes(node: Node, exclude: Deployment | None = None) -> tuple[int, int]
         if exclude is not None and replica.deployment_id == exclude.pk:
             continue
         need = rank_bytes(replica.deployment, node)
+        idle = replica.state in IDLE
+        if replica.deployment.on_demand and idle and not replica.deployment.awake:
+            continue  # asleep: it holds nothing, and is put to sleep again to make room
         assigned += need
-        if replica.state not in IDLE:
+        if not idle:
             held += need
     return capacity(node, held).usable, assigned
 

@@ -20,6 +20,7 @@ from core.redis import get_redis
 from deployments import engine, lifecycle, placement, runtime
 from deployments.choices import (
     ContainerRole,
+    DeploymentMode,
     DeploymentState,
     DesiredState,
     NodeStatus,
@@ -185,7 +186,7 @@ def _converge(deployment: Deployment, node: Node, done: dict[str, int]) -> None:
     if _operation_running_for(deployment, node):
         return
     mine = lifecycle.on_node(deployment, node)
-    if deployment.desired_state == DesiredState.STOPPED:
+    if not deployment.wanted_running:  # stopped, or on demand and asleep
         live = mine.exclude(state=ReplicaState.STOPPED)
         if live.exists() and deployment.state != DeploymentState.STOPPING:
             queue_operation(OperationKind.STOP, deployment, node=node)
@@ -278,6 +279,7 @@ def place_all() -> int:
     running = (
         Deployment.objects.filter(desired_state=DesiredState.RUNNING, external=False)
         .exclude(state=DeploymentState.FAILED)
+        .exclude(mode=DeploymentMode.ON_DEMAND, awake=False)  # asleep: placed when woken
         .select_related("model", "node", "profile")
     )
     for deployment in running:

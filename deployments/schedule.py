@@ -10,6 +10,12 @@ def beat_schedule(reconcile_seconds: float) -> dict[str, dict]:
             "schedule": reconcile_seconds,
             "options": {"expires": reconcile_seconds * 2},
         },
+        # On-demand deployments unused for their idle timeout are stopped.
+        "deployments-sleep-idle": {
+            "task": "deployments.sleep_idle",
+            "schedule": 10.0,
+            "options": {"expires": 20.0},
+        },
         # Engine /metrics into Redis for admission decisions and the console.
         "deployments-telemetry": {
             "task": "deployments.scrape_engines",

@@ -1,6 +1,7 @@
 """Rules for the model catalogue, grants, nodes and deployments' desired state."""
 
 import fnmatch
+import time
 from typing import Any
 
 from django.conf import settings
@@ -9,8 +10,11 @@ from django.db import IntegrityError, transaction
 
 from core.changes import publish_change
 from core.errors import Conflict
+from core.keyspace import demand_used_key
+from core.redis import get_redis
 from deployments import credentials, lifecycle, placement, planner, relay, runtime
 from deployments.choices import (
+    DeploymentMode,
     DeploymentState,
     DesiredState,
     NodeStatus,
@@ -194,7 +198,21 @@ def _validate_deployment(deployment: Deployment) -> None:
         raise ValidationError({"node": f"Node {deployment.node} is disabled."})
     if not deployment.external:
         _validate_group(deployment)
+    _validate_mode(deployment)
     deployment.full_clean()
+
+
+def _validate_mode(deployment: Deployment) -> None:
+    if not deployment.on_demand:
+        return
+    if deployment.external:
+        raise ValidationError(
+            {"mode": "Tollgate does not start an external engine: it cannot run on demand."}
+        )
+    if placement.spans_nodes(deployment):
+        raise ValidationError(
+            {"mode": "An on-demand deployment runs on one node; this one's replicas span two."}
+        )
 
 
 def _validate_group(deployment: Deployment) -> None:
@@ -307,11 +325,17 @@ def memory_fit(deployment: Deployment) -> planner.FitResult | None:
     )
     for other in neighbours:
         verdict_need = _replica_bytes(other, pool)
-        others += verdict_need * other.replicas
         running = other.replica_set.exclude(
             state__in=[ReplicaState.STOPPED, ReplicaState.CRASHED, ReplicaState.FAILED]
         ).count()
         held += verdict_need * running
+        if not other.on_demand:
+            others += verdict_need * other.replicas
+        elif not deployment.on_demand and other.awake:
+            # An on-demand model holds memory while awake; another on-demand one's start
+            # puts it to sleep to make room (deployments/demand.py), an always-running one's
+            # does not.
+            others += verdict_need * other.replicas
     cap = placement.capacity(node, held)
     return planner.check_fit(need, deployment.replicas, others, node.name, cap)
 
@@ -322,6 +346,7 @@ def preview_fit(
     profile: EngineProfile | None,
     replicas: int,
     engine_args: dict[str, Any],
+    mode: str = DeploymentMode.ALWAYS,
 ) -> planner.FitResult | None:
     """The memory-fit verdict a deployment with these values would get; nothing is saved.
 
@@ -331,7 +356,13 @@ def preview_fit(
     trusted = model.trust_remote_code
     args = validate_engine_args(engine_args, trust_remote_code_allowed=trusted)
     deployment = Deployment(
-        name="preview", model=model, node=node, profile=profile, replicas=replicas, engine_args=args
+        name="preview",
+        model=model,
+        node=node,
+        profile=profile,
+        replicas=replicas,
+        engine_args=args,
+        mode=mode,
     )
     deployment.engine_args = validate_engine_args(
         deployment.effective_args, trust_remote_code_allowed=trusted
@@ -381,12 +412,26 @@ def create_deployment(actor: Actor, **fields: Any) -> Deployment:
     deployment = Deployment(created_by=user, **fields)
     _validate_deployment(deployment)
     _check_memory_fit(deployment)
+    if deployment.on_demand:
+        deployment.state = DeploymentState.STOPPED  # started by its first request
     deployment.save()
     record(actor, AuditAction.CREATE, deployment, changes=snapshot(deployment, DEPLOYMENT_FIELDS))
-    if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
+    if deployment.wanted_running and not deployment.external:
         _queue(OperationKind.DEPLOY, deployment, actor)
     publish_change("deployment", deployment.pk)
     return deployment
+
+
+def _change_mode(deployment: Deployment) -> None:
+    """Going on demand, what runs stays awake until idle (its clock starts now); going
+    always-running, it runs whatever it was."""
+    if deployment.on_demand:
+        live = deployment.replica_set.exclude(state=ReplicaState.STOPPED).exists()
+        deployment.awake = live
+        if live:
+            get_redis().zadd(demand_used_key(), {str(deployment.pk): time.time()})
+    else:
+        deployment.awake = False
 
 
 @transaction.atomic
@@ -396,19 +441,22 @@ def update_deployment(actor: Actor, deployment: Deployment, **changes: Any) -> D
     if "external" in changes and changes["external"] != deployment.external:
         raise ValidationError({"external": "Create a new deployment to change this."})
     before, old_key = snapshot(deployment, DEPLOYMENT_FIELDS), deployment.upstream_key
+    was_on_demand = deployment.on_demand
     for name, value in changes.items():
         setattr(deployment, name, value)
     _validate_deployment(deployment)
+    if deployment.on_demand != was_on_demand:
+        _change_mode(deployment)
     _check_memory_fit(deployment)
     deployment.save()
     changed = diff(before, snapshot(deployment, DEPLOYMENT_FIELDS))
     if deployment.upstream_key != old_key:
         changed["upstream_key"] = "changed"  # a new key for an old one: never either key
     record(actor, AuditAction.UPDATE, deployment, changes=changed)
-    if deployment.desired_state == DesiredState.RUNNING and not deployment.external:
+    if deployment.wanted_running and not deployment.external:
         if REPLACING_FIELDS & changed.keys():
             _queue(OperationKind.RESTART, deployment, actor)
-        elif "replicas" in changed:
+        elif "replicas" in changed or "mode" in changed:
             _queue(OperationKind.SCALE, deployment, actor)
     publish_change("deployment", deployment.pk)
     return deployment
@@ -435,13 +483,16 @@ def set_desired_state(actor: Actor, deployment: Deployment, desired: str) -> Dep
             updated = updated or 1
         deployment.refresh_from_db()
         if updated:
+            if desired == DesiredState.STOPPED and deployment.on_demand:
+                Deployment.objects.filter(pk=deployment.pk).update(awake=False)
             record(actor, AuditAction.ACTION, deployment, changes={"desired_state": desired})
             publish_change("deployment", deployment.pk)
-            if not deployment.external:
-                kind = (
-                    OperationKind.DEPLOY if desired == DesiredState.RUNNING else OperationKind.STOP
-                )
-                _queue(kind, deployment, actor)
+            if desired == DesiredState.STOPPED and not deployment.external:
+                _queue(OperationKind.STOP, deployment, actor)
+            elif deployment.wanted_running and not deployment.external:
+                _queue(OperationKind.DEPLOY, deployment, actor)
+            elif deployment.on_demand:  # ready to be started by its next request
+                Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPED)
     return deployment
 
 

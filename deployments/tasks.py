@@ -15,6 +15,7 @@ from deployments import (
     adapters,
     cluster,
     credentials,
+    demand,
     fleet,
     lifecycle,
     operations,
@@ -51,6 +52,22 @@ def restart(operation_id: int) -> None:
 @shared_task(name=TASKS[OperationKind.REMOVE])
 def remove(operation_id: int) -> None:
     operations.run_operation(operation_id, OperationKind.REMOVE, lifecycle.remove)
+
+
+@shared_task(name=TASKS[OperationKind.WAKE])
+def wake(operation_id: int) -> None:
+    operations.run_operation(operation_id, OperationKind.WAKE, demand.wake)
+
+
+@shared_task(name=demand.START_TASK)
+def wake_deployment(deployment_id: int) -> None:
+    """A request waits for this on-demand deployment (queued by the gateway)."""
+    demand.request_start(deployment_id)
+
+
+@shared_task(name="deployments.sleep_idle", ignore_result=True)
+def sleep_idle() -> None:
+    demand.sleep_idle()
 
 
 @shared_task(name=TASKS[OperationKind.STAGE])

@@ -3,7 +3,7 @@
 A request for an adapter goes to a replica of its base that holds it (then the usual
 prefix-aware or least-loaded choice among those). When none does, the gateway asks a worker
 to load it into the least-loaded replica (the task ``deployments.load_adapter`` on
-``TOLLGATE_ADAPTER_QUEUE``; one request per replica and adapter, however many requests
+``TOLLGATE_DEMAND_QUEUE``; one request per replica and adapter, however many requests
 wait) and the request waits, up to
 ``TOLLGATE_ADAPTER_LOAD_TIMEOUT``, for the worker to say it is there. When every holder is
 busy, it is loaded on one more replica meanwhile, while this request goes to a holder.
@@ -203,7 +203,7 @@ class LoraTable:
             if first:
                 metrics.ADAPTER_LOADS.labels(model.served_name).inc()
                 args = [adapter, target.replica_id]
-                queue = setting("TOLLGATE_ADAPTER_QUEUE")
+                queue = setting("TOLLGATE_DEMAND_QUEUE")
                 await asyncio.to_thread(self.send_task, LOAD_TASK, args, queue)
         except Exception:  # noqa: BLE001 - the broker's errors too: the request waits on
             log.warning(

@@ -1074,7 +1074,7 @@ def test_compose_appliance_end_to_end(stack: Stack) -> None:
 
     # A tenant's adapter, uploaded through the admin API, is copied into the model cache and
     # checked by the worker, then loaded on first use: the gateway (as its Redis user) asks
-    # the worker for it on the adapter queue, and the request waits for it.
+    # the worker for it on the demand queue, and the request waits for it.
     tenant_adapter_answers(stack, api, key)
 
     # All of that ran with each process connected to Redis as its own ACL user, and none of

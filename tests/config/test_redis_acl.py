@@ -12,7 +12,7 @@ from config import redisacl
 
 PREFIX = f"acltest-{secrets.token_hex(4)}"
 BATCHES = f"{PREFIX}-batches"
-ADAPTERS = f"{PREFIX}-adapters"
+DEMANDS = f"{PREFIX}-demand"
 
 
 @pytest.fixture
@@ -21,15 +21,15 @@ def gateway_user() -> Iterator[tuple[str, str]]:
     user, password = f"tollgate-test-gw-{secrets.token_hex(4)}", secrets.token_urlsafe(16)
     admin.acl_setuser(user, enabled=True, reset=True)
     admin.execute_command(
-        "ACL", "SETUSER", user, f">{password}", *redisacl.gateway_rules(PREFIX, BATCHES, ADAPTERS)
+        "ACL", "SETUSER", user, f">{password}", *redisacl.gateway_rules(PREFIX, BATCHES, DEMANDS)
     )
     try:
         yield user, password
     finally:
         admin.acl_deluser(user)
         # Only this test's keys: the shared Redis holds other runs' queues ("control" too).
-        bindings = [key for q in (BATCHES, ADAPTERS) for key in admin.keys(f"_kombu.binding*{q}")]
-        admin.delete(f"{PREFIX}:probe", BATCHES, ADAPTERS, *bindings)
+        bindings = [key for q in (BATCHES, DEMANDS) for key in admin.keys(f"_kombu.binding*{q}")]
+        admin.delete(f"{PREFIX}:probe", BATCHES, DEMANDS, *bindings)
 
 
 def test_gateway_user_can_queue_a_batch_job(gateway_user: tuple[str, str]) -> None:
@@ -44,10 +44,10 @@ def test_gateway_user_can_queue_a_batch_job(gateway_user: tuple[str, str]) -> No
     with app.connection_for_write(f"redis://{user}:{password}@127.0.0.1:6379/0") as conn:
         app.tasks[RUN_TASK].apply_async(args=[1], queue=BATCHES, connection=conn)
         # And what a request for an adapter no engine holds does: ask for its load.
-        app.send_task("deployments.load_adapter", args=[1, 2], queue=ADAPTERS, connection=conn)
+        app.send_task("deployments.load_adapter", args=[1, 2], queue=DEMANDS, connection=conn)
         with pytest.raises(Exception, match="NOPERM|no permissions"):
             app.tasks[RUN_TASK].apply_async(args=[1], queue="control", connection=conn)
-    assert redis.Redis().llen(BATCHES) == 1 and redis.Redis().llen(ADAPTERS) == 1
+    assert redis.Redis().llen(BATCHES) == 1 and redis.Redis().llen(DEMANDS) == 1
 
 
 @pytest.fixture

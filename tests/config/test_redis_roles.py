@@ -251,7 +251,7 @@ def test_batch_runner_has_its_queue_and_the_invalidation_channel_only(acl: AclSe
     [
         ("worker", "control,nodes,node.local", "beat", "metering.trim_usage_stream", []),
         # A request for an adapter no engine holds: the gateway asks the worker to load it.
-        ("worker", "adapters,control", "gateway", "deployments.load_adapter", [0, 0]),
+        ("worker", "demand,control", "gateway", "deployments.load_adapter", [0, 0]),
         ("batches", "batches", "gateway", "batches.run_batch", [0]),
     ],
 )

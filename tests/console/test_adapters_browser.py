@@ -52,7 +52,7 @@ def adapter_loads_on_the_node(stack: str, monkeypatch: pytest.MonkeyPatch) -> No
     """The gateway asks the node's worker (the only one here) to load adapters, as a one-box
     appliance may (the default is the control plane's queue). Set before the live server
     and the worker start: they take this environment."""
-    monkeypatch.setenv("TOLLGATE_ADAPTER_QUEUE", f"node.{stack}")
+    monkeypatch.setenv("TOLLGATE_DEMAND_QUEUE", f"node.{stack}")
 
 
 def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:

@@ -44,6 +44,7 @@ def test_every_operation_task_is_registered_under_the_name_services_queue() -> N
             tasks.check_adapter,
             tasks.start_ray_worker,
             tasks.stop_ray_worker,
+            tasks.wake,
         )
     }
     assert names == set(operations.TASKS.values())

@@ -58,7 +58,7 @@ QUEUE = f"adapters-{secrets.token_hex(4)}"  # its adapter loads' queue: no worke
 @pytest.fixture(scope="module")
 def quick_gateway(gateway_url: str) -> Iterator[str]:  # noqa: F811
     """A gateway that waits only a few seconds for an adapter to be loaded."""
-    env = {"TOLLGATE_ADAPTER_LOAD_TIMEOUT": str(LOAD_TIMEOUT), "TOLLGATE_ADAPTER_QUEUE": QUEUE}
+    env = {"TOLLGATE_ADAPTER_LOAD_TIMEOUT": str(LOAD_TIMEOUT), "TOLLGATE_DEMAND_QUEUE": QUEUE}
     # The broker queued_loads() reads: tests/batches/conftest.py, loaded whenever the whole
     # suite is collected, puts another Redis database in this process's environment.
     env["CELERY_BROKER_URL"] = django_settings.REDIS_URL
@@ -123,7 +123,7 @@ def loads_asked(world: World, adapter: str) -> float:
 
 
 def queued_loads() -> list[list[int]]:
-    """The arguments of the load tasks waiting on the gateway's adapter queue (Celery's Redis
+    """The arguments of the load tasks waiting on the gateway's demand queue (Celery's Redis
     transport keeps a queue as a list of JSON messages)."""
     found = []
     for raw in get_redis().lrange(QUEUE, 0, -1):
@@ -192,7 +192,7 @@ def test_a_request_waits_for_its_adapter_to_be_loaded_then_is_answered_by_it(
     answers: list[httpx.Response] = []
     waiting = threading.Thread(target=lambda: answers.append(chat(lora, "acme/sea")))
     waiting.start()
-    # The gateway asked a worker for it (once): the task is on the adapter queue.
+    # The gateway asked a worker for it (once): the task is on the demand queue.
     adapter_id = Adapter.objects.get(served_name="acme/sea").pk
     deadline = time.monotonic() + LOAD_TIMEOUT
     while not loads_asked(lora, "acme/sea"):

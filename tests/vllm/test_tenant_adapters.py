@@ -80,7 +80,7 @@ def lora_appliance(
         "TOLLGATE_REDIS_PREFIX": redis_namespace,
         "TOLLGATE_BATCH_QUEUE": batch_queue(vllm_stack),
         # Adapter loads to the node's worker below (on an appliance: the control worker).
-        "TOLLGATE_ADAPTER_QUEUE": docker_node.queue,
+        "TOLLGATE_DEMAND_QUEUE": docker_node.queue,
     }
     gateway, url = start_gateway(2, extra, log=GATEWAY_LOG)
     worker = start_worker(docker_node, vllm_stack, url)
