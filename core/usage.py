@@ -39,6 +39,8 @@ class UsageRecord:
     # The LoRA adapter the tenant called (deployments.Adapter id); model_id is then its base.
     # None: the base model itself (and every record written before adapters existed).
     adapter_id: int | None = None
+    # Milliseconds the request waited for its on-demand model to start (None: it did not).
+    start_wait_ms: int | None = None
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson serialises dataclasses natively (no asdict copy)

@@ -10,6 +10,7 @@ Django request machinery.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from core.credentials import INVALID_KEY, presented_key, unexpired
+from core.keyspace import demand_stats_key
 from gateway import metrics, responses
 from gateway.errors import error_body, model_not_found
 from gateway.exchange import Exchange
@@ -27,7 +29,7 @@ from gateway.messages import AnthropicSend
 from gateway.relay import respond
 from gateway.runtime import Runtime
 from gateway.serving import admit_and_forward
-from gateway.state import KeyInfo, ModelInfo, TenantInfo
+from gateway.state import DemandInfo, KeyInfo, ModelInfo, TenantInfo, Upstream
 from tenants.keys import parse_key, verify_key
 
 ENDPOINTS = {
@@ -190,18 +192,22 @@ class Gateway:
         if auth is None:
             return await respond(send, 401, INVALID_KEY)
         key, tenant = auth
-        cards = [
-            model_card(m)
+        models = [
+            m
             for m in sorted(self.rt.snapshot.models.values(), key=lambda m: m.served_name)
             if self.allowed(key, tenant, m)
         ]
-        if path == "/v1/models":
-            return await respond(send, 200, orjson.dumps({"object": "list", "data": cards}))
+        one = path != "/v1/models"
         wanted = path.removeprefix("/v1/models/")
-        card = next((c for c in cards if c["id"] == wanted), None)
-        if card is None:
-            return await respond(send, 404, model_not_found(wanted))
-        await respond(send, 200, orjson.dumps(card))
+        if one:
+            models = [m for m in models if m.served_name == wanted]
+            if not models:
+                return await respond(send, 404, model_not_found(wanted))
+        states = await self.rt.demand.states(models)  # on-demand models' (a Redis read)
+        cards = [model_card(m, states.get(m.id)) for m in models]
+        if one:
+            return await respond(send, 200, orjson.dumps(cards[0]))
+        await respond(send, 200, orjson.dumps({"object": "list", "data": cards}))
 
     # --- Kept responses ---------------------------------------------------------------------
 
@@ -234,6 +240,12 @@ class Gateway:
         if not token or not hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
             return await respond(send, 404, error_body("Not found."))
         body, content_type = metrics.render()
+        try:
+            async with asyncio.timeout(2.0):
+                stats = await self.rt.redis.hgetall(demand_stats_key())
+            body += metrics.demand_stats(stats)
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            pass  # the process's own metrics still answer
         await send(
             {
                 "type": "http.response.start",
@@ -275,11 +287,23 @@ class Gateway:
                 return await respond(send, *prepared)
             payload, plan = prepared
             body = orjson.dumps(payload)
-        upstreams = self.rt.snapshot.routes.get(model.id)
-        if upstreams and model.adapter_id:
+        if model.adapter_id:
             problem = adapter_problem(model)
             if problem:
                 return await respond(send, *problem)
+        snap = self.rt.snapshot
+        upstreams, start_wait_ms = snap.routes.get(model.id), None
+        demand = snap.demand.get(model.id) if not upstreams else None
+        if demand is not None:
+            # Cold on-demand model (an adapter's: its base): have it started, and wait
+            # before admission, so the wait holds none of the tenant's concurrency.
+            waiting = time.perf_counter()
+            upstreams = await self.wait_for_start(model, demand, receive)
+            if isinstance(upstreams, tuple):
+                metrics.REJECTIONS.labels(tenant.slug, "model_not_started").inc()
+                return await respond(send, *upstreams)
+            start_wait_ms = max(int((time.perf_counter() - waiting) * 1000), 1)
+        if upstreams and model.adapter_id:
             upstreams = await self.rt.lora.ensure(model, upstreams)
             if isinstance(upstreams, tuple):
                 metrics.REJECTIONS.labels(tenant.slug, "adapter_not_loaded").inc()
@@ -298,9 +322,36 @@ class Gateway:
                 [(b"retry-after", b"10")],
             )
         exchange = Exchange(
-            self.rt, send, endpoint, payload, body, key, tenant, model, upstreams, started, plan
+            self.rt,
+            send,
+            endpoint,
+            payload,
+            body,
+            key,
+            tenant,
+            model,
+            upstreams,
+            started,
+            plan,
+            start_wait_ms,
         )
         await admit_and_forward(exchange, scope, receive)
+
+    async def wait_for_start(
+        self, model: ModelInfo, demand: DemandInfo, receive: Any
+    ) -> list[Upstream] | tuple:
+        """gateway/demand.py's wait for a start, given up when the client hangs up (the
+        start goes on: the next request finds it under way)."""
+        waiting = asyncio.ensure_future(self.rt.demand.ensure(model, demand))
+        gone = asyncio.ensure_future(_hung_up(receive))
+        try:
+            await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, gone):
+                task.cancel()
+        if waiting.done() and not waiting.cancelled():
+            return waiting.result()
+        raise ConnectionAbortedError
 
     def parse(self, body: bytes, endpoint: str) -> tuple[dict, tuple | None]:
         try:
@@ -354,12 +405,21 @@ class Gateway:
         return None
 
 
-def model_card(model: ModelInfo) -> dict:
-    """A model's /v1/models card; an adapter's names its base (as vLLM's cards do)."""
+async def _hung_up(receive: Any) -> None:
+    """Returns when the client disconnects (its body is already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def model_card(model: ModelInfo, demand_state: str | None = None) -> dict:
+    """A model's /v1/models card; an adapter's names its base (as vLLM's cards do). An
+    on-demand model's (an adapter's: its base's) says whether its engine runs now."""
     card = {"id": model.served_name, "object": "model", "created": model.created}
     card["owned_by"] = "tollgate"
     if model.adapter_id:
         card["parent"] = model.parent
+    if demand_state:
+        card["tollgate"] = {"mode": "on_demand", "state": demand_state}
     return card
 
 

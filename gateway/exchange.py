@@ -73,6 +73,7 @@ class Exchange:
         "upstreams",
         "started",
         "plan",
+        "start_wait_ms",
         "occurred",
         "request_id",
         "price",
@@ -101,6 +102,7 @@ class Exchange:
         upstreams: list[Upstream],
         started: float,
         plan: ResponsePlan | None = None,
+        start_wait_ms: int | None = None,
     ) -> None:
         self.rt = rt
         self.send = send
@@ -113,3 +115,4 @@ class Exchange:
         self.upstreams = upstreams
         self.started = started  # perf_counter() when the request arrived
         self.plan = plan  # /v1/responses: the id it gets and what to keep of it
+        self.start_wait_ms = start_wait_ms  # how long it waited for an on-demand start

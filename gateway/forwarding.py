@@ -139,6 +139,8 @@ class Forwarding:
             self.chosen = upstream
             if adapter:
                 ex.rt.lora.touch(upstream.replica_id, adapter)
+            if upstream.on_demand:
+                ex.rt.demand.begin(upstream.deployment_id)
             upstream.outstanding += 1
             metrics.in_flight[model_name] += 1
             try:
@@ -159,6 +161,8 @@ class Forwarding:
             finally:
                 upstream.outstanding -= 1
                 metrics.in_flight[model_name] -= 1
+                if upstream.on_demand:
+                    ex.rt.demand.end(upstream.deployment_id)
         return gone
 
     async def _send(self, upstream: Upstream, url: str, headers: dict[str, str]) -> None:

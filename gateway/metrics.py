@@ -22,6 +22,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -86,6 +87,29 @@ ADAPTER_WAIT = Histogram(
     "Time requests waited for their LoRA adapter to be loaded into an engine.",
     ["model"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+DEMAND_STARTS = Counter(
+    "tollgate_demand_starts_requested_total",
+    "Starts of an on-demand deployment the gateway asked a worker for.",
+    ["model"],
+)
+DEMAND_WAITS = Counter(
+    "tollgate_demand_waits_total",
+    "Requests that waited for an on-demand model to start, by how the wait ended "
+    "(ready, timeout, failed).",
+    ["model", "outcome"],
+)
+DEMAND_WAITING = Gauge(
+    "tollgate_demand_waiting_requests",
+    "Requests waiting now for an on-demand model to start.",
+    ["model"],
+    multiprocess_mode="livesum",
+)
+DEMAND_WAIT = Histogram(
+    "tollgate_demand_wait_seconds",
+    "Time requests waited for an on-demand model to start.",
+    ["model"],
+    buckets=(0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600, 900),
 )
 UPSTREAM_ERRORS = Counter(
     "tollgate_upstream_errors_total", "Engine failures seen by the gateway.", ["model", "kind"]
@@ -169,6 +193,41 @@ def _observe_all(histogram: Any, values: list[float]) -> None:
         if n:
             bucket.inc(n)
     histogram._sum.inc(sum(values))
+
+
+class _Fixed:
+    """A collector of metric families made elsewhere (here: from Redis)."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Any]:
+        return self.families
+
+
+def demand_stats(stats: dict[bytes, bytes]) -> bytes:
+    """The worker's on-demand counters (``core.keyspace.demand_stats_key``: evictions,
+    starts and their seconds from the decision to ready, per model) as metrics text."""
+    evictions = CounterMetricFamily(
+        "tollgate_demand_evictions",
+        "On-demand models put to sleep to make room for another.",
+        labels=["model"],
+    )
+    ready = SummaryMetricFamily(
+        "tollgate_demand_time_to_ready_seconds",
+        "On-demand starts: seconds from the decision to start to a ready engine.",
+        labels=["model"],
+    )
+    values = {k.decode(): float(v) for k, v in stats.items()}
+    for field, value in sorted(values.items()):
+        kind, _, model = field.partition(":")
+        if kind == "evictions":
+            evictions.add_metric([model], value)
+        elif kind == "starts":
+            ready.add_metric([model], value, values.get(f"ready_seconds:{model}", 0.0))
+    registry = CollectorRegistry()
+    registry.register(_Fixed([evictions, ready]))
+    return generate_latest(registry)
 
 
 def render() -> tuple[bytes, str]:

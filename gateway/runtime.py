@@ -9,6 +9,7 @@ batches, never per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from typing import Any
@@ -23,6 +24,7 @@ from django.db import close_old_connections
 from core.keyspace import invalidation_channel, preempt_channel, wake_channel
 from gateway import metrics
 from gateway.admission import Admission
+from gateway.demand import DemandTable
 from gateway.limiter import Limiter, Reservation
 from gateway.lora import LoraTable
 from gateway.redispipe import RedisPipe
@@ -84,6 +86,7 @@ class Runtime:
         self.admission: Admission | None = None
         self.responses: ResponseStore | None = None  # kept /v1/responses answers
         self.lora: LoraTable | None = None  # which engines hold which adapters
+        self.demand: DemandTable | None = None  # on-demand starts and uses
         self.open_requests: set[str] = set()  # admitted, not yet settled
         # Preemptible requests of this process (request id -> its forwarding, which
         # on_preempt() stops: gateway/preemptible.py)
@@ -110,6 +113,7 @@ class Runtime:
         self.admission = Admission(self.redis)
         self.responses = ResponseStore(self.redis, self.pipe)
         self.lora = LoraTable(self.redis, _send_task)
+        self.demand = DemandTable(self.redis, _send_task, lambda: self.snapshot)
         self.session = make_client(settings.TOLLGATE_UPSTREAM_CLIENT)
         try:
             self.snapshot = await asyncio.to_thread(_load_in_thread, None)
@@ -127,6 +131,7 @@ class Runtime:
             asyncio.create_task(
                 self.lora.keep_fresh(lambda: self.snapshot.routes), name="gateway-adapters"
             ),
+            asyncio.create_task(self.demand.keep_recording(), name="gateway-demand"),
             asyncio.create_task(
                 self.admission.renew_leases(self.open_requests), name="gateway-leases"
             ),
@@ -154,6 +159,9 @@ class Runtime:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         metrics.flush()
+        if self.demand:
+            with contextlib.suppress(redis.exceptions.RedisError, OSError, TimeoutError):
+                await self.demand.flush_used()
         if self.used_keys:
             await asyncio.to_thread(_mark_used, set(self.used_keys))
         if self.session:
@@ -210,6 +218,7 @@ class Runtime:
 
     async def reload(self) -> None:
         self.snapshot = await asyncio.to_thread(_load_in_thread, self.snapshot)
+        self.demand.snapshot_changed()  # requests waiting for an on-demand start look again
 
     async def _reloader(self) -> None:
         while True:

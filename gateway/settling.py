@@ -93,4 +93,5 @@ def usage_record(
         ttft_ms=outcome.ttft_ms,
         price_id=price.id if price else None,
         prompt_estimated=outcome.prompt_estimated,
+        start_wait_ms=ex.start_wait_ms,
     )

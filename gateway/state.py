@@ -1,4 +1,5 @@
-"""What the gateway knows, cached in-process: keys, tenants, models, routes and prices.
+"""What the gateway knows, cached in-process: keys, tenants, models, routes, prices and
+the models that run on demand.
 
 Loaded from PostgreSQL off the hot path (in a thread) at start-up, after every change
 announced on the invalidation channel, and every ``REFRESH_SECONDS`` as a safety net. A
@@ -8,7 +9,7 @@ request only ever reads the current ``Snapshot``; no request touches the databas
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 
@@ -83,7 +84,17 @@ class Upstream:
     auth_header: str = ""  # external engines that expect their own key
     priority_scheduling: bool = False  # vLLM --scheduling-policy priority: its queue by class
     adapter_slots: int = 0  # LoRA adapters it keeps loaded (0: it serves none)
+    on_demand: bool = False  # its deployment runs on demand: its use is recorded
     outstanding: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DemandInfo:
+    """A model's on-demand deployment (gateway/demand.py starts it for a request)."""
+
+    deployment_id: int
+    start_timeout: int  # seconds a request waits for a start
+    idle_timeout: int  # seconds unused before the worker stops it
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +117,7 @@ class Snapshot:
     routes: dict[int, list[Upstream]] = field(default_factory=dict)
     prices: dict[tuple[int, str], list[PriceInfo]] = field(default_factory=dict)
     adapter_prices: dict[tuple[int, str], list[PriceInfo]] = field(default_factory=dict)
+    demand: dict[int, DemandInfo] = field(default_factory=dict)  # by model id
     loaded_at: float = 0.0
 
     def price_for(self, model: ModelInfo, currency: str, at: float) -> PriceInfo | None:
@@ -148,6 +160,7 @@ def load_snapshot(previous: Snapshot | None = None) -> Snapshot:
     _load_tenants(snap)
     _load_keys(snap)
     _load_routes(snap, previous)
+    _load_demand(snap)
     _load_prices(snap)
     return snap
 
@@ -237,10 +250,12 @@ def _load_keys(snap: Snapshot) -> None:
 
 
 def _load_routes(snap: Snapshot, previous: Snapshot | None) -> None:
-    from deployments.choices import DesiredState, ReplicaState
+    from deployments.choices import DeploymentMode, DesiredState, ReplicaState
     from deployments.models import Replica
 
-    # Keep in-flight counts of replicas that stay, so least-outstanding routing survives reloads.
+    # A replica that stays as it was keeps its Upstream object: the requests in flight on it
+    # decrement that object when they end, so its count stays true across reloads (a copy of
+    # the count would keep them forever). A changed one starts afresh at 0.
     old = {u.replica_id: u for ups in (previous.routes.values() if previous else ()) for u in ups}
     replicas = Replica.objects.filter(
         state=ReplicaState.READY, healthy=True, deployment__desired_state=DesiredState.RUNNING
@@ -261,9 +276,28 @@ def _load_routes(snap: Snapshot, previous: Snapshot | None) -> None:
             adapter_slots=replica.deployment.adapter_slots
             if replica.deployment.serves_adapters
             else 0,
-            outstanding=old[replica.pk].outstanding if replica.pk in old else 0,
+            on_demand=replica.deployment.mode == DeploymentMode.ON_DEMAND,
         )
+        kept = old.get(replica.pk)
+        if kept is not None and replace(kept, outstanding=0) == upstream:
+            upstream = kept
         snap.routes.setdefault(replica.deployment.model_id, []).append(upstream)
+
+
+def _load_demand(snap: Snapshot) -> None:
+    """Each model's on-demand deployment Tollgate starts (the first by name, if several)."""
+    from deployments.choices import DeploymentMode, DesiredState
+    from deployments.models import Deployment
+
+    rows = (
+        Deployment.objects.filter(
+            mode=DeploymentMode.ON_DEMAND, desired_state=DesiredState.RUNNING, external=False
+        )
+        .order_by("name")
+        .values_list("pk", "model_id", "start_timeout_seconds", "idle_timeout_seconds")
+    )
+    for pk, model_id, start_timeout, idle_timeout in rows:
+        snap.demand.setdefault(model_id, DemandInfo(pk, start_timeout, idle_timeout))
 
 
 def _load_prices(snap: Snapshot) -> None:

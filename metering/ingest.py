@@ -50,6 +50,14 @@ _INT_FIELDS = (
     "reasoning_tokens",
     "latency_ms",
 )
+_OPTIONAL_INT_FIELDS = (
+    "api_key_id",
+    "deployment_id",
+    "ttft_ms",
+    "price_id",
+    "adapter_id",
+    "start_wait_ms",
+)
 
 
 def consumer_name() -> str:
@@ -134,7 +142,7 @@ def _validate(r: UsageRecord) -> None:
         raise Malformed("occurred_at out of range")
     for name in (*_INT_FIELDS, "tenant_id", "model_id", "http_status"):
         _check_int(r, name, required=True)
-    for name in ("api_key_id", "deployment_id", "ttft_ms", "price_id", "adapter_id"):
+    for name in _OPTIONAL_INT_FIELDS:
         _check_int(r, name, required=False)
     if r.http_status > 32767:
         raise Malformed("http_status out of range")
@@ -283,6 +291,7 @@ _COLUMNS = [
     ("http_status", "integer"),
     ("latency_ms", "integer"),
     ("ttft_ms", "integer"),
+    ("start_wait_ms", "integer"),
     ("price_id", "bigint"),
     ("currency", "text"),
     ("input_per_mtok", "numeric"),
@@ -334,6 +343,7 @@ def _row(
         r.http_status,
         r.latency_ms,
         r.ttft_ms,
+        r.start_wait_ms,
         price.pk if price else None,
         price.currency if price else refs.tenant_currency[r.tenant_id],
         price.input_per_mtok if price else Decimal(0),

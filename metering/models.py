@@ -129,6 +129,8 @@ class UsageEvent(models.Model):
     http_status = models.PositiveSmallIntegerField(default=200)
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    # How long the request waited for its on-demand model to start (empty: it did not wait).
+    start_wait_ms = models.PositiveIntegerField(null=True, blank=True)
     price = models.ForeignKey(
         Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )

@@ -79,6 +79,7 @@ class UsageEventSerializer(ModelSerializer):
             "http_status",
             "latency_ms",
             "ttft_ms",
+            "start_wait_ms",
             "currency",
             "input_per_mtok",
             "cached_input_per_mtok",
