@@ -7,12 +7,13 @@ from typing import Any
 from django import forms
 from django.utils import timezone
 
-from deployments.choices import Arch, NodeStatus, Visibility
+from deployments.choices import Arch, DeploymentMode, NodeStatus, Visibility
 from deployments.models import (
     ADAPTER_FIELDS,
     MODEL_FIELDS,
     Adapter,
     CatalogModel,
+    Deployment,
     EngineProfile,
     Node,
 )
@@ -395,7 +396,56 @@ def _scalar(raw: str) -> Any:
     return raw
 
 
-class DeploymentForm(forms.Form):
+# An on-demand timeout longer than a day is a typing mistake, not a setting.
+MAX_TIMEOUT_SECONDS = 24 * 3600
+
+
+class DemandForm(forms.Form):
+    """When a deployment's engines run: always, or on demand with its two timeouts (an empty
+    field is the model's default)."""
+
+    mode = forms.ChoiceField(
+        choices=DeploymentMode.choices,
+        initial=DeploymentMode.ALWAYS,
+        required=False,
+        help_text="On demand: not started until a request asks for it, stopped again after "
+        "its idle timeout, so more models than memory can take turns on a node.",
+    )
+    idle_timeout_seconds = forms.IntegerField(
+        min_value=10,
+        max_value=MAX_TIMEOUT_SECONDS,
+        initial=900,
+        required=False,
+        label="Idle timeout (seconds)",
+        help_text="On demand: unused this long, its engines are stopped and their memory "
+        "freed (900 s = 15 min).",
+    )
+    start_timeout_seconds = forms.IntegerField(
+        min_value=10,
+        max_value=MAX_TIMEOUT_SECONDS,
+        initial=600,
+        required=False,
+        label="Start timeout (seconds)",
+        help_text="On demand: how long a request waits for the engine to start before it is "
+        "answered 503 with Retry-After (600 s = 10 min).",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        for name in DemandForm.base_fields:
+            if cleaned.get(name) in (None, "") and name not in self.errors:
+                cleaned[name] = Deployment._meta.get_field(name).default
+        return cleaned
+
+    def service_data(self) -> dict[str, Any]:
+        return dict(self.cleaned_data)
+
+
+class DeploymentForm(DemandForm):
+    """A new deployment: what runs where (and, from DemandForm, when)."""
+
+    field_order = ["name", "model", "node", "profile", "image", "engine_args", "env", "replicas"]
+
     name = forms.SlugField(
         max_length=64, help_text="Letters, digits and hyphens, e.g. qwen3-8b-main."
     )
@@ -437,9 +487,6 @@ class DeploymentForm(forms.Form):
 
     def clean_env(self) -> dict[str, str]:
         return {k: str(v) for k, v in parse_flags(self.cleaned_data.get("env", "")).items()}
-
-    def service_data(self) -> dict[str, Any]:
-        return dict(self.cleaned_data)
 
 
 class ScaleForm(forms.Form):

@@ -358,7 +358,7 @@ class DeploymentViewSet(AdminViewSetMixin, viewsets.ModelViewSet):
     queryset = Deployment.objects.select_related("model", "node").prefetch_related(
         "replica_set__node"
     )
-    filterset_fields = ["state", "desired_state", "node__name", "model__served_name"]
+    filterset_fields = ["state", "desired_state", "mode", "node__name", "model__served_name"]
     lookup_field = "name"
 
     def perform_create(self, serializer: BaseSerializer) -> None:

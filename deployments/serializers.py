@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import ModelSerializer, Serializer
-from deployments import access, adapters
+from deployments import access, adapters, demand
 from deployments.models import (
     ADAPTER_FIELDS,
     ALLOWED_IMAGE_FIELDS,
@@ -63,7 +63,18 @@ class AdapterArchiveSerializer(Serializer):
     )
 
 
+class MemoryBudgetSerializer(Serializer):
+    """A node's memory for engines, and who holds it (read-only)."""
+
+    usable_bytes = serializers.IntegerField(help_text="What engines on the node may use in all.")
+    always_bytes = serializers.IntegerField(help_text="Held by always-running deployments.")
+    on_demand_bytes = serializers.IntegerField(help_text="Held now by on-demand deployments.")
+    free_bytes = serializers.IntegerField(help_text="Left for more on-demand starts.")
+
+
 class NodeSerializer(ModelSerializer):
+    memory_budget = serializers.SerializerMethodField()
+
     class Meta:
         model = Node
         fields = [
@@ -75,6 +86,7 @@ class NodeSerializer(ModelSerializer):
             "last_seen_at",
             "credential_issued_at",
             "revoked_at",
+            "memory_budget",
             "created_at",
         ]
         read_only_fields = [
@@ -87,6 +99,10 @@ class NodeSerializer(ModelSerializer):
             "created_at",
         ]
         extra_kwargs = {"queue": {"required": False}}
+
+    @extend_schema_field(MemoryBudgetSerializer)
+    def get_memory_budget(self, node: Node) -> dict[str, int]:
+        return MemoryBudgetSerializer(demand.node_budget(node)).data
 
 
 class ReplicaSerializer(ModelSerializer):
@@ -115,6 +131,10 @@ class ReplicaSerializer(ModelSerializer):
             "last_error",
         ]
         read_only_fields = fields
+
+
+# An on-demand timeout longer than a day is a typing mistake, not a setting.
+MAX_TIMEOUT_SECONDS = 24 * 3600
 
 
 class DeploymentSerializer(ModelSerializer):
@@ -151,6 +171,10 @@ class DeploymentSerializer(ModelSerializer):
     has_upstream_key = serializers.SerializerMethodField()
     replica_set = ReplicaSerializer(many=True, read_only=True)
     max_num_seqs = serializers.IntegerField(read_only=True)
+    demand_state = serializers.SerializerMethodField(
+        help_text="On demand: loaded (a replica is ready), loading (a request woke it, its "
+        "engine is starting) or unloaded; empty for always-running deployments."
+    )
 
     class Meta:
         model = Deployment
@@ -161,16 +185,35 @@ class DeploymentSerializer(ModelSerializer):
             "desired_state",
             "state",
             "state_message",
+            "awake",
+            "demand_state",
+            "last_used_at",
             "max_num_seqs",
             "replica_set",
             "created_at",
             "updated_at",
         ]
-        read_only_fields = ["desired_state", "state", "state_message", "created_at", "updated_at"]
-        extra_kwargs = {"image": {"required": False}}
+        read_only_fields = [
+            "desired_state",
+            "state",
+            "state_message",
+            "awake",
+            "last_used_at",
+            "created_at",
+            "updated_at",
+        ]
+        extra_kwargs = {
+            "image": {"required": False},
+            "idle_timeout_seconds": {"max_value": MAX_TIMEOUT_SECONDS},
+            "start_timeout_seconds": {"max_value": MAX_TIMEOUT_SECONDS},
+        }
 
     def get_has_upstream_key(self, deployment: Deployment) -> bool:
         return bool(deployment.upstream_key)
+
+    @extend_schema_field(serializers.ChoiceField(choices=["loaded", "loading", "unloaded", ""]))
+    def get_demand_state(self, deployment: Deployment) -> str:
+        return demand.demand_state(deployment)
 
 
 class OperationSerializer(ModelSerializer):

@@ -6,6 +6,7 @@
     tollgate prices set --model qwen3-8b --input 0.20 --output 0.60
     tollgate adapters create acme/support-v3 --base qwen3-8b --source acme/support-v3-lora
     tollgate adapters upload acme/support-v3 support-v3.tar.gz        (new files, checked again)
+    tollgate deployments create qwen --model qwen3-8b --mode on_demand --idle-timeout 600
     tollgate usage export --period 2026-11 --tenant acme-research -o acme.csv
 
 Every command speaks the admin REST API (``/api/v1/``); ``--json`` prints its answers as
@@ -30,7 +31,16 @@ COLUMNS = {
     "models": ["served_name", "task", "visibility", "params_billions", "context_length"],
     "adapters": ["served_name", "base", "tenant", "visibility", "status", "rank"],
     "prices": ["id", "model", "currency", "input_per_mtok", "output_per_mtok", "effective_from"],
-    "deployments": ["name", "model", "node", "replicas", "desired_state", "state"],
+    "deployments": [
+        "name",
+        "model",
+        "node",
+        "replicas",
+        "desired_state",
+        "state",
+        "mode",
+        "demand_state",
+    ],
 }
 
 
@@ -243,14 +253,36 @@ def _deployments(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="FLAG=VALUE",
         help="a vllm serve flag, e.g. max-num-seqs=4; repeatable",
     )
+    _demand_flags(create)
     _fields(create)
-    update = _action(group, common, "update", "change fields", _update(path, "name"), "name")
+    update = _action(group, common, "update", "change fields", cmd_deployment_update, "name")
+    _demand_flags(update)
     _fields(update)
     for verb in ("start", "stop", "restart", "remove"):
         _action(group, common, verb, f"{verb} a deployment", _post(path, "name", verb), "name")
     logs = _action(group, common, "logs", "a replica's engine log", cmd_logs, "name")
     logs.add_argument("--replica", type=int, default=0)
     logs.add_argument("--lines", type=int, default=200)
+
+
+def _demand_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mode",
+        choices=["always", "on_demand"],
+        help="always running, or on_demand: started by the first request, stopped when idle",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=int,
+        metavar="SECONDS",
+        help="on demand: unused this long, its replicas are stopped (10-86400, default 900)",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=int,
+        metavar="SECONDS",
+        help="on demand: how long a request waits for a start before a 503 (10-86400, default 600)",
+    )
 
 
 def _usage(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -430,8 +462,26 @@ def cmd_deployment_create(args: argparse.Namespace) -> None:
     body |= {k: v for k, v in optional.items() if v is not None}
     if args.engine_arg:
         body["engine_args"] = _parse_fields(args.engine_arg)
-    body |= _parse_fields(args.fields)
+    body |= _demand_fields(args) | _parse_fields(args.fields)
     emit(args, api(args).request("POST", "/api/v1/deployments/", json=body))
+
+
+def cmd_deployment_update(args: argparse.Namespace) -> None:
+    body = _demand_fields(args) | _parse_fields(args.fields)
+    if not body:
+        flags = "--mode, --idle-timeout, --start-timeout or --set FIELD=VALUE"
+        raise CliError(f"give {flags}", status=2)
+    emit(args, api(args).request("PATCH", f"/api/v1/deployments/{args.name}/", json=body))
+
+
+def _demand_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The on-demand settings given as flags, under the API's field names."""
+    given = {
+        "mode": args.mode,
+        "idle_timeout_seconds": args.idle_timeout,
+        "start_timeout_seconds": args.start_timeout,
+    }
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def cmd_logs(args: argparse.Namespace) -> None:

@@ -15,7 +15,7 @@ from console.access import staff_required
 from console.forms import CatalogModelForm, GrantForm, JoinNodeForm, NodeForm, PriceForm
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import ago, badge, bar, gb, per_mtok, tokens
-from deployments import credentials, joining, relay, services
+from deployments import credentials, demand, joining, relay, services
 from deployments.access import models_visible_to
 from deployments.choices import NodeStatus, Task, Visibility
 from deployments.models import CatalogModel, ModelGrant, Node
@@ -370,6 +370,8 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "node": node,
             "nav": "nodes",
             "memory": _memory(node),
+            "budget": demand.node_budget(node),
+            "budget_node": node,
             "joined": relay.is_relayed(node.docker_url),
             "deployments": node.deployments.select_related("model"),
             "replicas": node.replicas.select_related("deployment"),

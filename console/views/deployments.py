@@ -1,5 +1,6 @@
 """Deployments: list, create (with a memory-fit preview), actions, live progress, logs,
-replica health and engine metrics. Platform admins only."""
+replica health and engine metrics, on-demand settings and the node's memory budget.
+Platform admins only."""
 
 from typing import Any
 
@@ -13,12 +14,12 @@ from django.views.decorators.http import require_POST
 
 from console import queries
 from console.access import staff_required
-from console.forms import DeploymentForm, ScaleForm, parse_flags
+from console.forms import DemandForm, DeploymentForm, ScaleForm, parse_flags
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
-from console.templatetags.console import badge
-from deployments import services
+from console.templatetags.console import ago, badge
+from deployments import demand, placement, services
 from deployments.adapter_loading import loaded
-from deployments.choices import DeploymentState, DesiredState, OperationStatus
+from deployments.choices import DeploymentMode, DeploymentState, DesiredState, OperationStatus
 from deployments.models import CatalogModel, Deployment, EngineProfile, Node, Operation
 
 # The start sequence of one replica, as deployments.engine.Starter reports it.
@@ -30,16 +31,25 @@ PHASES = [
     ("models", "Serve model"),
     ("warmup", "Warm up"),
 ]
+# An on-demand deployment's state (deployments.demand.demand_state) -> the badge's colour.
+DEMAND_BADGES = {"loaded": "ready", "loading": "loading", "unloaded": "stopped"}
 
 
 class DeploymentFilter(django_filters.FilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains", label="Name")
     state = django_filters.ChoiceFilter(choices=DeploymentState.choices, empty_label="Any state")
     node = django_filters.ModelChoiceFilter(queryset=Node.objects.all(), empty_label="Any node")
+    mode = django_filters.ChoiceFilter(choices=DeploymentMode.choices, empty_label="Any mode")
 
     class Meta:
         model = Deployment
-        fields = ["name", "state", "node"]
+        fields = ["name", "state", "node", "mode"]
+
+
+def demand_badge(deployment: Deployment) -> str:
+    """loaded / loading / unloaded for an on-demand deployment; "" for an always-running one."""
+    state = demand.demand_state(deployment)
+    return badge(DEMAND_BADGES[state], state) if state else ""
 
 
 @staff_required
@@ -62,6 +72,12 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
             ),
             Column("State", lambda d: badge(d.state, d.get_state_display()), sort="state"),
             Column("Desired", lambda d: d.get_desired_state_display(), sort="desired_state"),
+            Column("On demand", demand_badge, sort="mode"),
+            Column(
+                "Last use",
+                lambda d: ago(d.last_used_at) if d.on_demand else "",
+                sort="last_used_at",
+            ),
             Column(
                 "Replicas",
                 lambda d: f"{d.replicas} engine{'s' if d.replicas != 1 else ''}",
@@ -116,7 +132,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
 def _fit(form: DeploymentForm) -> dict[str, Any]:
     """The memory-fit verdict for the form's current values, as the service computes it."""
     data = (
-        {k: form.cleaned_data.get(k) for k in ("model", "node", "profile", "replicas")}
+        {k: form.cleaned_data.get(k) for k in ("model", "node", "profile", "replicas", "mode")}
         if hasattr(form, "cleaned_data")
         else {}
     )
@@ -126,7 +142,12 @@ def _fit(form: DeploymentForm) -> dict[str, Any]:
         # The raw text: flags that do not parse are missing from cleaned_data; say why here.
         flags = parse_flags(form.data.get("engine_args", ""))
         verdict = services.preview_fit(
-            data["model"], data.get("node"), data.get("profile"), data.get("replicas") or 1, flags
+            data["model"],
+            data.get("node"),
+            data.get("profile"),
+            data.get("replicas") or 1,
+            flags,
+            mode=data.get("mode") or DeploymentMode.ALWAYS,
         )
     except ValidationError as exc:
         return {"message": " ".join(exc.messages), "fits": False}
@@ -153,18 +174,41 @@ def _deployment(name: str) -> Deployment:
 @staff_required
 def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _deployment(name)
+    form = DemandForm(initial=_demand_initial(deployment))
     return render(
         request,
         "console/deployments/detail.html",
-        {
-            "deployment": deployment,
-            "nav": "deployments",
-            **_live(deployment),
-            "scale_form": ScaleForm(initial={"replicas": deployment.replicas}),
-            "args": deployment.effective_args,
-            "actions": _actions(deployment),
-        },
+        {"nav": "deployments", **_detail_page(deployment, form)},
     )
+
+
+def _detail_page(deployment: Deployment, demand_form: DemandForm) -> dict[str, Any]:
+    """The detail page: live state, settings and actions, memory and the node's budget."""
+    node = deployment.node or _replica_node(deployment)
+    fit = services.memory_fit(deployment)
+    external = deployment.external
+    return {
+        "deployment": deployment,
+        **_live(deployment),
+        "args": deployment.effective_args,
+        "actions": _actions(deployment),
+        "scale_form": ScaleForm(initial={"replicas": deployment.replicas}),
+        "demand_form": demand_form,
+        "fit": fit.message if fit else "",
+        "replica_bytes": placement.rank_bytes(deployment, node) if node and not external else None,
+        "budget_node": node,
+        "budget": demand.node_budget(node) if node else None,
+    }
+
+
+def _replica_node(deployment: Deployment) -> Node | None:
+    """Where Tollgate placed an unpinned deployment's engines (None: nowhere yet)."""
+    replica = deployment.replica_set.exclude(node=None).select_related("node").first()
+    return replica.node if replica else None
+
+
+def _demand_initial(deployment: Deployment) -> dict[str, Any]:
+    return {name: getattr(deployment, name) for name in DemandForm.base_fields}
 
 
 @staff_required
@@ -185,6 +229,7 @@ def _live(deployment: Deployment) -> dict[str, Any]:
         held = loaded(replica.pk) if deployment.serves_adapters else {}
         replica.adapters = sorted(held.items(), key=lambda item: item[1])
     return {
+        "demand_badge": demand_badge(deployment),
         "op": op,
         "op_replicas": _op_steps(op) if op else [],
         "replicas": replicas,
@@ -258,6 +303,8 @@ def _actions(deployment: Deployment) -> list[Action]:
 @require_POST
 def deployment_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
     deployment, user = _deployment(name), request.user
+    if action == "demand":
+        return _save_demand(request, deployment)
     act = {
         "start": lambda: services.set_desired_state(user, deployment, DesiredState.RUNNING),
         "stop": lambda: services.set_desired_state(user, deployment, DesiredState.STOPPED),
@@ -276,6 +323,28 @@ def deployment_action(request: HttpRequest, name: str, action: str) -> HttpRespo
             onward=redirect("console:deployment-list"),
         )
     return service_action(request, act, f"{name}: {action} requested.", detail)
+
+
+def _save_demand(request: HttpRequest, deployment: Deployment) -> HttpResponse:
+    """The detail page's on-demand form: saved through the service, or the page again with
+    the form's errors and the values as typed."""
+    form = DemandForm(request.POST)
+    return service_form(
+        request,
+        form,
+        lambda f: services.update_deployment(request.user, deployment, **f.service_data()),
+        lambda saved_deployment: saved(
+            request,
+            f"{saved_deployment}: saved ({saved_deployment.get_mode_display().lower()}).",
+            "console:deployment-detail",
+            name=saved_deployment.name,
+        ),
+        f"Deployment {deployment.name}",
+        cancel=reverse("console:deployment-detail", args=[deployment.name]),
+        nav="deployments",
+        template="console/deployments/detail.html",
+        extra=lambda: _detail_page(_deployment(deployment.name), form),
+    )
 
 
 @staff_required

@@ -265,6 +265,9 @@ RESOURCES = [
             "external_url": "",
             "upstream_key": "",
             "replicas": 1,
+            "mode": "always",
+            "idle_timeout_seconds": 900,
+            "start_timeout_seconds": 600,
         },
         lambda w: {
             "name": "audited-2",
@@ -278,8 +281,12 @@ RESOURCES = [
             "external_url": "http://10.0.0.20:8000",
             "upstream_key": "sk-audit-not-for-the-log",
             "replicas": 2,
+            "idle_timeout_seconds": 1800,
+            "start_timeout_seconds": 300,
         },
-        once=frozenset({"external"}),
+        # Replicas spanning two nodes cannot run on demand: a change of mode is audited in
+        # tests/api/test_on_demand.py.
+        once=frozenset({"external", "mode"}),
     ),
     Resource(
         "engineprofile",
