@@ -11,14 +11,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 
 import httpx
 import pytest
 from django.conf import settings
 
-from core.keyspace import demand_stats_key
+from core.keyspace import demand_stats_key, demand_used_key
 from core.redis import get_redis
 from deployments import placement, services
 from deployments.choices import OperationKind
@@ -42,34 +43,57 @@ QUEUE = f"demand-{secrets.token_hex(4)}"
 LOG = ROOT / ".pytest-on-demand-worker.log"
 
 
+@dataclass
+class Appliance:
+    """The gateway and the node's worker, both on this test's demand queue and broker."""
+
+    url: str
+    node: Node
+    stack: str
+    worker: subprocess.Popen | None = None
+
+    @property
+    def broker(self) -> dict[str, str]:
+        """The test's Redis (the suite's, or a fault test's own) as store and broker."""
+        url = settings.REDIS_URL
+        return {"TOLLGATE_DEMAND_QUEUE": QUEUE, "CELERY_BROKER_URL": url, "REDIS_URL": url}
+
+    def start_worker(self) -> subprocess.Popen:
+        # A model counts as in use (never evicted) for a second after its last request: the
+        # test's requests come one after another, each a moment after the last.
+        busy = {"TOLLGATE_DEMAND_BUSY_SECONDS": "1"}
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q",
+             f"{self.node.queue},{QUEUE}", "-n", f"{self.stack}@%h", "--pool", "threads",
+             "--concurrency", "4", "--without-heartbeat", "--without-gossip",
+             "--without-mingle", "--loglevel", "WARNING"],
+            cwd=ROOT, env={**worker_env(self.stack, ""), **self.broker, **busy},
+            stdout=subprocess.DEVNULL, stderr=open(LOG, "a"),  # noqa: SIM115 - the child's
+        )  # fmt: skip
+        return self.worker
+
+    def worker_alive(self) -> None:
+        assert self.worker is not None and self.worker.poll() is None, LOG.read_text()[-3000:]
+
+
+def run_appliance(node: Node, stack: str) -> Iterator[Appliance]:
+    app = Appliance("", node, stack)
+    app.start_worker()
+    gateway, app.url = start_gateway(2, app.broker, log=ROOT / ".pytest-on-demand-gateway.log")
+    yield app
+    stop(gateway)
+    if app.worker is not None and app.worker.poll() is None:
+        stop(app.worker)
+    get_redis().delete(QUEUE)
+
+
 @pytest.fixture
 def appliance(
     docker_node: Node,
     stack: str,
     redis_namespace: str,  # noqa: F811
-) -> Iterator[tuple[str, Callable[[], None]]]:
-    """The gateway and the node's worker, both on this test's demand queue and broker."""
-    broker = {"TOLLGATE_DEMAND_QUEUE": QUEUE, "CELERY_BROKER_URL": settings.REDIS_URL}
-    # A model counts as in use (never evicted) for a second after its last request: the
-    # test's requests come one after another, each a moment after the last.
-    busy = {"TOLLGATE_DEMAND_BUSY_SECONDS": "1"}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q",
-         f"{docker_node.queue},{QUEUE}", "-n", f"{stack}@%h", "--pool", "threads",
-         "--concurrency", "4", "--without-heartbeat", "--without-gossip", "--without-mingle",
-         "--loglevel", "WARNING"],
-        cwd=ROOT, env={**worker_env(stack, ""), **broker, **busy},
-        stdout=subprocess.DEVNULL, stderr=open(LOG, "a"),  # noqa: SIM115 - the child holds it
-    )  # fmt: skip
-    gateway, url = start_gateway(2, broker, log=ROOT / ".pytest-on-demand-gateway.log")
-
-    def worker_alive() -> None:
-        assert worker.poll() is None, LOG.read_text()[-3000:]
-
-    yield url, worker_alive
-    stop(gateway)
-    stop(worker)
-    get_redis().delete(QUEUE)
+) -> Iterator[Appliance]:
+    yield from run_appliance(docker_node, stack)
 
 
 def model(name: str) -> CatalogModel:
@@ -79,6 +103,20 @@ def model(name: str) -> CatalogModel:
     )  # fmt: skip
     metering_services.set_price(None, created, Decimal("1"), Decimal("0.5"), Decimal("2"))
     return created
+
+
+def use_recorded(deployment: Deployment) -> None:
+    """Wait until the gateway wrote down a use of the deployment after its last start (it
+    writes uses every 2 s): the least recently used is then the one the test means."""
+    started = (
+        Operation.objects.filter(kind=OperationKind.WAKE, deployment=deployment)
+        .latest("created_at")
+        .detail["asked"]
+    )
+    deadline = time.monotonic() + 15
+    while (get_redis().zscore(demand_used_key(), str(deployment.pk)) or 0) <= started:
+        assert time.monotonic() < deadline, f"the gateway never recorded a use of {deployment}"
+        time.sleep(0.1)
 
 
 def chat(url: str, key: str, name: str) -> httpx.Response:
@@ -91,9 +129,9 @@ def chat(url: str, key: str, name: str) -> httpx.Response:
 
 
 def test_on_demand_models_take_turns_within_the_budget_and_one_start_serves_fifty(
-    appliance: tuple[str, Callable[[], None]], docker_node: Node, stack: str
+    appliance: Appliance, docker_node: Node, stack: str
 ) -> None:
-    url, worker_alive = appliance
+    url, worker_alive = appliance.url, appliance.worker_alive
     probe = Deployment(name="probe", model=model("probe"), node=docker_node, engine_args=ARGS)
     one = placement.rank_bytes(probe, docker_node)
     services.update_node(None, docker_node, memory_limit_bytes=int(one * 2.5))
@@ -143,6 +181,7 @@ def test_on_demand_models_take_turns_within_the_budget_and_one_start_serves_fift
         assert running(stack) == {str(deployments["od-a"].pk)}
         wakes = Operation.objects.filter(kind=OperationKind.WAKE, deployment=deployments["od-a"])
         assert wakes.count() == 1
+        use_recorded(deployments["od-a"])
         # Each model in turn: the third start puts the least recently used to sleep.
         for name, awake_after in (
             ("od-b", {"od-a", "od-b"}),
@@ -154,6 +193,7 @@ def test_on_demand_models_take_turns_within_the_budget_and_one_start_serves_fift
             assert reply.status_code == 200, reply.text
             assert reply.json()["model"] == name
             assert running(stack) == {str(deployments[n].pk) for n in awake_after}
+            use_recorded(deployments[name])
     finally:
         stop_sampling.set()
         sampler.join(5)
