@@ -60,8 +60,6 @@ log = logging.getLogger(__name__)
 START_TASK = "deployments.wake_deployment"
 FAILURE_SECONDS = 30  # how long waiting requests can read why a start failed
 LOCK_SECONDS = 60  # the longest one node's decision may take
-# How long a start waits for evicted engines on its node to let go of their memory.
-EVICTION_WAIT_SECONDS = 300.0
 LIVE = [s for s in ReplicaState.values if s != ReplicaState.STOPPED]
 
 
@@ -306,19 +304,18 @@ def _refuse(deployment: Deployment, reason: str) -> None:
 
 
 def wake(op: Operation) -> None:
-    """Stop what was evicted for this start, wait until the node holds no evicted engine,
-    then start the deployment's replicas on this node (as a deploy does)."""
+    """Stop what was evicted for this start, then start the deployment's replicas on this
+    node as a deploy does (which first waits until the node holds no evicted engine)."""
     deployment, node = op.deployment, op_node(op)
     try:
         for victim in Deployment.objects.filter(pk__in=op.detail.get("evict", [])):
             put_to_sleep_here(victim, node, op)
-        _wait_for_room(op, node)
         deployment.refresh_from_db()
         if not deployment.awake:
             update_op(op, message="put to sleep again before it started")
             return
         update_op(op, phase="start", message=f"starting {deployment} on {node.name}")
-        lifecycle.deploy(op)
+        lifecycle.deploy(op)  # once no evicted engine on the node holds memory
         if not deployment.replica_set.filter(state=ReplicaState.READY).exists():
             raise EngineFailed(f"{deployment} has no ready replica after its start")
     except (EngineFailed, RuntimeFailure) as exc:
@@ -347,29 +344,6 @@ def mark_asleep(deployment: Deployment) -> None:
         asleep = Deployment.objects.filter(mode=DeploymentMode.ON_DEMAND, awake=False)
         asleep.filter(pk=deployment.pk).update(state=DeploymentState.STOPPED)
     publish_change("deployment", deployment.pk)
-
-
-def _wait_for_room(op: Operation, node: Node) -> None:
-    """Until no engine on the node belongs to an on-demand deployment that is asleep (other
-    starts' evictions included): their memory must be free before an engine asks for it."""
-    deadline = time.monotonic() + EVICTION_WAIT_SECONDS
-    while _evicted_live(node):
-        if time.monotonic() > deadline:
-            raise EngineFailed(
-                f"Engines put to sleep on {node.name} did not stop within "
-                f"{EVICTION_WAIT_SECONDS:.0f} s; not starting another beside them."
-            )
-        update_op(op, phase="evict", message=f"waiting for evicted engines on {node.name}")
-        time.sleep(settings.TOLLGATE_ENGINE_POLL_SECONDS)
-
-
-def _evicted_live(node: Node) -> bool:
-    return Replica.objects.filter(
-        node=node,
-        state__in=LIVE,
-        deployment__mode=DeploymentMode.ON_DEMAND,
-        deployment__awake=False,
-    ).exists()
 
 
 # --- Idle pass (beat, on the control queue) ---------------------------------------------------

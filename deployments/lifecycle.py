@@ -6,6 +6,7 @@ state change is compare-and-set, so a task delivered twice never starts two cont
 """
 
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +29,8 @@ from deployments.operations import EngineFailed, op_node, queue_operation, updat
 from deployments.runtime import RuntimeFailure
 
 log = logging.getLogger(__name__)
+# How long an on-demand start waits for evicted engines on its node to let go of memory.
+EVICTION_WAIT_SECONDS = 300.0
 
 STARTABLE = [ReplicaState.PENDING, ReplicaState.STOPPED, ReplicaState.CRASHED, ReplicaState.FAILED]
 ACTIVE = [
@@ -56,6 +59,8 @@ def deploy(op: Operation) -> None:
     Deployment.objects.filter(pk=deployment.pk).exclude(state=DeploymentState.FAILED).update(
         state=DeploymentState.DEPLOYING
     )
+    if deployment.on_demand:
+        wait_for_evictions(op, op_node(op))
     errors = []
     for index in _indexes(deployment, op_node(op)):
         try:
@@ -67,6 +72,30 @@ def deploy(op: Operation) -> None:
     adapters.check_waiting_adapters(deployment)
     if errors:
         raise errors[0]
+
+
+def wait_for_evictions(op: Operation, node: Node) -> None:
+    """Until no engine on the node belongs to an on-demand deployment put to sleep (to make
+    room for this one, or for another start): their memory must be free before an engine
+    asks for it (deployments/demand.py decided with it counted as free)."""
+    deadline = time.monotonic() + EVICTION_WAIT_SECONDS
+    while _evicted_live(node):
+        if time.monotonic() > deadline:
+            raise EngineFailed(
+                f"Engines put to sleep on {node.name} did not stop within "
+                f"{EVICTION_WAIT_SECONDS:.0f} s; not starting another beside them."
+            )
+        update_op(op, phase="evict", message=f"waiting for evicted engines on {node.name}")
+        time.sleep(settings.TOLLGATE_ENGINE_POLL_SECONDS)
+
+
+def _evicted_live(node: Node) -> bool:
+    return (
+        Replica.objects.filter(node=node, deployment__mode=DeploymentMode.ON_DEMAND)
+        .filter(deployment__awake=False)
+        .exclude(state__in=placement.IDLE)  # those hold no memory
+        .exists()
+    )
 
 
 def _indexes(deployment: Deployment, node: Node) -> list[int]:

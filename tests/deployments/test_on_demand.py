@@ -19,9 +19,10 @@ from django.core.exceptions import ValidationError
 
 from core.keyspace import demand_failed_key, demand_stats_key, demand_used_key, demand_wake_key
 from core.redis import get_redis
-from deployments import demand, placement, services, tasks
-from deployments.choices import DeploymentState, OperationKind, OperationStatus
-from deployments.models import CatalogModel, Deployment, Node, Operation
+from deployments import demand, lifecycle, placement, services, tasks
+from deployments.choices import DeploymentState, OperationKind, OperationStatus, ReplicaState
+from deployments.models import CatalogModel, Deployment, Node, Operation, Replica
+from deployments.operations import EngineFailed
 from tests.deployments.conftest import SIM_IMAGE, sim_env
 from tests.deployments.test_docker import containers
 
@@ -205,3 +206,21 @@ def test_an_idle_model_is_stopped_and_a_used_one_is_not(
     # Asleep, it is still a deployment of its model: the next request starts it again.
     ask(a)
     assert running(stack) == {str(a.pk), str(b.pk)}
+
+
+def test_a_start_waits_until_evicted_engines_on_its_node_let_go_of_memory(
+    budget_of_two: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even a start reconcile queued on its own (its worker died after the decision) never
+    runs beside an engine put to sleep that still holds memory."""
+    asleep = on_demand(budget_of_two, "od-a")
+    replica = Replica.objects.create(
+        deployment=asleep, index=0, node=budget_of_two, state=ReplicaState.READY
+    )
+    waking = on_demand(budget_of_two, "od-b")
+    op = Operation.objects.create(kind=OperationKind.WAKE, deployment=waking, node=budget_of_two)
+    monkeypatch.setattr(lifecycle, "EVICTION_WAIT_SECONDS", 0.5)
+    with pytest.raises(EngineFailed, match="did not stop within"):
+        lifecycle.wait_for_evictions(op, budget_of_two)
+    Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.STOPPED)
+    lifecycle.wait_for_evictions(op, budget_of_two)  # nothing holds memory: no wait
