@@ -3,10 +3,12 @@
 What ``docker compose up`` runs beside the web service, on the same cores, with the
 commands of compose/entrypoint.sh and production settings (``TOLLGATE_ENV=production``,
 DEBUG off, log level as shipped): ``web`` (gunicorn with N uvicorn workers and its access
-log on), ``worker`` (Celery, queues ``control,node.local``, concurrency 4), ``beat`` and
-``usage`` (``manage.py consume_usage``). Each part writes its log to a file in the run's
-directory, as Docker would collect its stdout. The bench's engines are rows on a node
-called ``bench-node``, whose queue no worker here consumes, so reconcile leaves them alone;
+log on), ``worker`` (Celery, queues ``control,node.local`` unless a bench gives its own,
+concurrency 4), ``beat`` and ``usage`` (``manage.py consume_usage``). Each part writes its
+log to a file in the run's directory, as Docker would collect its stdout. The bench's
+engines are rows on a node called ``bench-node``, whose queue no worker here consumes, so
+reconcile leaves them alone (bench/on_demand_bench.py gives the worker its real node's
+queue, and the demand queue, so it starts and stops engines as an appliance's does);
 everything else beat schedules (engine scraping, the admission controller, orphan reaping,
 usage ingestion, quota reconciliation) runs as in production. Celery's broker is a Redis
 database of its own (the first empty one of ``BROKER_DBS``), so no other Celery on this
@@ -105,10 +107,15 @@ def key_pepper(env: dict) -> str:
 
 
 def start_appliance(
-    workers: int, env: dict, key: str, tmp: Path, models: frozenset[str] | None = None
+    workers: int,
+    env: dict,
+    key: str,
+    tmp: Path,
+    models: frozenset[str] | None = None,
+    queues: str = "control,node.local",
 ) -> tuple[str, Appliance]:
     """The appliance's processes, serving once ``key`` lists ``models`` (default:
-    bench/gateway_bench.py's)."""
+    bench/gateway_bench.py's); the worker consumes ``queues`` (comma-separated)."""
     db = empty_broker_db()
     broker = redis.Redis.from_url(f"redis://127.0.0.1:6379/{db}")
     env = {
@@ -157,7 +164,7 @@ def start_appliance(
             "config",
             "worker",
             "--queues",
-            "control,node.local",
+            queues,
             "--concurrency",
             "4",
             "--hostname",
