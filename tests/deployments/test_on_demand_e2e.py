@@ -19,6 +19,7 @@ import httpx
 import pytest
 from django.conf import settings
 
+from config.celery import app as celery_app
 from core.keyspace import demand_stats_key, demand_used_key
 from core.redis import get_redis
 from deployments import placement, services
@@ -51,12 +52,20 @@ class Appliance:
     node: Node
     stack: str
     worker: subprocess.Popen | None = None
+    # The broker: this test process's own Celery broker unless given (what the test queues,
+    # beat's reconcile pass included, must reach the worker; tests/batches/conftest.py puts
+    # another Redis database in the environment subprocesses inherit).
+    broker_url: str = ""
 
     @property
     def broker(self) -> dict[str, str]:
         """The test's Redis (the suite's, or a fault test's own) as store and broker."""
-        url = settings.REDIS_URL
-        return {"TOLLGATE_DEMAND_QUEUE": QUEUE, "CELERY_BROKER_URL": url, "REDIS_URL": url}
+        broker = self.broker_url or celery_app.conf.broker_url
+        return {
+            "TOLLGATE_DEMAND_QUEUE": QUEUE,
+            "CELERY_BROKER_URL": broker,
+            "REDIS_URL": settings.REDIS_URL,
+        }
 
     def start_worker(self) -> subprocess.Popen:
         # A model counts as in use (never evicted) for a second after its last request: the
@@ -76,8 +85,8 @@ class Appliance:
         assert self.worker is not None and self.worker.poll() is None, LOG.read_text()[-3000:]
 
 
-def run_appliance(node: Node, stack: str) -> Iterator[Appliance]:
-    app = Appliance("", node, stack)
+def run_appliance(node: Node, stack: str, broker_url: str = "") -> Iterator[Appliance]:
+    app = Appliance("", node, stack, broker_url=broker_url)
     app.start_worker()
     gateway, app.url = start_gateway(2, app.broker, log=ROOT / ".pytest-on-demand-gateway.log")
     yield app

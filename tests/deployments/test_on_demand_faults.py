@@ -207,7 +207,8 @@ def appliance_on_own_redis(
     stack: str,
     redis_namespace: str,  # noqa: F811
 ) -> Iterator[tuple[Appliance, RedisServer]]:
-    for app in run_appliance(docker_node, stack):
+    # Its own Redis is the broker too, as on the appliance: it restarts with the rest.
+    for app in run_appliance(docker_node, stack, broker_url=own_redis.url):
         yield app, own_redis
 
 
