@@ -33,6 +33,7 @@ from metering import ingest
 from metering import services as metering_services
 from metering.models import UsageEvent
 from metering.serializers import UsageEventSerializer
+from tenants.models import Tenant
 from tests.engine_sim.conftest import FAST, Sim, start_sim  # noqa: F401
 from tests.gateway.conftest import (  # noqa: F401
     METRICS_TOKEN,
@@ -386,3 +387,34 @@ def test_models_list_shows_its_state_and_hides_others_private_ones(
     ]
     assert seen[0] == seen[1] and seen[0][0] == 404, seen
     assert queued_starts() == [], "tenant B's request asked for a start"
+
+
+def test_waiting_for_a_start_holds_none_of_the_tenants_concurrency(
+    cold: Callable[..., Cold],
+    start_sim: Callable[..., Sim],  # noqa: F811
+) -> None:
+    """Tenant A may run one request at a time: three of its requests wait for a cold model,
+    and meanwhile its request to a warm model is served (a wait holds no running slot)."""
+    od = cold()
+    world = od.world
+    Tenant.objects.filter(pk=world.tenant_a.pk).update(max_concurrent_requests=1)
+    publish_change("tenant", world.tenant_a.pk)
+    wait_for(
+        lambda: [chat(world, "sim-chat").status_code for _ in range(2)] == [200, 200],
+        30,
+        "the gateway never learnt the tenant's new limit",
+    )
+    answers, threads = in_background(lambda: chat(world, od.name), 3)
+    wait_for(
+        lambda: metric(world, "tollgate_demand_waiting_requests", od.name) == 3,
+        30,
+        "the 3 requests never all waited for the start",
+    )
+    warm = chat(world, "sim-chat")
+    assert warm.status_code == 200, warm.text  # not 429: nobody of A's holds a running slot
+    as_worker(od, start_sim)
+    for thread in threads:
+        thread.join(60)
+    # Started, they run under the tenant's limit as any request: one at a time.
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses[0] == 200 and set(statuses) <= {200, 429}, [a.text for a in answers]

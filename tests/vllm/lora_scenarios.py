@@ -303,10 +303,10 @@ LORA_SCENARIOS: tuple[Scenario, ...] = (
         kind="lora_slot",
         before=(load("b", "b"),),
         params={"other": "b", "beside": BESIDE},
-        same=("finished_first", "waited_over_1s", "lora_info_stamped", "endings"),
+        same=("finished_first", "waited_for_the_slot", "lora_info_stamped", "endings"),
         expect={
             "finished_first": "base",
-            "waited_over_1s": 1.0,
+            "waited_for_the_slot": 1.0,
             "lora_info_stamped": ["", "a", "b"],
             "endings[1].every_token": True,
         },

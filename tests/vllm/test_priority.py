@@ -219,9 +219,12 @@ def describe(jobs: list[Reply]) -> str:
 
 
 def as_designed(
-    run: Callable[[], tuple[list[Reply], Reply]], before_each: Callable[[], None] | None = None
+    run: Callable[[], tuple[list[Reply], Reply]],
+    before_each: Callable[[], None] | None = None,
+    held_back: Callable[[list[Reply], Reply], bool] | None = None,
 ) -> tuple[list[Reply], Reply]:
-    """``run()`` until P0 went out with at least a second of every P2 reply to come."""
+    """``run()`` until P0 went out with at least a second of every P2 reply to come (and,
+    given ``held_back``, until the engine did not hold P0's frames back to the end)."""
     for attempt in range(1, ATTEMPTS + 1):
         if before_each is not None:
             before_each()
@@ -230,7 +233,7 @@ def as_designed(
         for j in jobs:
             assert (j.status, j.error, j.tokens) == (200, "", LONG), describe(jobs)
         first_done = min(j.last for j in jobs)
-        if p0.sent <= first_done - 1.0:
+        if p0.sent <= first_done - 1.0 and not (held_back and held_back(jobs, p0)):
             return jobs, p0
         print(
             f"attempt {attempt}: P0 could only be sent at {p0.sent:.2f} s, the first P2 reply "
@@ -319,6 +322,12 @@ def test_through_tollgate_p0_is_answered_while_every_p2_reply_still_runs(
             world.url, SEQS, key_p2=world.key_a, key_p0=world.key_b, engine_priority=False
         ),
         fresh_start,
+        # The CPU engine's API server, busy decoding, sometimes sends a reply's frames in one
+        # burst at its end (CI4: P0's 14 frames all at 1.75 s, 30 ms after a P2 reply ended,
+        # though it was sent 1.3 s before): that run says nothing of the order; made again.
+        held_back=lambda jobs, p0: (
+            p0.last >= min(j.last for j in jobs) and p0.frames > 1 and p0.last - p0.first < 0.01
+        ),
     )
     ends = sorted(round(j.last, 2) for j in jobs)
     print(
