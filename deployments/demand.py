@@ -340,9 +340,7 @@ def put_to_sleep_here(deployment: Deployment, node: Node, op: Operation | None) 
 
 def mark_asleep(deployment: Deployment) -> None:
     """Stopped once no engine of the (still asleep) deployment is left."""
-    if not deployment.replica_set.filter(state__in=LIVE).exists():
-        asleep = Deployment.objects.filter(mode=DeploymentMode.ON_DEMAND, awake=False)
-        asleep.filter(pk=deployment.pk).update(state=DeploymentState.STOPPED)
+    lifecycle.mark_stopped_when_done(deployment)
     publish_change("deployment", deployment.pk)
 
 

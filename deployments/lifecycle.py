@@ -252,8 +252,12 @@ def stop(op: Operation) -> None:
     Deployment.objects.filter(pk=deployment.pk).update(state=DeploymentState.STOPPING)
     for replica in on_node(deployment, op_node(op)):
         drain_and_remove(replica, op)
-    # Stopped once no node has a live replica left (each node stops its own); an on-demand
-    # deployment put to sleep too.
+    mark_stopped_when_done(deployment)
+
+
+def mark_stopped_when_done(deployment: Deployment) -> None:
+    """Stopped once no node has a live replica left (each node stops its own): a deployment
+    asked to stop, or an on-demand one put to sleep."""
     if not deployment.replica_set.exclude(state=ReplicaState.STOPPED).exists():
         asleep = Q(mode=DeploymentMode.ON_DEMAND, awake=False)
         Deployment.objects.filter(Q(desired_state=DesiredState.STOPPED) | asleep).filter(
