@@ -69,3 +69,14 @@ def env_secret(name: str, default: str = "") -> str:
         except OSError as exc:
             raise ImproperlyConfigured(f"{name}_FILE={path!r} cannot be read: {exc}") from None
     return os.environ.get(name, default)
+
+
+def env_int_list(name: str, default: list[int]) -> list[int]:
+    """A comma-separated list of integers (e.g. ``30,120,600``)."""
+    raw = env_list(name, [str(n) for n in default])
+    try:
+        return [int(item) for item in raw]
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name}={os.environ.get(name)!r} is not a comma-separated list of integers"
+        ) from None

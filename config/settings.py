@@ -12,7 +12,15 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_secret, env_str
+from config.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_int_list,
+    env_list,
+    env_secret,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -69,6 +77,7 @@ INSTALLED_APPS = [
     "gateway",
     "console",
     "batches",  # OpenAI Files and Batch APIs (/v1/files, /v1/batches)
+    "alerts",  # console notices and signed webhooks (budget thresholds, engine drift)
     "axes",  # console login throttling (after the apps whose templates it may use)
 ]
 
@@ -417,9 +426,21 @@ TOLLGATE_BATCH_MAX_ATTEMPTS = env_int("TOLLGATE_BATCH_MAX_ATTEMPTS", 10)
 TOLLGATE_BATCH_MAX_RETRY_AFTER = env_float("TOLLGATE_BATCH_MAX_RETRY_AFTER", 60.0)
 TOLLGATE_FILES_RETENTION_DAYS = env_int("TOLLGATE_FILES_RETENTION_DAYS", 30)
 
+# --- Alerts, webhooks and budgets (docs/admins/alerts.md) --------------------------------
+
+# Seconds to wait for a webhook receiver's answer (redirects are never followed).
+TOLLGATE_WEBHOOK_TIMEOUT = env_float("TOLLGATE_WEBHOOK_TIMEOUT", 5.0)
+# Seconds before each retry of a failed delivery; after the last retry fails it is given up.
+TOLLGATE_WEBHOOK_RETRY_SCHEDULE = env_int_list(
+    "TOLLGATE_WEBHOOK_RETRY_SCHEDULE", [30, 120, 600, 3600, 21600]
+)
+# How often budgets (tenant quotas, key budgets) are checked against their thresholds.
+TOLLGATE_BUDGET_CHECK_SECONDS = env_float("TOLLGATE_BUDGET_CHECK_SECONDS", 30.0)
+
 # --- Periodic tasks -------------------------------------------------------------------------
 
 # Each app lists its periodic tasks in its own schedule module (plain dicts, no imports).
+from alerts.schedule import BEAT_SCHEDULE as _alerts_beat  # noqa: E402
 from batches.schedule import BEAT_SCHEDULE as _batches_beat  # noqa: E402
 from deployments.schedule import beat_schedule as _deployments_beat  # noqa: E402
 from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
@@ -430,6 +451,7 @@ CELERY_BEAT_SCHEDULE = {
     **_metering_beat,
     **_gateway_beat,
     **_batches_beat,
+    **_alerts_beat,
 }
 
 # --- Gateway (/v1) -------------------------------------------------------------------------
@@ -530,6 +552,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.db.backends": {"level": "INFO"},
+        # httpx logs every request's full URL at INFO; a webhook URL may hold a token (a chat
+        # tool's incoming-webhook URL), so only its warnings are logged.
+        "httpx": {"level": "WARNING"},
         # A refused request (403) is one line, not the PermissionDenied traceback.
         "django.request": {"filters": ["refusals_in_one_line"]},
         "django.security": {"filters": ["refusals_in_one_line"]},

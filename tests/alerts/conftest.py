@@ -1,0 +1,121 @@
+"""Alert test helpers: a real webhook receiver on 127.0.0.1, the receiver recipe from the
+docs (the code a receiver runs is the documented one), and Celery in eager mode."""
+
+import functools
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config.celery import app as celery_app
+
+RECIPE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "admins" / "alerts.md"
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def eager_tasks() -> Iterator[None]:
+    """Queued tasks run in the test's process (no message reaches a shared broker); a
+    countdown is ignored in eager mode, which the delivery's own due time makes harmless."""
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = False
+
+
+@functools.cache
+def recipe() -> dict[str, Any]:
+    """The receiver recipe of docs/admins/alerts.md, executed: its names, as a receiver's
+    program would have them."""
+    text = RECIPE_PAGE.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    code = next(b for b in blocks if "def verify_tollgate_webhook" in b)
+    namespace: dict[str, Any] = {"__name__": "receiver_recipe"}
+    exec(compile(code, str(RECIPE_PAGE), "exec"), namespace)  # noqa: S102 - our own docs
+    return namespace
+
+
+@dataclass
+class Delivery:
+    """One request the receiver got."""
+
+    headers: dict[str, str]
+    body: bytes
+    answered: int
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver on 127.0.0.1: records each POST and answers with the next code of
+    ``answers`` (200 once they run out)."""
+
+    url: str = ""
+    deliveries: list[Delivery] = field(default_factory=list)
+    answers: list[int] = field(default_factory=list)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[Delivery]:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while len(self.deliveries) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"the receiver got {len(self.deliveries)} deliveries, not {count}"
+                    )
+                self.lock.wait(left)
+            return list(self.deliveries)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    state = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with state.lock:
+                code = state.answers.pop(0) if state.answers else 200
+                state.deliveries.append(Delivery(dict(self.headers.items()), body, code))
+                state.lock.notify_all()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(b"ok" if code < 300 else b"receiver says no")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/tollgate"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def free_url() -> str:
+    """A URL on 127.0.0.1 where nothing listens (the receiver is down)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/down"
+
+
+Verify = Callable[..., int]
