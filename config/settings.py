@@ -445,6 +445,7 @@ from batches.schedule import BEAT_SCHEDULE as _batches_beat  # noqa: E402
 from deployments.schedule import beat_schedule as _deployments_beat  # noqa: E402
 from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
 from metering.schedule import BEAT_SCHEDULE as _metering_beat  # noqa: E402
+from metering.schedule import budget_schedule as _budget_beat  # noqa: E402
 
 CELERY_BEAT_SCHEDULE = {
     **_deployments_beat(TOLLGATE_RECONCILE_SECONDS),
@@ -452,6 +453,7 @@ CELERY_BEAT_SCHEDULE = {
     **_gateway_beat,
     **_batches_beat,
     **_alerts_beat,
+    **_budget_beat(TOLLGATE_BUDGET_CHECK_SECONDS),
 }
 
 # --- Gateway (/v1) -------------------------------------------------------------------------

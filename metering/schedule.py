@@ -8,3 +8,8 @@ BEAT_SCHEDULE: dict[str, dict] = {
     "metering-reconcile-quotas": {"task": "metering.reconcile_quotas", "schedule": 60.0},
     "metering-close-periods": {"task": "metering.close_periods", "schedule": 3600.0},
 }
+
+
+def budget_schedule(seconds: float) -> dict[str, dict]:
+    """Budget thresholds (tenant quotas and key budgets) checked every ``seconds``."""
+    return {"metering-check-budgets": {"task": "metering.check_budgets", "schedule": seconds}}

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from metering import ingest, reconcile, rollups
+from metering import budgets, ingest, reconcile, rollups
 
 
 @shared_task(name="metering.ingest_usage")
@@ -44,3 +44,9 @@ def rebuild_rollups(hours: int = 3) -> tuple[int, int]:
 def close_periods() -> list[str]:
     grace = timedelta(hours=getattr(settings, "TOLLGATE_PERIOD_CLOSE_GRACE_HOURS", 72))
     return [str(p) for p in rollups.close_due_periods(grace)]
+
+
+@shared_task(name="metering.check_budgets", ignore_result=True)
+def check_budgets() -> int:
+    """Fire budget alerts for thresholds crossed this period (each once); returns how many."""
+    return budgets.check_budgets()

@@ -55,18 +55,26 @@ def breakdown(qs: QuerySet[UsageRollup], group_by: str) -> list[dict[str, Any]]:
     return [{"day": r["day"].date().isoformat(), **_figures(r)} for r in rows]
 
 
-def quota_status(tenant: Tenant, now: datetime) -> dict[str, Any]:
-    """The tenant's quota this period: limit, used and remaining, tokens and money.
-
-    Used is what the gateway enforces (its Redis counters, reconciled from PostgreSQL),
-    or the database's figure when the counters do not exist.
-    """
-    start, end = period_start(tenant.quota_period, now), period_end(tenant.quota_period, now)
+def period_usage(tenant: Tenant, now: datetime) -> tuple[int, Decimal]:
+    """(tokens, money) the tenant used this quota period: what the gateway enforces (its
+    Redis counters of settled requests, reconciled from PostgreSQL), or the database's
+    figure when the counters do not exist."""
     key = quota_key(tenant.pk, period_id(tenant.quota_period, now))
     raw = get_redis().hmget(key, "tokens_used", "money_used")
+    if raw[0] is not None and raw[1] is not None:
+        return int(raw[0]), from_nano(int(raw[1]))
+    start, end = period_start(tenant.quota_period, now), period_end(tenant.quota_period, now)
     db = summary(rollups_between(tenant, start, end))
     tokens_used = int(raw[0]) if raw[0] is not None else db["total_tokens"]
     money_used = from_nano(int(raw[1])) if raw[1] is not None else Decimal(db["cost"])
+    return tokens_used, money_used
+
+
+def quota_status(tenant: Tenant, now: datetime) -> dict[str, Any]:
+    """The tenant's quota this period: limit, used and remaining, tokens and money
+    (``period_usage``)."""
+    start, end = period_start(tenant.quota_period, now), period_end(tenant.quota_period, now)
+    tokens_used, money_used = period_usage(tenant, now)
     amount = tenant.quota_amount
     return {
         "period": tenant.quota_period,

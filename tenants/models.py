@@ -3,6 +3,7 @@
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -28,15 +29,34 @@ TENANT_FIELDS = (
     "quota_tokens",
     "quota_amount",
     "currency",
+    "alert_thresholds",
     "model_access",
     "allowed_models",
     "fair_share_weight",
 )
-KEY_FIELDS = ("tenant", "name", "expires_at", *LIMIT_FIELDS, "allowed_models")
+BUDGET_FIELDS = ("budget_tokens", "budget_amount")
+KEY_FIELDS = ("tenant", "name", "expires_at", *LIMIT_FIELDS, *BUDGET_FIELDS, "allowed_models")
 MEMBERSHIP_FIELDS = ("tenant", "user", "role")
 # Of Django's user model; the password is audited as set or changed, never by value.
 USER_FIELDS = ("username", "email", "first_name", "last_name", "is_staff", "is_active")
 TOKEN_FIELDS = ("name", "expires_at")
+
+DEFAULT_ALERT_THRESHOLDS = (50, 80, 100)
+
+
+def default_alert_thresholds() -> list[int]:
+    return list(DEFAULT_ALERT_THRESHOLDS)
+
+
+def validate_thresholds(value: list[int]) -> None:
+    """Budget alert thresholds: whole percentages from 1 to 100, each once."""
+    outside = sorted({t for t in value if not 1 <= t <= 100})
+    if outside:
+        raise ValidationError(
+            f"Thresholds are percentages from 1 to 100; not {', '.join(map(str, outside))}."
+        )
+    if len(set(value)) != len(value):
+        raise ValidationError("Give each threshold once.")
 
 
 class Tenant(models.Model):
@@ -61,6 +81,15 @@ class Tenant(models.Model):
         validators=[MinValueValidator(Decimal("0"))],
     )
     currency = models.CharField(max_length=3, default="USD", validators=[currency_validator])
+    # Percentages of each quota (and of its keys' budgets) at which budget alerts fire, once
+    # per period each (metering.budgets); empty: no budget alerts.
+    alert_thresholds = ArrayField(
+        models.PositiveSmallIntegerField(),
+        default=default_alert_thresholds,
+        blank=True,
+        validators=[validate_thresholds],
+        help_text="Percentages of each quota at which budget alerts fire, e.g. 50, 80, 100.",
+    )
     # Admission: an admin may lift a tenant to P0 until a moment; its share inside a class.
     priority_boost_until = models.DateTimeField(null=True, blank=True)
     fair_share_weight = models.PositiveSmallIntegerField(
@@ -87,6 +116,10 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == TenantStatus.ACTIVE
+
+    def clean(self) -> None:
+        if self.alert_thresholds:
+            self.alert_thresholds = sorted(self.alert_thresholds)
 
     @property
     def effective_priority(self) -> str:
@@ -156,6 +189,17 @@ class ApiKey(models.Model):
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
+    # An optional budget per the tenant's quota period, in tokens and/or the tenant's
+    # currency. It warns (budget alerts at the tenant's thresholds) and never blocks: the
+    # tenant's quota is what stops requests.
+    budget_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    budget_amount = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+    )
     # Empty means every model the tenant may use.
     allowed_models = models.ManyToManyField(
         "deployments.CatalogModel", blank=True, related_name="+"

@@ -5,7 +5,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,14 +51,17 @@ class Delivery:
     headers: dict[str, str]
     body: bytes
     answered: int
+    refused: str = ""  # why the receiver's check refused it (with ``secret`` set)
 
 
 @dataclass
 class Receiver:
     """A webhook receiver on 127.0.0.1: records each POST and answers with the next code of
-    ``answers`` (200 once they run out)."""
+    ``answers`` (200 once they run out). With ``secret`` set it first checks each request
+    with the documented recipe, as a real receiver would, and answers 400 to a refused one."""
 
     url: str = ""
+    secret: str = ""
     deliveries: list[Delivery] = field(default_factory=list)
     answers: list[int] = field(default_factory=list)
     lock: threading.Condition = field(default_factory=threading.Condition)
@@ -83,14 +86,20 @@ def receiver() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers, refused = dict(self.headers.items()), ""
+            if state.secret:
+                try:
+                    recipe()["verify_tollgate_webhook"](state.secret, headers, body)
+                except recipe()["InvalidWebhook"] as exc:
+                    refused = str(exc)
             with state.lock:
-                code = state.answers.pop(0) if state.answers else 200
-                state.deliveries.append(Delivery(dict(self.headers.items()), body, code))
+                code = 400 if refused else (state.answers.pop(0) if state.answers else 200)
+                state.deliveries.append(Delivery(headers, body, code, refused))
                 state.lock.notify_all()
             self.send_response(code)
             self.send_header("Content-Type", "text/plain")
             self.end_headers()
-            self.wfile.write(b"ok" if code < 300 else b"receiver says no")
+            self.wfile.write(refused.encode() or (b"ok" if code < 300 else b"receiver says no"))
 
         def log_message(self, *args: object) -> None:
             pass
@@ -118,4 +127,17 @@ def free_url() -> str:
     return f"http://127.0.0.1:{port}/down"
 
 
-Verify = Callable[..., int]
+@pytest.fixture
+def price(public_model: Any) -> Any:
+    """1 USD per 1M tokens (input, cached and output), in force since long before the
+    tests' clocks (November 2026)."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    import time_machine
+
+    from metering import services
+
+    with time_machine.travel(datetime(2026, 10, 1, tzinfo=UTC), tick=False):
+        one = Decimal("1")
+        return services.set_price(None, public_model, one, one, one)
