@@ -437,6 +437,20 @@ TOLLGATE_WEBHOOK_RETRY_SCHEDULE = env_int_list(
 # How often budgets (tenant quotas, key budgets) are checked against their thresholds.
 TOLLGATE_BUDGET_CHECK_SECONDS = env_float("TOLLGATE_BUDGET_CHECK_SECONDS", 30.0)
 
+# --- The bill checked against the engines (metering/engine_ledger.py) -----------------------
+
+# How often the worker compares each replica's billed tokens with its engine's counters.
+TOLLGATE_ENGINE_LEDGER_SECONDS = env_float("TOLLGATE_ENGINE_LEDGER_SECONDS", 5.0)
+# A stretch whose tokens differ from the engine's by more than this many tokens AND this
+# share of the engine's count raises the alert (console banner, log line, webhook).
+TOLLGATE_ENGINE_DRIFT_ALERT_TOKENS = env_int("TOLLGATE_ENGINE_DRIFT_ALERT_TOKENS", 0)
+TOLLGATE_ENGINE_DRIFT_ALERT_PERCENT = env_float("TOLLGATE_ENGINE_DRIFT_ALERT_PERCENT", 0.0)
+# Tokens an engine may generate for a request after Tollgate closed it (the client left, or
+# a preemption) before its abort lands: made, never delivered, so never billed.
+TOLLGATE_ENGINE_ABORT_ALLOWANCE_TOKENS = env_int("TOLLGATE_ENGINE_ABORT_ALLOWANCE_TOKENS", 64)
+# Tests only (ignored in production): lose every Nth usage event on purpose.
+TOLLGATE_TEST_DROP_USAGE_EVERY = env_int("TOLLGATE_TEST_DROP_USAGE_EVERY", 0)
+
 # --- Periodic tasks -------------------------------------------------------------------------
 
 # Each app lists its periodic tasks in its own schedule module (plain dicts, no imports).
@@ -446,6 +460,7 @@ from deployments.schedule import beat_schedule as _deployments_beat  # noqa: E40
 from gateway.schedule import BEAT_SCHEDULE as _gateway_beat  # noqa: E402
 from metering.schedule import BEAT_SCHEDULE as _metering_beat  # noqa: E402
 from metering.schedule import budget_schedule as _budget_beat  # noqa: E402
+from metering.schedule import engine_ledger_schedule as _ledger_beat  # noqa: E402
 
 CELERY_BEAT_SCHEDULE = {
     **_deployments_beat(TOLLGATE_RECONCILE_SECONDS),
@@ -454,6 +469,7 @@ CELERY_BEAT_SCHEDULE = {
     **_batches_beat,
     **_alerts_beat,
     **_budget_beat(TOLLGATE_BUDGET_CHECK_SECONDS),
+    **_ledger_beat(TOLLGATE_ENGINE_LEDGER_SECONDS),
 }
 
 # --- Gateway (/v1) -------------------------------------------------------------------------

@@ -57,7 +57,10 @@ the replica that last served it) and ``route:<model id>:lru`` (prefix digest -> 
 ms), bounded by dropping the least recently used.
 
 Engines: ``engine:<replica id>:metrics``, the telemetry the worker scrapes (JSON, short
-TTL), read by the gateway's admission and its controller.
+TTL), read by the gateway's admission and its controller; ``engine:<replica id>:own``,
+Tollgate's own requests' tokens, and ``engine:<replica id>:ledger``, the state of the bill's
+check against the engine (metering/engine_ledger.py), whose figures for /metrics are in the
+hash ``ledger:stats``.
 
 Adapters (deployments/adapter_loading.py writes, the gateway reads): ``lora:<replica id>``,
 a hash (adapter id -> its served name) of the LoRA adapters loaded in that engine;
@@ -220,6 +223,25 @@ def lora_lock_key(replica_id: int) -> str:
 def engine_metrics_key(replica_id: int) -> str:
     """An engine replica's scraped telemetry (JSON)."""
     return rkey("engine", replica_id, "metrics")
+
+
+def engine_own_key(replica_id: int) -> str:
+    """Hash: tokens of Tollgate's own requests to an engine replica (``prompt``, ``cached``,
+    ``generation``; ``inexact``: those whose tokens could not be told apart from others'),
+    since the replica's first start. deployments/abort_check.py adds, the bill's check
+    against the engine (metering/engine_ledger.py) subtracts them."""
+    return rkey("engine", replica_id, "own")
+
+
+def engine_ledger_key(replica_id: int) -> str:
+    """The bill's check against an engine replica: its last observations and checkpoints
+    (JSON, metering/engine_ledger.py)."""
+    return rkey("engine", replica_id, "ledger")
+
+
+def engine_ledger_stats_key() -> str:
+    """Hash: replica id -> the check's figures for the gateway's /metrics (JSON)."""
+    return rkey("ledger", "stats")
 
 
 def preempt_channel() -> str:

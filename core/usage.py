@@ -41,6 +41,11 @@ class UsageRecord:
     adapter_id: int | None = None
     # Milliseconds the request waited for its on-demand model to start (None: it did not).
     start_wait_ms: int | None = None
+    # The engine replica that served it (deployments.Replica id; None: none did), for the
+    # check of the bill against that engine's own counters (metering/engine_ledger.py).
+    replica_id: int | None = None
+    # Times the gateway preempted it: the engine redid work that was never billed.
+    preemptions: int = 0
 
     def encode(self) -> bytes:
         return orjson.dumps(self)  # orjson serialises dataclasses natively (no asdict copy)

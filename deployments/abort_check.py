@@ -18,6 +18,8 @@ import time
 
 import httpx
 
+from core.keyspace import engine_own_key
+from core.redis import get_redis
 from deployments.engine import PROBE_TIMEOUT, _headers, _trust, in_flight, scrape
 
 log = logging.getLogger("tollgate.deployments")
@@ -31,30 +33,71 @@ SETTLE_SECONDS = 1.0
 REQUEST_ID = "tollgate-abort-check"
 
 
-def engine_drops_abandoned(base_url: str, served_name: str, key: str = "") -> bool | None:
+def engine_drops_abandoned(
+    base_url: str, served_name: str, key: str = "", replica_id: int | None = None
+) -> bool | None:
     """True: the engine dropped the request once its client left; False: it went on with
     it; None: no answer (the engine was not idle, other work arrived meanwhile, the request
-    finished before the check could tell, or the engine did not answer as expected)."""
+    finished before the check could tell, or the engine did not answer as expected).
+
+    The check's tokens are nobody's bill: with ``replica_id``, they are recorded as
+    Tollgate's own (core.keyspace.engine_own_key), for the bill's check against the engine."""
     before = scrape(base_url, key)
     if in_flight(before) != 0:
         return None
-    if not _first_token_then_leave(base_url, served_name, key):
-        return None
+    sent = _first_token_then_leave(base_url, served_name, key)
+    verdict, after = _watch(base_url, key, before) if sent else (None, None)
+    if replica_id is not None:  # a request went out: its tokens, if any, are Tollgate's own
+        note_own_tokens(replica_id, before, after, verdict)
+    return verdict
+
+
+def _watch(
+    base_url: str, key: str, before: dict[str, float]
+) -> tuple[bool | None, dict[str, float] | None]:
+    """Watch the engine's count after the hang-up: (verdict, the figures it was read from)."""
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
         figures = scrape(base_url, key)
         count = in_flight(figures)
         if count is None or count > 1:
-            return None  # gone, or someone else's work: nothing to read from the count
+            return None, None  # gone, or someone else's work: nothing to read from the count
         if count == 0:
             made = figures.get("generation_tokens_total", 0) - before.get(
                 "generation_tokens_total", 0
             )
             # Finished, not dropped, when it made every token it was asked for.
-            return True if made < CHECK_TOKENS else None
+            return (True if made < CHECK_TOKENS else None), figures
         if time.monotonic() >= deadline:
-            return False
+            return False, figures
         time.sleep(0.05)
+
+
+def note_own_tokens(
+    replica_id: int,
+    before: dict[str, float],
+    after: dict[str, float] | None,
+    verdict: bool | None,
+) -> None:
+    """Record the check request's tokens as Tollgate's own. Read off the engine's counters
+    around it, they are exact when the engine was busy with nothing else: idle again (``after``
+    read then), or going on with it alone (it then makes exactly CHECK_TOKENS,
+    ``ignore_eos``). Otherwise (no ``after``) they cannot be told from others' and the
+    stretch is marked inexact."""
+    own = engine_own_key(replica_id)
+    if after is None:
+        get_redis().hincrby(own, "inexact", 1)
+        return
+
+    def grew(name: str) -> int:
+        return int(after.get(name, 0) - before.get(name, 0))
+
+    generation = CHECK_TOKENS if verdict is False else grew("generation_tokens_total")
+    with get_redis().pipeline() as pipe:
+        pipe.hincrby(own, "prompt", grew("prompt_tokens_total"))
+        pipe.hincrby(own, "cached", grew("prompt_tokens_cached_total"))
+        pipe.hincrby(own, "generation", generation)
+        pipe.execute()
 
 
 def _first_token_then_leave(base_url: str, served_name: str, key: str) -> bool:

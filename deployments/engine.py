@@ -373,6 +373,7 @@ TELEMETRY_GAUGES = {
 TELEMETRY_COUNTERS = {
     "vllm:prompt_tokens": "prompt_tokens_total",
     "vllm:generation_tokens": "generation_tokens_total",
+    "vllm:prompt_tokens_cached": "prompt_tokens_cached_total",
     "vllm:num_preemptions": "preemptions_total",
 }
 

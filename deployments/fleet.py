@@ -5,12 +5,13 @@ import platform
 from datetime import timedelta
 
 import orjson
+import redis
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from core.changes import publish_change
-from core.keyspace import engine_metrics_key, pool_keys, rkey
+from core.keyspace import engine_metrics_key, engine_own_key, pool_keys, rkey, usage_stream
 from core.redis import get_redis
 from deployments import engine, nodes, relay, runtime
 from deployments.choices import (
@@ -181,18 +182,45 @@ def telemetry_key(replica_id: int) -> str:
 def scrape_replica(replica: Replica) -> dict[str, float] | None:
     """Scrape one replica's /metrics into Redis (a JSON value with a short TTL)."""
     key = replica.deployment.upstream_key if replica.deployment.external else ""
+    # The usage stream's last id BEFORE the engine's counters: every event up to it was
+    # settled, so counted by the engine, by the time of the scrape (metering/engine_ledger.py).
+    stream_id = last_usage_id()
     figures = engine.scrape(replica.base_url, key)
     if figures is None:
         return None
     figures["scraped_at"] = timezone.now().timestamp()
     figures["deployment_id"] = replica.deployment_id
+    figures["stream_id"] = stream_id
+    figures["incarnation"] = incarnation(replica)
     # The gateway's slot holders for the model, read right after the engine's own count: the
     # admission controller compares the two to tell whether preempting frees an engine slot.
-    figures["slot_holders"] = get_redis().zcard(pool_keys(replica.deployment.model_id)[0])
+    with get_redis().pipeline(transaction=False) as pipe:
+        pipe.zcard(pool_keys(replica.deployment.model_id)[0])
+        pipe.hgetall(engine_own_key(replica.pk))
+        holders, own = pipe.execute()
+    figures["slot_holders"] = holders
+    figures["own"] = {k.decode(): int(v) for k, v in own.items()}
     get_redis().set(
         telemetry_key(replica.pk), orjson.dumps(figures), ex=settings.TOLLGATE_TELEMETRY_TTL_SECONDS
     )
     return figures
+
+
+def last_usage_id() -> str:
+    """The id of the last entry ever appended to the usage stream (``0-0``: none yet)."""
+    try:
+        info = get_redis().xinfo_stream(usage_stream())
+    except redis.ResponseError:  # no such stream yet
+        return "0-0"
+    last = info["last-generated-id"]
+    return last.decode() if isinstance(last, bytes) else str(last)
+
+
+def incarnation(replica: Replica) -> str:
+    """Names one life of a replica's engine: a restart (a new container, or an external
+    engine seen starting again) begins new counters."""
+    started = replica.started_at.timestamp() if replica.started_at else 0
+    return f"{replica.container_id or replica.external_url}@{started:.3f}"
 
 
 def read_telemetry(replica_id: int) -> dict[str, float] | None:

@@ -105,6 +105,7 @@ class PreemptibleForwarding(Forwarding):
                     self.relay_task = None
             self.preempted = False
             self.preemptions += 1
+            self.outcome.preemptions = self.preemptions
             metrics.PREEMPTIONS.labels(ex.model.served_name, ex.claim.priority).inc()
             if self.stream and outcome.started:
                 body, resumed = await self._resumption(upstream), True

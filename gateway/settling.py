@@ -94,4 +94,6 @@ def usage_record(
         price_id=price.id if price else None,
         prompt_estimated=outcome.prompt_estimated,
         start_wait_ms=ex.start_wait_ms,
+        replica_id=upstream.replica_id if upstream else None,
+        preemptions=outcome.preemptions,
     )

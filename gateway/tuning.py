@@ -211,7 +211,9 @@ def check_idle_engine(model_id: int, replica_ids: list[int], count: EngineCount 
         return
     deployment = replica.deployment
     key = deployment.upstream_key if deployment.external else ""
-    drops = engine_drops_abandoned(replica.base_url, deployment.model.served_name, key)
+    drops = engine_drops_abandoned(
+        replica.base_url, deployment.model.served_name, key, replica_id=replica.pk
+    )
     log.info(
         "model %s: idle engine asked whether it drops abandoned requests: %s",
         model_id,

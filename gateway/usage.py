@@ -35,6 +35,7 @@ class Outcome:
     forwarded: bool = False  # the request was sent to an engine
     prompt_known: bool = False  # the engine reported the prompt's tokens
     prompt_estimated: bool = False  # neither the engine nor its tokenizer counted the prompt
+    preemptions: int = 0  # times the gateway preempted it (the engine recomputed it after)
 
 
 Reader = Callable[[dict[str, Any], Outcome], int | None]

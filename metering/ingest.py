@@ -17,6 +17,7 @@ import math
 import os
 import socket
 import time
+import zlib
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any
 
 import orjson
 import redis
+from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -49,6 +51,7 @@ _INT_FIELDS = (
     "completion_tokens",
     "reasoning_tokens",
     "latency_ms",
+    "preemptions",
 )
 _OPTIONAL_INT_FIELDS = (
     "api_key_id",
@@ -57,6 +60,7 @@ _OPTIONAL_INT_FIELDS = (
     "price_id",
     "adapter_id",
     "start_wait_ms",
+    "replica_id",
 )
 
 
@@ -86,6 +90,7 @@ class BatchResult:
     inserted: int = 0
     duplicates: int = 0
     dead_letters: int = 0
+    dropped: int = 0  # only ever by the test hook (_dropped_on_purpose)
     ids: list[bytes] = field(default_factory=list, repr=False)
 
 
@@ -292,6 +297,8 @@ _COLUMNS = [
     ("latency_ms", "integer"),
     ("ttft_ms", "integer"),
     ("start_wait_ms", "integer"),
+    ("replica_id", "bigint"),
+    ("preemptions", "integer"),
     ("price_id", "bigint"),
     ("currency", "text"),
     ("input_per_mtok", "numeric"),
@@ -344,6 +351,8 @@ def _row(
         r.latency_ms,
         r.ttft_ms,
         r.start_wait_ms,
+        r.replica_id,
+        r.preemptions,
         price.pk if price else None,
         price.currency if price else refs.tenant_currency[r.tenant_id],
         price.input_per_mtok if price else Decimal(0),
@@ -373,6 +382,9 @@ def store(entries: list[Entry]) -> BatchResult:
             result.duplicates += 1
             continue
         seen.add(record.request_id)
+        if _dropped_on_purpose(record):
+            result.dropped += 1
+            continue
         records.append((stream_id, record))
     with transaction.atomic():
         rollups.lock_shared()
@@ -394,6 +406,17 @@ def store(entries: list[Entry]) -> BatchResult:
     result.duplicates += len(rows) - len(ids)
     result.dead_letters = len(dead)
     return result
+
+
+def _dropped_on_purpose(record: UsageRecord) -> bool:
+    """The test hook behind the engine-ledger tests (tests/vllm/test_engine_ledger.py): with
+    ``TOLLGATE_TEST_DROP_USAGE_EVERY`` = N (ignored when TOLLGATE_ENV=production), every
+    event whose request id hashes to 0 mod N is acknowledged but never stored, as a broken
+    consumer would lose it. The bill's check against the engines must notice."""
+    every = settings.TOLLGATE_TEST_DROP_USAGE_EVERY
+    if not every or settings.PRODUCTION:
+        return False
+    return zlib.crc32(record.request_id.encode()) % every == 0
 
 
 def _insert(rows: list[tuple[Any, ...]]) -> list[int]:

@@ -131,6 +131,12 @@ class UsageEvent(models.Model):
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     # How long the request waited for its on-demand model to start (empty: it did not wait).
     start_wait_ms = models.PositiveIntegerField(null=True, blank=True)
+    # The engine replica that served it (a deployments.Replica id, kept after the replica is
+    # gone): the bill is checked against that engine's own counters (metering/engine_ledger.py).
+    replica_id = models.PositiveIntegerField(null=True, blank=True)
+    # Times the gateway preempted it and resumed it later (the engine's redone work is the
+    # operator's cost, not billed).
+    preemptions = models.PositiveIntegerField(default=0)
     price = models.ForeignKey(
         Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -153,6 +159,9 @@ class UsageEvent(models.Model):
         indexes = [
             models.Index(fields=["tenant", "occurred_at"]),
             models.Index(fields=["stream_ms"], name="usage_stream_ms_idx"),
+            models.Index(
+                fields=["replica_id", "stream_ms", "stream_seq"], name="usage_replica_stream_idx"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -357,3 +366,62 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream_id}: {self.reason[:60]}"
+
+
+class EngineLedger(models.Model):
+    """One replica's hour: its engine's own token counters against the tokens Tollgate
+    billed for the requests it served, summed over the stretches checked in that hour
+    (metering/engine_ledger.py)."""
+
+    # A deployments.Replica id: the row outlives the replica, its deployment's name is kept.
+    replica_id = models.PositiveIntegerField()
+    deployment = models.ForeignKey(
+        "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    deployment_name = models.CharField(max_length=100)
+    replica_index = models.PositiveSmallIntegerField(default=0)
+    hour = models.DateTimeField()
+    # Stretches between two quiet moments of the engine, compared token by token.
+    checks = models.PositiveIntegerField(default=0)
+    requests = models.PositiveIntegerField(default=0)
+    engine_prompt = models.BigIntegerField(default=0)
+    engine_cached = models.BigIntegerField(default=0)
+    engine_generation = models.BigIntegerField(default=0)
+    billed_prompt = models.BigIntegerField(default=0)
+    billed_cached = models.BigIntegerField(default=0)
+    billed_generation = models.BigIntegerField(default=0)
+    # Tollgate's own requests to the engine (its check whether the engine aborts requests).
+    own_prompt = models.BigIntegerField(default=0)
+    own_cached = models.BigIntegerField(default=0)
+    own_generation = models.BigIntegerField(default=0)
+    # Requests Tollgate closed early (the client left, a preemption), and the tokens the
+    # engine made for them after that, never delivered so never billed (within the allowance).
+    cut_requests = models.PositiveIntegerField(default=0)
+    undelivered_generation = models.BigIntegerField(default=0)
+    # Engine minus bill beyond every allowance (negative: billed more than the engine did).
+    drift_prompt = models.BigIntegerField(default=0)
+    drift_cached = models.BigIntegerField(default=0)
+    drift_generation = models.BigIntegerField(default=0)
+    drift_checks = models.PositiveIntegerField(default=0)
+    # Stretches that could not be compared: the engine restarted (its counters began again),
+    # or Tollgate's own check request overlapped other traffic. Their billed tokens are kept.
+    restarts = models.PositiveIntegerField(default=0)
+    inexact_checks = models.PositiveIntegerField(default=0)
+    unverified_prompt = models.BigIntegerField(default=0)
+    unverified_generation = models.BigIntegerField(default=0)
+    last_checked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-hour", "deployment_name", "replica_index"]
+        constraints = [
+            models.UniqueConstraint(fields=["replica_id", "hour"], name="engine_ledger_unique_hour")
+        ]
+        indexes = [models.Index(fields=["deployment", "hour"])]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_name}#{self.replica_index} {self.hour:%Y-%m-%d %H:00}"
+
+    @property
+    def drift(self) -> int:
+        """Tokens the bill and the engine disagree on beyond the allowances, all kinds."""
+        return abs(self.drift_prompt) + abs(self.drift_cached) + abs(self.drift_generation)

@@ -13,3 +13,15 @@ BEAT_SCHEDULE: dict[str, dict] = {
 def budget_schedule(seconds: float) -> dict[str, dict]:
     """Budget thresholds (tenant quotas and key budgets) checked every ``seconds``."""
     return {"metering-check-budgets": {"task": "metering.check_budgets", "schedule": seconds}}
+
+
+def engine_ledger_schedule(seconds: float) -> dict[str, dict]:
+    """The bill checked against every engine's own counters every ``seconds``
+    (metering/engine_ledger.py); a run that could not start in time is skipped."""
+    return {
+        "metering-check-engines": {
+            "task": "metering.check_engines",
+            "schedule": seconds,
+            "options": {"expires": seconds * 2},
+        }
+    }

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from metering import budgets, ingest, reconcile, rollups
+from metering import budgets, engine_ledger, ingest, reconcile, rollups
 
 
 @shared_task(name="metering.ingest_usage")
@@ -50,3 +50,9 @@ def close_periods() -> list[str]:
 def check_budgets() -> int:
     """Fire budget alerts for thresholds crossed this period (each once); returns how many."""
     return budgets.check_budgets()
+
+
+@shared_task(name="metering.check_engines", ignore_result=True)
+def check_engines() -> int:
+    """Compare each ready replica's billed tokens with its engine's counters."""
+    return engine_ledger.check_all()
