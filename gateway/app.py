@@ -21,8 +21,8 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from core.credentials import INVALID_KEY, presented_key, unexpired
-from core.keyspace import demand_stats_key
-from gateway import metrics, responses
+from core.keyspace import demand_stats_key, engine_ledger_stats_key
+from gateway import metrics, responses, shield
 from gateway.errors import error_body, model_not_found
 from gateway.exchange import Exchange
 from gateway.messages import AnthropicSend
@@ -95,7 +95,7 @@ class Gateway:
     def __init__(self, runtime: Runtime | None = None) -> None:
         self.rt = runtime or Runtime()
         self.max_body = settings.TOLLGATE_MAX_BODY_BYTES
-        self.max_n = settings.TOLLGATE_MAX_N
+        self.bounds = shield.Bounds.from_settings()
         self.allowed_hosts = list(settings.ALLOWED_HOSTS)
         if settings.DEBUG and not self.allowed_hosts:
             self.allowed_hosts = [".localhost", "127.0.0.1", "[::1]"]  # as Django does
@@ -103,9 +103,10 @@ class Gateway:
 
     @staticmethod
     def handles(path: str) -> bool:
+        """Its own paths, and the engine's (answered 404: never the console's to answer)."""
         if path.startswith("/v1/"):
             return not path.startswith(DJANGO_V1)
-        return path == "/metrics" or path == "/v1"
+        return path == "/metrics" or path == "/v1" or shield.engine_path(path)
 
     async def startup(self) -> None:
         await self.rt.start()
@@ -243,7 +244,8 @@ class Gateway:
         try:
             async with asyncio.timeout(2.0):
                 stats = await self.rt.redis.hgetall(demand_stats_key())
-            body += metrics.demand_stats(stats)
+                ledger = await self.rt.redis.hgetall(engine_ledger_stats_key())
+            body += metrics.demand_stats(stats) + metrics.engine_ledger_stats(ledger)
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             pass  # the process's own metrics still answer
         await send(
@@ -276,7 +278,14 @@ class Gateway:
             return await respond(send, 404, model_not_found(payload["model"]))
         problem = self.check_request(payload, model, endpoint)
         if problem:
+            metrics.REJECTIONS.labels(tenant.slug, "invalid_request").inc()
             return await respond(send, *problem)
+        problem, dropped = shield.check(payload, endpoint, model, self.bounds)
+        if problem:
+            metrics.REJECTIONS.labels(tenant.slug, "engine_shield").inc()
+            return await respond(send, *problem)
+        if dropped:
+            body = orjson.dumps(payload)
         plan = None
         if endpoint == "responses":
             try:
@@ -371,6 +380,8 @@ class Gateway:
         return payload, None
 
     def check_request(self, payload: dict, model: ModelInfo, endpoint: str) -> tuple | None:
+        """The request's model and stream options; its fields are the engine shield's
+        (gateway/shield.py, next)."""
         if ENDPOINT_TASKS[endpoint] != model.task:
             kind = TASK_KINDS.get(model.task, f"a {model.task}")
             path = next(p for p, e in ENDPOINTS.items() if e == endpoint)
@@ -379,25 +390,6 @@ class Gateway:
                 param="model",
                 code="model_not_supported",
             )
-        n = payload.get("n", 1)
-        if n is not None and (
-            not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n
-        ):
-            return 400, error_body(f"n must be a whole number from 1 to {self.max_n}.", param="n")
-        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-            value = payload.get(field)
-            if value is None:
-                continue
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or not 1 <= value <= model.context_length
-            ):
-                return 400, error_body(
-                    f"{field} must be a whole number from 1 to {model.context_length} "
-                    f"(the model's context length).",
-                    param=field,
-                )
         if payload.get("stream_options") is not None and payload.get("stream") is not True:
             return 400, error_body(
                 "stream_options is only allowed when stream is true.", param="stream_options"

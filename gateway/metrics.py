@@ -13,6 +13,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from typing import Any
 
+import orjson
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -22,7 +23,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -227,6 +228,61 @@ def demand_stats(stats: dict[bytes, bytes]) -> bytes:
             ready.add_metric([model], value, values.get(f"ready_seconds:{model}", 0.0))
     registry = CollectorRegistry()
     registry.register(_Fixed([evictions, ready]))
+    return generate_latest(registry)
+
+
+_LEDGER_KINDS = ("prompt", "cached", "generation")
+
+
+def engine_ledger_stats(stats: dict[bytes, bytes]) -> bytes:
+    """The bill's check against each engine (``core.keyspace.engine_ledger_stats_key``,
+    written by the worker: metering/engine_ledger.py) as metrics text: per replica, the last
+    24 hours' tokens the engine counted, Tollgate billed, and the drift between them."""
+    labels = ["deployment", "replica", "kind"]
+    families = {
+        "engine": GaugeMetricFamily(
+            "tollgate_engine_ledger_engine_tokens",
+            "Tokens the engine's own counters counted in compared stretches, last 24 h.",
+            labels=labels,
+        ),
+        "billed": GaugeMetricFamily(
+            "tollgate_engine_ledger_billed_tokens",
+            "Tokens Tollgate billed for the engine's requests in compared stretches, last 24 h.",
+            labels=labels,
+        ),
+        "drift": GaugeMetricFamily(
+            "tollgate_engine_ledger_drift_tokens",
+            "Engine tokens minus billed ones beyond the allowances, last 24 h (0: the bill holds).",
+            labels=labels,
+        ),
+    }
+    restarts = GaugeMetricFamily(
+        "tollgate_engine_ledger_uncompared_stretches",
+        "Stretches not compared exactly in the last 24 h (an engine restart, preemptions, ...).",
+        labels=["deployment", "replica"],
+    )
+    counters = GaugeMetricFamily(
+        "tollgate_engine_ledger_counters_available",
+        "1: the engine exports the token counters the bill is checked against; 0: it does not.",
+        labels=["deployment", "replica"],
+    )
+    checked = GaugeMetricFamily(
+        "tollgate_engine_ledger_last_checkpoint_timestamp_seconds",
+        "When the bill and the engine were last compared (Unix seconds).",
+        labels=["deployment", "replica"],
+    )
+    for raw in stats.values():
+        entry = orjson.loads(raw)
+        where = [str(entry["deployment"]), str(entry["replica"])]
+        counters.add_metric(where, 1.0 if entry.get("counters") else 0.0)
+        if entry.get("checked_at"):
+            checked.add_metric(where, float(entry["checked_at"]))
+        restarts.add_metric(where, float(entry.get("restarts", 0) + entry.get("inexact", 0)))
+        for source, family in families.items():
+            for kind in _LEDGER_KINDS:
+                family.add_metric([*where, kind], float(entry.get(f"{source}_{kind}", 0)))
+    registry = CollectorRegistry()
+    registry.register(_Fixed([*families.values(), restarts, counters, checked]))
     return generate_latest(registry)
 
 

@@ -38,6 +38,7 @@ from metering.models import EngineLedger, UsageEvent
 from tenants import services as tenant_services
 from tests.alerts.conftest import Receiver, eager_tasks, receiver  # noqa: F401
 from tests.gateway.conftest import (  # noqa: F401 - one real gateway, its Redis prefix
+    METRICS_TOKEN,
     ROOT,
     Engine,
     deploy,
@@ -246,6 +247,14 @@ def test_the_bill_equals_the_engines_counters_and_lost_events_raise_the_alert(
     assert delivery.answered == 200 and not delivery.refused  # the signature checked out
     body = json.loads(delivery.body)
     assert body["data"]["drift_tokens"]["generation"] == 25
+    # And Prometheus sees it on the appliance's /metrics.
+    page = httpx.get(
+        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10
+    ).text
+    where = f'deployment="{stack.deployment.name}",kind="generation",replica="0"'
+    assert f"tollgate_engine_ledger_drift_tokens{{{where}}} 25.0" in page
+    counted = sums["engine_generation"] + 25
+    assert f"tollgate_engine_ledger_engine_tokens{{{where}}} {counted}.0" in page
 
 
 def test_an_engine_restart_is_recorded_as_one_not_as_drift(
