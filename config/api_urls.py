@@ -3,6 +3,7 @@ password-for-token exchange."""
 
 from django.urls import path
 
+from alerts.api import NoticeViewSet, WebhookDeliveryViewSet, WebhookEndpointViewSet
 from core.api import AdminRouter
 from deployments.api import (
     AdapterViewSet,
@@ -13,7 +14,7 @@ from deployments.api import (
     NodeViewSet,
     OperationViewSet,
 )
-from metering.api import PriceViewSet, UsageEventViewSet
+from metering.api import KeyForecastView, PriceViewSet, TenantForecastView, UsageEventViewSet
 from tenants.api import (
     AdminTokenViewSet,
     ApiKeyViewSet,
@@ -40,7 +41,13 @@ router.register("engine-profiles", EngineProfileViewSet, basename="engineprofile
 router.register("engine-images", AllowedImageViewSet, basename="allowedimage")
 router.register("usage", UsageEventViewSet, basename="usageevent")
 router.register("audit", AuditLogViewSet, basename="auditlog")
+router.register("webhooks", WebhookEndpointViewSet, basename="webhookendpoint")
+router.register("webhook-deliveries", WebhookDeliveryViewSet, basename="webhookdelivery")
+router.register("notices", NoticeViewSet, basename="notice")
 urlpatterns = [
     path("auth/token/", TokenLoginView.as_view(), name="auth-token"),
+    # Before the router's routes, so these are not taken for a detail action.
+    path("tenants/<slug:slug>/forecast/", TenantForecastView.as_view(), name="tenant-forecast"),
+    path("keys/<int:pk>/forecast/", KeyForecastView.as_view(), name="apikey-forecast"),
     *router.urls,
 ]

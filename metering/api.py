@@ -3,15 +3,20 @@
 from typing import Any
 
 from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from core.api import AdminViewSetMixin, UserScopedMixin
-from metering import services
+from metering import forecast, services
 from metering.models import Price, UsageEvent
-from metering.serializers import PriceSerializer, UsageEventSerializer
+from metering.serializers import ForecastSerializer, PriceSerializer, UsageEventSerializer
+from tenants import access
 from tenants.permissions import PlatformAdminWrites
 
 
@@ -70,3 +75,41 @@ class UsageEventViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ReadOnlyMod
 
     def scope(self, user: Any) -> QuerySet[UsageEvent]:
         return services.usage_events_visible_to(user)
+
+
+def _forecast_answer(tenant: Any, key: Any, forecasts: list[forecast.Forecast]) -> Response:
+    now = timezone.now()
+    return Response(
+        {
+            "tenant": tenant.slug,
+            "key": None if key is None else {"id": key.pk, "name": key.name, "prefix": key.masked},
+            "at": now.isoformat(),
+            "window_hours": int(forecast.WINDOW.total_seconds() // 3600),
+            "forecasts": [f.as_dict() for f in forecasts],
+        }
+    )
+
+
+class TenantForecastView(APIView):
+    """GET /api/v1/tenants/<slug>/forecast/: when each of the tenant's quotas runs out at the
+    last 24 h's rate. Anyone who sees the tenant (and its quota) sees its forecast."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=ForecastSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        tenant = get_object_or_404(access.tenants_of(request.user), slug=slug)
+        return _forecast_answer(tenant, None, forecast.tenant_forecasts(tenant, timezone.now()))
+
+
+class KeyForecastView(APIView):
+    """GET /api/v1/keys/<id>/forecast/: when each of the key's budgets runs out at the last
+    24 h's rate (a key without a budget has none). Seen by whoever sees the key."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=ForecastSerializer)
+    def get(self, request: Request, pk: int) -> Response:
+        key = get_object_or_404(access.keys_visible_to(request.user), pk=pk)
+        forecasts = forecast.key_forecasts(key, timezone.now())
+        return _forecast_answer(key.tenant, key, forecasts)

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from core.api import ModelSerializer
+from core.api import ModelSerializer, Serializer
 from deployments.models import Adapter, CatalogModel
 from metering.models import PRICE_FIELDS, Price, UsageEvent
 
@@ -87,3 +87,34 @@ class UsageEventSerializer(ModelSerializer):
             "cost",
         ]
         read_only_fields = fields
+
+
+class QuotaForecastSerializer(Serializer):
+    """One quota's (or budget's) forecast (metering.forecast.Forecast.as_dict)."""
+
+    quota = serializers.ChoiceField(choices=["money", "tokens"])
+    unit = serializers.CharField(help_text="The currency's ISO code, or 'tokens'.")
+    state = serializers.ChoiceField(
+        choices=["runs_out", "not_this_period", "no_usage", "exhausted"]
+    )
+    runs_out_at = serializers.DateTimeField(
+        allow_null=True, help_text="With state runs_out: when, at the last 24 h's rate."
+    )
+    limit = serializers.CharField(help_text="Money as a decimal string; tokens as an integer.")
+    used = serializers.CharField()
+    remaining = serializers.CharField()
+    rate_per_day = serializers.CharField(help_text="Used in the last 24 h.")
+    window_hours = serializers.IntegerField()
+    period_id = serializers.CharField()
+    period_end = serializers.DateTimeField()
+    summary = serializers.CharField()
+
+
+class ForecastSerializer(Serializer):
+    """A tenant's (or key's) forecasts, one per quota (or budget) it has."""
+
+    tenant = serializers.CharField()
+    key = serializers.DictField(allow_null=True)
+    at = serializers.DateTimeField()
+    window_hours = serializers.IntegerField()
+    forecasts = QuotaForecastSerializer(many=True)

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from metering import export, usage
+from metering import export, forecast, usage
 from metering.export import parse_moment
 from metering.periods import period_end, period_start
 from tenants import access
@@ -57,7 +57,13 @@ def v1_usage(request: HttpRequest) -> JsonResponse:
         return _bad_request(messages[0], name)
     if end <= start:
         return _bad_request("end must be after start.", "end")
-    return JsonResponse(usage.self_service(key, start, end, group_by, now))
+    body = usage.self_service(key, start, end, group_by, now)
+    # At the last 24 h's rate, when the tenant's quotas and the key's budgets run out.
+    body["forecast"] = {
+        "tenant": [f.as_dict() for f in forecast.tenant_forecasts(tenant, now)],
+        "key": [f.as_dict() for f in forecast.key_forecasts(key, now)],
+    }
+    return JsonResponse(body)
 
 
 class CSVRenderer(BaseRenderer):

@@ -20,6 +20,9 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from alerts import services as alert_services
+from alerts.choices import Event
+from alerts.models import Notice, WebhookDelivery, WebhookEndpoint
 from config.api_urls import router
 from deployments import adapters as adapter_services
 from deployments import services as deployment_services
@@ -71,6 +74,9 @@ class World:
     deployment: Deployment
     operation: Operation
     adapter_a: Adapter  # tenant A's private LoRA adapter on the public model
+    webhook_a: WebhookEndpoint  # tenant A's webhook endpoint
+    notice_a: Notice  # a budget alert of tenant A
+    delivery_a: WebhookDelivery  # the notice's delivery to tenant A's endpoint
 
 
 def _usage(key: ApiKey, model: CatalogModel) -> UsageEvent:
@@ -112,6 +118,16 @@ def world(
     ).key
     bob_key = services.issue_api_key(bob, tenant_a, name="bob-notebook").key
     carol_key = services.issue_api_key(carol, tenant_b, name="bravo-prod").key
+    webhook_a = alert_services.create_endpoint(
+        alice, tenant_a, "https://hooks.acme.test/tollgate", [Event.BUDGET_THRESHOLD]
+    ).endpoint
+    notice_a = alert_services.raise_alert(
+        Event.BUDGET_THRESHOLD,
+        title="Acme Research used 80 % of its money quota",
+        detail="8 of 10 USD",
+        payload={"threshold": 80},
+        tenant=tenant_a,
+    )
     deployment = deployment_services.create_deployment(
         root,
         name="qwen-main",
@@ -160,6 +176,9 @@ def world(
             source="acme/support-v3-lora",
             description="Acme's support tone.",
         ),
+        webhook_a=webhook_a,
+        notice_a=notice_a,
+        delivery_a=WebhookDelivery.objects.get(endpoint=webhook_a),
     )
 
 
@@ -234,7 +253,7 @@ def router_lookup_count(route: str) -> int:
 
 # Columns a read bumps on its own (token use, logins); everything else must stay put.
 VOLATILE = ("last_used_at", "last_login")
-OWNED_PREFIXES = ("tenants_", "deployments_", "metering_", "auth_user")
+OWNED_PREFIXES = ("tenants_", "deployments_", "metering_", "alerts_", "auth_user")
 
 
 def db_state() -> dict[str, list[str]]:

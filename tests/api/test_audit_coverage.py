@@ -312,6 +312,23 @@ RESOURCES = [
         },
     ),
     Resource("allowedimage", lambda w: {"pattern": "ghcr.io/audit/*", "note": "For the audit."}),
+    Resource(
+        "webhookendpoint",
+        lambda w: {
+            "tenant": None,  # a platform endpoint: it may change the events it receives
+            "url": "https://hooks.acme.test/audited",
+            "description": "Audited hook",
+            "events": ["budget.threshold"],
+            "enabled": True,
+        },
+        lambda w: {
+            "url": "http://alerts.internal:8080/audited",
+            "description": "Audited hook, moved",
+            "events": ["engine.drift"],
+            "enabled": False,
+        },
+        once=frozenset({"tenant"}),
+    ),
 ]
 
 

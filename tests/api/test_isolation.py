@@ -34,6 +34,32 @@ def price_body(model: Callable[[World], Any]) -> Callable[[World], dict[str, Any
 NODE_BODY = {"name": "spark-9", "docker_url": "tcp://spark-9:2375"}
 
 
+def webhook_body(w: World) -> dict[str, Any]:
+    return {"tenant": "acme", "url": "https://evil.test/hook", "events": ["budget.threshold"]}
+
+
+def webhook_a(w: World) -> int:
+    return w.webhook_a.pk
+
+
+def delivery_a(w: World) -> str:
+    return str(w.delivery_a.pk)
+
+
+def notice_a(w: World) -> int:
+    return w.notice_a.pk
+
+
+# Tenant A's endpoint, by anyone but its admins: as if it did not exist.
+WEBHOOK_CALLS = [
+    ("webhookendpoint-detail", "GET", None),
+    ("webhookendpoint-detail", "PATCH", lambda w: {"url": "https://evil.test/hook"}),
+    ("webhookendpoint-detail", "DELETE", None),
+    ("webhookendpoint-rotate-secret", "POST", None),
+    ("webhookendpoint-test", "POST", None),
+]
+
+
 def adapter_a(w: World) -> str:
     return w.adapter_a.served_name
 
@@ -254,6 +280,16 @@ CAROL_CALLS = [
     Call("usageevent-detail", "GET", NOT_FOUND, lambda w: w.usage_alice.request_id),
     Call("auditlog-list", "GET", OK),
     Call("auditlog-detail", "GET", NOT_FOUND, lambda w: w.audit_a.pk),
+    # Webhooks, their deliveries and notices: tenant A's do not exist for tenant B.
+    Call("webhookendpoint-list", "GET", OK),
+    Call("webhookendpoint-list", "POST", BAD, body=webhook_body, note="for tenant A"),
+    *[Call(route, method, NOT_FOUND, webhook_a, body) for route, method, body in WEBHOOK_CALLS],
+    Call("webhookdelivery-list", "GET", OK),
+    Call("webhookdelivery-detail", "GET", NOT_FOUND, delivery_a),
+    Call("webhookdelivery-retry", "POST", NOT_FOUND, delivery_a),
+    Call("notice-list", "GET", OK),
+    Call("notice-detail", "GET", NOT_FOUND, notice_a),
+    Call("notice-acknowledge", "POST", NOT_FOUND, notice_a),
     *PLATFORM_ONLY,
 ]
 
@@ -428,6 +464,16 @@ BOB_CALLS = [
     # The audit log is for tenant admins: a member gets nothing from it.
     Call("auditlog-list", "GET", OK),
     Call("auditlog-detail", "GET", (FORBIDDEN, NOT_FOUND), lambda w: w.audit_a.pk),
+    # Webhooks, deliveries and notices are for tenant admins: a member sees none of them.
+    Call("webhookendpoint-list", "GET", OK),
+    Call("webhookendpoint-list", "POST", FORBIDDEN, body=webhook_body),
+    *[Call(route, method, NOT_FOUND, webhook_a, body) for route, method, body in WEBHOOK_CALLS],
+    Call("webhookdelivery-list", "GET", OK),
+    Call("webhookdelivery-detail", "GET", NOT_FOUND, delivery_a),
+    Call("webhookdelivery-retry", "POST", NOT_FOUND, delivery_a),
+    Call("notice-list", "GET", OK),
+    Call("notice-detail", "GET", NOT_FOUND, notice_a),
+    Call("notice-acknowledge", "POST", NOT_FOUND, notice_a),
     *PLATFORM_ONLY,
 ]
 

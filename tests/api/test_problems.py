@@ -51,6 +51,9 @@ def _target(route: str, world: World) -> Any:
         "operation": lambda: world.operation.pk,
         "engineprofile": lambda: (ensure_builtin_profiles(), EngineProfile.objects.first())[1].name,
         "allowedimage": lambda: AllowedImage.objects.create(pattern="example/engine:*").pk,
+        "webhookendpoint": lambda: world.webhook_a.pk,
+        "webhookdelivery": lambda: world.delivery_a.pk,
+        "notice": lambda: world.notice_a.pk,
     }
     return targets[resource]()
 
