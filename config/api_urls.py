@@ -14,7 +14,13 @@ from deployments.api import (
     NodeViewSet,
     OperationViewSet,
 )
-from metering.api import KeyForecastView, PriceViewSet, TenantForecastView, UsageEventViewSet
+from metering.api import (
+    BillCheckView,
+    KeyForecastView,
+    PriceViewSet,
+    TenantForecastView,
+    UsageEventViewSet,
+)
 from tenants.api import (
     AdminTokenViewSet,
     ApiKeyViewSet,
@@ -49,5 +55,8 @@ urlpatterns = [
     # Before the router's routes, so these are not taken for a detail action.
     path("tenants/<slug:slug>/forecast/", TenantForecastView.as_view(), name="tenant-forecast"),
     path("keys/<int:pk>/forecast/", KeyForecastView.as_view(), name="apikey-forecast"),
+    path(
+        "deployments/<str:name>/bill-check/", BillCheckView.as_view(), name="deployment-bill-check"
+    ),
     *router.urls,
 ]

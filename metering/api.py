@@ -7,17 +7,19 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api import AdminViewSetMixin, UserScopedMixin
-from metering import forecast, services
+from deployments.models import Deployment
+from metering import bill_check, forecast, services
 from metering.models import Price, UsageEvent
 from metering.serializers import ForecastSerializer, PriceSerializer, UsageEventSerializer
 from tenants import access
-from tenants.permissions import PlatformAdminWrites
+from tenants.permissions import IsPlatformAdmin, PlatformAdminWrites
 
 
 class PriceViewSet(
@@ -113,3 +115,39 @@ class KeyForecastView(APIView):
         key = get_object_or_404(access.keys_visible_to(request.user), pk=pk)
         forecasts = forecast.key_forecasts(key, timezone.now())
         return _forecast_answer(key.tenant, key, forecasts)
+
+
+class BillCheckView(APIView):
+    """GET /api/v1/deployments/<name>/bill-check/?hours=24: the bill checked against the
+    deployment's engines (metering/engine_ledger.py): per replica, the tokens its engine
+    counted, Tollgate billed and the drift between them over the window, and per hour.
+    Platform admins only."""
+
+    permission_classes = [IsPlatformAdmin]
+
+    def get(self, request: Request, name: str) -> Response:
+        deployment = get_object_or_404(Deployment, name=name)
+        try:
+            hours = int(request.query_params.get("hours", 24))
+        except ValueError:
+            hours = 0
+        if not 1 <= hours <= 24 * 31:
+            raise ValidationError({"hours": "A whole number of hours from 1 to 744."})
+        checks = bill_check.replica_checks([deployment], hours)
+        return Response(
+            {
+                "deployment": deployment.name,
+                "hours": hours,
+                "since": bill_check.window_start(hours),
+                "replicas": [check.as_dict() for check in checks],
+                "by_hour": [
+                    {
+                        "hour": row.hour,
+                        "replica": row.replica_index,
+                        "replica_id": row.replica_id,
+                        **{name: getattr(row, name) for name in bill_check.SUMMED},
+                    }
+                    for row in bill_check.hours_of(deployment, hours)
+                ],
+            }
+        )

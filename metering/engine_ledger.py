@@ -36,6 +36,7 @@ scraped once ready), and health checks make no tokens.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -49,6 +50,7 @@ from alerts.choices import Event, Severity
 from alerts.services import raise_alert
 from core.keyspace import engine_ledger_key, engine_ledger_stats_key, usage_stream
 from core.redis import get_redis
+from deployments import fleet
 from deployments.choices import ReplicaState
 from deployments.models import Replica
 from metering.choices import UsageStatus
@@ -63,6 +65,7 @@ drift_found = Signal()
 
 KINDS = ("prompt", "cached", "generation")
 STATE_TTL_SECONDS = 7 * 86400
+INGEST_WAIT_SECONDS = 2.0
 
 
 @dataclass
@@ -169,7 +172,7 @@ def observe(replica: Replica, figures: dict) -> Stretch | None:
             else:
                 state.pending = mark
     stretch = None
-    if state.base and state.pending and ingested_through(state.pending.stream_id):
+    if state.base and state.pending and _ingested(state.pending.stream_id):
         stretch = compare(replica, state.base, state.pending)
         if stretch.requests or stretch.kind != "exact" or any(stretch.engine.values()):
             record(replica, stretch)
@@ -188,6 +191,17 @@ def _checkpoint(last: Mark | None, mark: Mark) -> bool:
         and last.incarnation == mark.incarnation
         and last.counters() == mark.counters()
     )
+
+
+def _ingested(stream_id: str) -> bool:
+    """Whether ingestion stored every event up to ``stream_id``, waiting a moment for it
+    (the usage service stores within a second or so)."""
+    deadline = time.monotonic() + INGEST_WAIT_SECONDS
+    while not ingested_through(stream_id):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def ingested_through(stream_id: str) -> bool:
@@ -400,17 +414,35 @@ def _figures(values: dict[str, int | None]) -> str:
 
 
 def check_all() -> int:
-    """One pass over every ready replica's latest scrape; the stretches compared."""
-    from deployments.fleet import read_telemetry
-
+    """One pass over every ready replica: scrape it (again at once when it just turned
+    quiet, so a checkpoint needs no second pass) and compare what is due; the stretches
+    compared."""
     compared = 0
-    replicas = Replica.objects.filter(state=ReplicaState.READY).select_related("deployment")
+    replicas = list(
+        Replica.objects.filter(state=ReplicaState.READY)
+        .filter(Q(deployment__external=True) | Q(port__isnull=False))
+        .select_related("deployment")
+    )
     for replica in replicas:
-        figures = read_telemetry(replica.pk)
-        if figures is not None and observe(replica, figures) is not None:
-            compared += 1
+        for _ in range(2):
+            figures = fleet.scrape_replica(replica)
+            if figures is None:
+                break
+            if observe(replica, figures) is not None:
+                compared += 1
+            if not _turned_quiet(State.load(replica.pk)):
+                break
     publish_stats(replicas)
     return compared
+
+
+def _turned_quiet(state: State) -> bool:
+    """The last scrape found the engine quiet but is no checkpoint yet: one more scrape
+    with the same counters makes it one."""
+    last = state.last
+    if last is None or not last.quiet:
+        return False
+    return not any(mark is not None and mark.at == last.at for mark in (state.base, state.pending))
 
 
 def publish_stats(replicas: object) -> None:

@@ -12,12 +12,12 @@ the entries only after that commit. So:
 - with PostgreSQL away the batch is not acked and simply retried: events wait in Redis.
 """
 
+import itertools
 import logging
 import math
 import os
 import socket
 import time
-import zlib
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -409,14 +409,18 @@ def store(entries: list[Entry]) -> BatchResult:
 
 
 def _dropped_on_purpose(record: UsageRecord) -> bool:
-    """The test hook behind the engine-ledger tests (tests/vllm/test_engine_ledger.py): with
-    ``TOLLGATE_TEST_DROP_USAGE_EVERY`` = N (ignored when TOLLGATE_ENV=production), every
-    event whose request id hashes to 0 mod N is acknowledged but never stored, as a broken
-    consumer would lose it. The bill's check against the engines must notice."""
+    """The test hook behind the checks of the bill against the engines
+    (tests/metering/test_engine_ledger.py, tests/vllm/test_engine_ledger.py): with
+    ``TOLLGATE_TEST_DROP_USAGE_EVERY`` = N (ignored when TOLLGATE_ENV=production), every Nth
+    event this process stores is acknowledged but never stored, as a broken consumer would
+    lose it. The check must notice."""
     every = settings.TOLLGATE_TEST_DROP_USAGE_EVERY
     if not every or settings.PRODUCTION:
         return False
-    return zlib.crc32(record.request_id.encode()) % every == 0
+    return next(_SEEN_BY_HOOK) % every == every - 1
+
+
+_SEEN_BY_HOOK = itertools.count()
 
 
 def _insert(rows: list[tuple[Any, ...]]) -> list[int]:

@@ -141,8 +141,8 @@ def ago(value: datetime | None) -> str:
 @register.simple_tag
 def badge(state: Any, label: Any = None) -> str:
     """A coloured state label; the colour follows the state's meaning."""
-    good = {"ready", "active", "online", "succeeded", "ok", "running"}
-    bad = {"failed", "crashed", "revoked", "suspended", "unreachable", "error", "expired"}
+    good = {"ready", "active", "online", "succeeded", "ok", "running", "holds"}
+    bad = {"failed", "crashed", "revoked", "suspended", "unreachable", "error", "expired", "drift"}
     warn = {
         "degraded",
         "deploying",
@@ -157,6 +157,7 @@ def badge(state: Any, label: Any = None) -> str:
         "disabled",
         "client_closed",
         "checking",
+        "no_counters",
     }
     kind = "good" if state in good else "bad" if state in bad else "warn" if state in warn else ""
     return format_html('<span class="badge {}">{}</span>', kind, label or state)

@@ -5,6 +5,7 @@ from django.shortcuts import render
 
 from console import queries
 from console.access import staff_required
+from metering import bill_check
 
 
 @staff_required
@@ -19,6 +20,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "by_state": queries.deployments_by_state(),
             "top": queries.top_tenants_today(),
             "problems": queries.recent_problems(),
+            "bill_checks": bill_check.replica_checks(),
         },
     )
 

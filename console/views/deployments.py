@@ -21,6 +21,7 @@ from deployments import demand, placement, services
 from deployments.adapter_loading import loaded
 from deployments.choices import DeploymentMode, DeploymentState, DesiredState, OperationStatus
 from deployments.models import CatalogModel, Deployment, EngineProfile, Node, Operation
+from metering import bill_check
 
 # The start sequence of one replica, as deployments.engine.Starter reports it.
 PHASES = [
@@ -198,6 +199,8 @@ def _detail_page(deployment: Deployment, demand_form: DemandForm) -> dict[str, A
         "replica_bytes": placement.rank_bytes(deployment, node) if node and not external else None,
         "budget_node": node,
         "budget": demand.node_budget(node) if node else None,
+        "bill_checks": bill_check.replica_checks([deployment]),
+        "bill_hours": bill_check.hours_of(deployment),
     }
 
 

@@ -28,6 +28,7 @@ NOT_FROM_ENV_FILE = {
     "DJANGO_DEBUG",
     "TOLLGATE_TEST_DATABASE",
     "TOLLGATE_CELERY_UNACKED_KEY",
+    "TOLLGATE_TEST_DROP_USAGE_EVERY",  # a test hook, ignored in production
 }
 
 
