@@ -160,6 +160,9 @@ def platform_hook(receiver: Receiver, root: object) -> Receiver:  # noqa: F811
     return receiver
 
 
+# An engine start (~1 min), the workload, a restart (~1 min): more than the default 300 s
+# on a loaded two-core box.
+@pytest.mark.timeout(900)
 def test_the_bill_equals_vllms_counters_through_a_restart_and_lost_events_raise_the_alert(
     appliance: Appliance, platform_hook: Receiver, settings: object
 ) -> None:
