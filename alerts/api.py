@@ -25,15 +25,8 @@ from alerts.serializers import (
     WebhookEndpointSerializer,
 )
 from core.api import AdminViewSetMixin, UserScopedMixin
-from tenants.access import is_tenant_admin
-from tenants.models import Tenant
 
 PLATFORM_ONLY = "Only platform admins manage platform endpoints (no tenant)."
-
-
-def may_manage(user: Any, tenant: Tenant | None) -> bool:
-    """Platform endpoints: platform admins; a tenant's: its admins (and platform admins)."""
-    return user.is_staff if tenant is None else is_tenant_admin(user, tenant.pk)
 
 
 def _secret_answer(issued: services.IssuedEndpoint, context: dict, code: int) -> Response:
@@ -64,14 +57,14 @@ class WebhookEndpointViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ModelV
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         tenant = data.pop("tenant", None)
-        if not may_manage(request.user, tenant):
+        if not services.may_manage(request.user, tenant):
             raise PermissionDenied(PLATFORM_ONLY if tenant is None else "Only tenant admins.")
         issued = services.create_endpoint(request.user, tenant, **data)
         return _secret_answer(issued, self.get_serializer_context(), status.HTTP_201_CREATED)
 
     def check_object_permissions(self, request: Request, obj: Any) -> None:
         super().check_object_permissions(request, obj)
-        if not may_manage(request.user, obj.tenant):
+        if not services.may_manage(request.user, obj.tenant):
             raise PermissionDenied("Only admins of the endpoint's tenant can do this.")
 
     def perform_update(self, serializer: BaseSerializer) -> None:
@@ -120,7 +113,7 @@ class WebhookDeliveryViewSet(AdminViewSetMixin, UserScopedMixin, viewsets.ReadOn
     def retry(self, request: Request, pk: str) -> Response:
         """Attempt a failed or given-up delivery again now."""
         row = self.get_object()
-        if not may_manage(request.user, row.endpoint.tenant):
+        if not services.may_manage(request.user, row.endpoint.tenant):
             raise PermissionDenied("Only admins of the endpoint's tenant can do this.")
         return Response(self.get_serializer(services.retry_now(request.user, row)).data)
 

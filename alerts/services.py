@@ -312,6 +312,12 @@ def acknowledge(actor: Actor, notice: Notice) -> Notice:
 # --- Who sees what (tenant isolation as in tenants.access) --------------------------------
 
 
+def may_manage(user: Any, tenant: Tenant | None) -> bool:
+    """Who may change an endpoint (or retry its deliveries): platform endpoints, platform
+    admins; a tenant's, its admins (and platform admins)."""
+    return user.is_staff if tenant is None else user.is_staff or tenant.pk in admin_tenant_ids(user)
+
+
 def notices_visible_to(user: Any) -> QuerySet[Notice]:
     """Platform admins see every notice; tenant admins their tenants'; members none."""
     notices = Notice.objects.select_related("tenant", "acknowledged_by")

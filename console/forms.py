@@ -7,6 +7,7 @@ from typing import Any
 from django import forms
 from django.utils import timezone
 
+from alerts.choices import SUBSCRIBABLE, Event
 from deployments.choices import Arch, DeploymentMode, NodeStatus, Visibility
 from deployments.models import (
     ADAPTER_FIELDS,
@@ -18,7 +19,7 @@ from deployments.models import (
     Node,
 )
 from tenants.choices import Role
-from tenants.models import LIMIT_FIELDS, TENANT_FIELDS, ApiKey, Tenant
+from tenants.models import BUDGET_FIELDS, LIMIT_FIELDS, TENANT_FIELDS, ApiKey, Tenant
 
 LIMIT_LABELS = {
     "requests_per_minute": "Requests per minute",
@@ -26,6 +27,10 @@ LIMIT_LABELS = {
     "max_concurrent_requests": "Concurrent requests (max)",
 }
 UNLIMITED = "Empty: unlimited."
+BUDGET_HELP = (
+    "Alerts the tenant's admins at the tenant's thresholds; it warns and never blocks "
+    "requests (the tenant's quota is what stops them). Empty: no budget."
+)
 
 
 class DateTimeInput(forms.DateTimeInput):
@@ -47,6 +52,7 @@ class TenantForm(forms.ModelForm):
             "model_access": "Model access",
             "allowed_models": "Listed models",
             "fair_share_weight": "Fair share weight",
+            "alert_thresholds": "Budget alert thresholds (%)",
         }
         help_texts = {
             **{f: UNLIMITED for f in LIMIT_FIELDS},
@@ -58,6 +64,9 @@ class TenantForm(forms.ModelForm):
             "priority": "P0 requests are admitted before P1, P1 before P2 (batch).",
             "fair_share_weight": "The tenant's share of a saturated model among tenants of the "
             "same priority class. Empty: 1 for a new tenant, unchanged on edit.",
+            "alert_thresholds": "Percentages of each quota (and of each key's budget) at which "
+            "the tenant's admins are alerted, separated by commas, e.g. 50, 80, 100. Each fires "
+            "once per period. Empty: no budget alerts.",
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -103,6 +112,20 @@ class KeyForm(forms.Form):
         label=LIMIT_LABELS["max_concurrent_requests"],
         help_text="Empty: the tenant's limit.",
     )
+    budget_tokens = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="Token budget per quota period (tokens)",
+        help_text=BUDGET_HELP,
+    )
+    budget_amount = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=14,
+        decimal_places=4,
+        label="Money budget per quota period",
+        help_text="In the tenant's currency. " + BUDGET_HELP,
+    )
     allowed_models = forms.ModelMultipleChoiceField(
         queryset=CatalogModel.objects.none(),
         required=False,
@@ -130,7 +153,7 @@ class KeyForm(forms.Form):
         return {
             "name": key.name,
             "expires_at": key.expires_at,
-            **{f: getattr(key, f) for f in LIMIT_FIELDS},
+            **{f: getattr(key, f) for f in (*LIMIT_FIELDS, *BUDGET_FIELDS)},
             "allowed_models": list(key.allowed_models.all()),
         }
 
@@ -608,3 +631,47 @@ class AdminTokenForm(forms.Form):
         days = self.cleaned_data.get("lifetime")
         expires_at = timezone.now() + timedelta(days=int(days)) if days else None
         return {"name": self.cleaned_data["name"], "expires_at": expires_at}
+
+
+class WebhookForm(forms.Form):
+    """A webhook endpoint: where, which events, and (when made) for which tenant."""
+
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.none(),
+        required=False,
+        empty_label="— Platform (no tenant) —",
+        help_text="A tenant's endpoint receives that tenant's events; a platform endpoint the "
+        "platform's, and every tenant's budget events if it subscribes to them.",
+    )
+    url = forms.CharField(
+        max_length=2000,
+        label="URL",
+        help_text="http:// or https://, no credentials in it; internal addresses are fine. "
+        "Tollgate POSTs signed JSON here (docs: Admins › Alerts, notices and webhooks).",
+    )
+    description = forms.CharField(max_length=200, required=False)
+    events = forms.MultipleChoiceField(
+        choices=[(e.value, f"{e.value} — {e.label}") for e in SUBSCRIBABLE],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Platform endpoints only: engine.drift.",
+    )
+    enabled = forms.BooleanField(required=False, initial=True, help_text="Off: nothing is sent.")
+
+    def __init__(
+        self, *args: Any, tenants: Any, platform: bool, editing: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        tenant_field = self.fields["tenant"]
+        tenant_field.queryset = tenants
+        tenant_field.required = not platform
+        if not platform:
+            tenant_field.empty_label = None
+        if editing:
+            del self.fields["tenant"]
+        if not self.is_bound and not editing:
+            self.initial.setdefault("events", [Event.BUDGET_THRESHOLD.value])
+
+    def service_data(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        data.pop("tenant", None)
+        return data

@@ -20,6 +20,7 @@ from console.generic import Action, Column, ListPage, saved, service_form
 from console.templatetags.console import ago, badge
 from core.credentials import unexpired_filter
 from deployments.access import models_visible_to
+from metering.forecast import key_forecasts
 from tenants import services
 from tenants.access import admin_tenants, is_tenant_admin, keys_visible_to, tenants_of
 from tenants.models import ApiKey, Tenant
@@ -167,6 +168,7 @@ def key_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "nav": "keys",
             "actions": actions,
             "models": list(key.allowed_models.all()),
+            "forecasts": key_forecasts(key, timezone.now()),
         },
     )
 

@@ -21,6 +21,7 @@ from console.forms import TenantForm
 from console.generic import Action, Column, ListPage, saved, service_action, service_form
 from console.templatetags.console import badge, money, tokens
 from deployments.access import models_for_tenant
+from metering.forecast import tenant_forecasts
 from metering.services import usage_rollups_visible_to
 from metering.usage import quota_status
 from tenants import services
@@ -201,6 +202,7 @@ def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "admin": admin,
         "role": role_in(user, tenant),
         "quota": quota_status(tenant, now),
+        "forecasts": tenant_forecasts(tenant, now),
         "keys": keys[:20],
         "key_count": keys.count(),
         "models": models,

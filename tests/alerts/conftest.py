@@ -141,3 +141,16 @@ def price(public_model: Any) -> Any:
     with time_machine.travel(datetime(2026, 10, 1, tzinfo=UTC), tick=False):
         one = Decimal("1")
         return services.set_price(None, public_model, one, one, one)
+
+
+@pytest.fixture
+def web(db: None) -> Any:
+    """A browser-like client with a console session for the user."""
+    from django.test import Client
+
+    def make(user: Any) -> Client:
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
