@@ -239,6 +239,11 @@ def engine_ledger_key(replica_id: int) -> str:
     return rkey("engine", replica_id, "ledger")
 
 
+def engine_ledger_lock_key() -> str:
+    """Held by the one pass of the bill's check that runs at a time."""
+    return rkey("ledger", "lock")
+
+
 def engine_ledger_stats_key() -> str:
     """Hash: replica id -> the check's figures for the gateway's /metrics (JSON)."""
     return rkey("ledger", "stats")

@@ -36,6 +36,7 @@ scraped once ready), and health checks make no tokens.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,7 +49,12 @@ from django.dispatch import Signal
 
 from alerts.choices import Event, Severity
 from alerts.services import raise_alert
-from core.keyspace import engine_ledger_key, engine_ledger_stats_key, usage_stream
+from core.keyspace import (
+    engine_ledger_key,
+    engine_ledger_lock_key,
+    engine_ledger_stats_key,
+    usage_stream,
+)
 from core.redis import get_redis
 from deployments import fleet
 from deployments.choices import ReplicaState
@@ -66,6 +72,7 @@ drift_found = Signal()
 KINDS = ("prompt", "cached", "generation")
 STATE_TTL_SECONDS = 7 * 86400
 INGEST_WAIT_SECONDS = 2.0
+PASS_LOCK_SECONDS = 120
 
 
 @dataclass
@@ -416,7 +423,19 @@ def _figures(values: dict[str, int | None]) -> str:
 def check_all() -> int:
     """One pass over every ready replica: scrape it (again at once when it just turned
     quiet, so a checkpoint needs no second pass) and compare what is due; the stretches
-    compared."""
+    compared. One pass at a time: a second one (beat's next, while this one still runs)
+    returns at once rather than compare a stretch twice."""
+    client, token = get_redis(), secrets.token_hex(8)
+    if not client.set(engine_ledger_lock_key(), token, nx=True, ex=PASS_LOCK_SECONDS):
+        return 0
+    try:
+        return _check_all()
+    finally:
+        if client.get(engine_ledger_lock_key()) == token.encode():
+            client.delete(engine_ledger_lock_key())
+
+
+def _check_all() -> int:
     compared = 0
     replicas = list(
         Replica.objects.filter(state=ReplicaState.READY)

@@ -26,7 +26,7 @@ from django.utils import timezone
 from alerts import services as alert_services
 from alerts.choices import Event
 from alerts.models import Notice
-from core.keyspace import engine_own_key, usage_stream
+from core.keyspace import engine_ledger_lock_key, engine_own_key, usage_stream
 from core.redis import get_redis
 from deployments import fleet
 from deployments import services as deployment_services
@@ -387,3 +387,13 @@ def test_tollgates_own_check_request_is_not_drift(stack: Stack) -> None:
     sums = totals(stack.replica)
     assert sums["own_prompt"] == int(own[b"prompt"]) and sums["requests"] == 0
     assert (sums["drift_prompt"], sums["drift_generation"]) == (0, 0)
+
+
+def test_one_pass_at_a_time(stack: Stack) -> None:
+    """Beat's next pass while one still runs leaves the replicas alone (no stretch twice)."""
+    get_redis().set(engine_ledger_lock_key(), "another pass", ex=60)
+    assert engine_ledger.check_all() == 0
+    assert State.load(stack.replica.pk).last is None  # not even scraped
+    get_redis().delete(engine_ledger_lock_key())
+    engine_ledger.check_all()
+    assert State.load(stack.replica.pk).last is not None
