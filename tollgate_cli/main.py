@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     _prices(commands, common)
     _deployments(commands, common)
     _usage(commands, common)
+    from tollgate_cli import alerts  # it builds on this module's helpers
+
+    alerts.register(commands, common)
     return parser
 
 
