@@ -477,7 +477,19 @@ CELERY_BEAT_SCHEDULE = {
 # The largest body on /v1, and on the console's and /api's routes that take no file
 # (core/uploads.py; those that take one have the file's limit).
 TOLLGATE_MAX_BODY_BYTES = env_int("TOLLGATE_MAX_BODY_BYTES", 8 * 1024 * 1024)
-TOLLGATE_MAX_N = env_int("TOLLGATE_MAX_N", 8)  # choices per request
+TOLLGATE_MAX_N = env_int("TOLLGATE_MAX_N", 8)  # choices per request (n, best_of)
+# The engine shield's bounds (gateway/shield.py, docs/admins/engine-shield.md): logprobs per
+# token, items in a request's big lists (messages, inputs, documents), tools per request;
+# and for structured outputs, each JSON schema's (or grammar's) size and nesting, the
+# alternatives one enum/anyOf/oneOf/choice lists, and how far counted repetitions in a
+# regular expression or grammar ({m,n}, nested ones multiplied) may go.
+TOLLGATE_SHIELD_MAX_LOGPROBS = env_int("TOLLGATE_SHIELD_MAX_LOGPROBS", 20)
+TOLLGATE_SHIELD_MAX_ITEMS = env_int("TOLLGATE_SHIELD_MAX_ITEMS", 10_000)
+TOLLGATE_SHIELD_MAX_TOOLS = env_int("TOLLGATE_SHIELD_MAX_TOOLS", 128)
+TOLLGATE_SHIELD_MAX_SCHEMA_BYTES = env_int("TOLLGATE_SHIELD_MAX_SCHEMA_BYTES", 64 * 1024)
+TOLLGATE_SHIELD_MAX_SCHEMA_DEPTH = env_int("TOLLGATE_SHIELD_MAX_SCHEMA_DEPTH", 64)
+TOLLGATE_SHIELD_MAX_CHOICES = env_int("TOLLGATE_SHIELD_MAX_CHOICES", 4096)
+TOLLGATE_SHIELD_MAX_REPEAT = env_int("TOLLGATE_SHIELD_MAX_REPEAT", 10_000)
 TOLLGATE_MAX_SSE_FRAME_BYTES = env_int("TOLLGATE_MAX_SSE_FRAME_BYTES", 1024 * 1024)
 # The gateway's HTTP client for engines: its own keep-alive client (gateway/upstream.py) or
 # an aiohttp session; bench/gateway_bench.py measures both.

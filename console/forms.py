@@ -158,7 +158,27 @@ class KeyForm(forms.Form):
         }
 
 
+class FieldNamesField(forms.CharField):
+    """A list of names typed as one line, separated by commas or spaces."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return ", ".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value: Any) -> list[str]:
+        text = super().to_python(value)
+        return [name for name in text.replace(",", " ").split() if name]
+
+
 class CatalogModelForm(forms.ModelForm):
+    allowed_request_fields = FieldNamesField(
+        required=False,
+        label="Request fields allowed",
+        help_text="Fields the engine shield otherwise refuses, separated by commas: "
+        "chat_template, chat_template_kwargs (any key) or chat_template_kwargs.<key>, "
+        "mm_processor_kwargs, media_io_kwargs, vllm_xargs, session_id. Empty: none "
+        "(docs: Admins › The engine shield).",
+    )
+
     class Meta:
         model = CatalogModel
         fields = MODEL_FIELDS

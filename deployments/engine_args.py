@@ -134,6 +134,11 @@ ALLOWED: dict[str, Flag] = {
     "cpu-offload-gb": Flag(_float(0, 1024), "Weights offloaded to CPU memory (GiB)."),
     "generation-config": Flag(_choice("auto", "vllm"), "Where sampling defaults come from."),
     "trust-remote-code": Flag(_bool, GATED["trust-remote-code"]),
+    "trust-request-chat-template": Flag(
+        _bool,
+        "Render a request's own chat template (the engine shield still refuses it unless the "
+        "model allows chat_template).",
+    ),
     # LoRA adapters (deployments/adapters.py loads them at run time; never --lora-modules,
     # which names paths).
     "enable-lora": Flag(_bool, "Serve tenants' LoRA adapters on this base model."),

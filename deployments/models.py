@@ -5,6 +5,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from core.fields import EncryptedTextField
+from core.request_fields import validate_allowed_fields
 from deployments.choices import (
     AdapterStatus,
     Arch,
@@ -35,6 +36,7 @@ MODEL_FIELDS = (
     "visibility",
     "trust_remote_code",
     "kv_bytes_per_token",
+    "allowed_request_fields",
     "description",
 )
 NODE_FIELDS = (
@@ -127,6 +129,15 @@ class CatalogModel(models.Model):
         blank=True,
         help_text="KV-cache bytes per token (2 × layers × KV heads × head dim × 2 bytes); "
         "estimated from the parameter count when empty.",
+    )
+    allowed_request_fields = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_allowed_fields],
+        help_text="Request fields the engine shield refuses from tenants that this model "
+        "accepts (docs/admins/engine-shield.md): chat_template, chat_template_kwargs, "
+        "chat_template_kwargs.<key>, mm_processor_kwargs, media_io_kwargs, vllm_xargs, "
+        "session_id.",
     )
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -245,6 +245,7 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, default=None)
     for flag in (
         "--trust-remote-code",
+        "--trust-request-chat-template",
         "--enforce-eager",
         "--disable-log-requests",
         "--enable-log-requests",

@@ -28,18 +28,6 @@ from metering.periods import period_end
 
 log = logging.getLogger("tollgate.gateway")
 
-# Body fields some SDKs and proxies use to redirect or re-authenticate traffic: never honoured.
-REDIRECT_FIELDS = (
-    "api_base",
-    "base_url",
-    "api_key",
-    "api_version",
-    "custom_llm_provider",
-    "extra_headers",
-    "headers",
-    "user_api_key",
-)
-
 
 def _duration(ms: int) -> bytes:
     """OpenAI's reset format: 1s, 6m0s, 20ms."""
@@ -150,18 +138,15 @@ def estimate(body: bytes, payload: dict, model: ModelInfo, endpoint: str) -> tup
 
 
 def upstream_body(payload: dict, body: bytes, stream: bool, changed: bool = False) -> bytes:
-    """The body for the engine: redirect fields removed; streams report usage continuously.
-    (A copy: ``payload`` keeps what the client asked for.)"""
+    """The body for the engine (the engine shield has already dropped what it must not
+    see): streams report usage continuously. (A copy: ``payload`` keeps what the client
+    asked for.)"""
+    if not (stream or changed):
+        return body
     out = dict(payload)
-    dirty = changed
-    for field in REDIRECT_FIELDS:
-        if field in out:
-            del out[field]
-            dirty = True
     if stream:
         out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-        dirty = True
-    return orjson.dumps(out) if dirty else body
+    return orjson.dumps(out)
 
 
 def prepare(ex: Exchange, scope: dict) -> tuple[int, int]:

@@ -71,6 +71,9 @@ class ModelInfo:
     parent: str = ""  # an adapter's base model's served name
     status: str = ""  # an adapter's: ready, checking or failed
     status_message: str = ""
+    # Guarded request fields an admin allowed for it (an adapter: its base's): the engine
+    # shield (gateway/shield.py) lets them through.
+    allowed_fields: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -182,6 +185,7 @@ def _load_models(snap: Snapshot) -> None:
             task=model.task,
             context_length=model.context_length,
             created=int(model.created_at.timestamp()),
+            allowed_fields=frozenset(model.allowed_request_fields),
         )
 
 
@@ -202,6 +206,7 @@ def _load_adapters(snap: Snapshot) -> None:
             parent=base.served_name,
             status=adapter.status,
             status_message=adapter.status_message,
+            allowed_fields=frozenset(base.allowed_request_fields),
         )
 
 

@@ -169,6 +169,7 @@ RESOURCES = [
             "visibility": "public",
             "trust_remote_code": False,
             "kv_bytes_per_token": 1024,
+            "allowed_request_fields": [],
             "description": "For the audit.",
         },
         lambda w: {
@@ -183,6 +184,7 @@ RESOURCES = [
             "visibility": "private",
             "trust_remote_code": True,
             "kv_bytes_per_token": 2048,
+            "allowed_request_fields": ["chat_template_kwargs.documents_mode"],
             "description": "Changed.",
         },
     ),
