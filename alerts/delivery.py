@@ -18,7 +18,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from alerts import signing
-from alerts.choices import DeliveryStatus
+from alerts.choices import DeliveryStatus, Event
 from alerts.models import WebhookDelivery
 from core.tasks import enqueue as enqueue_task
 
@@ -117,7 +117,7 @@ def attempt(delivery_id: object) -> WebhookDelivery | None:
     row = _claim(delivery_id)
     if row is None:
         return None
-    if not row.endpoint.enabled and row.event != "test":
+    if not row.endpoint.enabled and row.event != Event.TEST:
         return _finish(row, DeliveryStatus.GAVE_UP, None, "", "The endpoint is disabled.")
     code, excerpt, error = _post(row)
     if not error:

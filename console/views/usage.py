@@ -5,6 +5,7 @@ The CSV is the showback export itself (metering.export), so its totals are the p
 """
 
 from datetime import UTC, datetime, time, timedelta
+from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -16,6 +17,7 @@ from console.access import export_scope
 from console.forms import UsageFilterForm
 from deployments.access import adapters_visible_to, models_visible_to
 from metering import export
+from metering.forecast import tenant_forecasts
 from metering.services import filter_usage
 from tenants.access import admin_tenants
 
@@ -49,6 +51,16 @@ def _query(form: UsageFilterForm, scope: frozenset[int] | None) -> export.Export
     )
 
 
+def _forecast_tenant(request: HttpRequest, form: UsageFilterForm) -> Any:
+    """The tenant whose quotas the page forecasts: the one filtered on, or a tenant admin's
+    only tenant."""
+    data = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    if data.get("tenant"):
+        return data["tenant"]
+    tenants = admin_tenants(request.user)
+    return tenants.first() if not request.user.is_staff and tenants.count() == 1 else None
+
+
 @login_required
 def usage(request: HttpRequest) -> HttpResponse:
     scope = export_scope(request.user)
@@ -62,6 +74,7 @@ def usage(request: HttpRequest) -> HttpResponse:
     params = request.GET.copy()
     for name in ("group", "page"):
         params.pop(name, None)
+    forecast_tenant = _forecast_tenant(request, form)
     return render(
         request,
         "console/usage/page.html",
@@ -78,6 +91,10 @@ def usage(request: HttpRequest) -> HttpResponse:
             "granularity": q.granularity,
             "last_day": q.end - timedelta(days=1),
             "currency": series["currency"],
+            "forecast_tenant": forecast_tenant,
+            "forecasts": tenant_forecasts(forecast_tenant, timezone.now())
+            if forecast_tenant
+            else [],
         },
     )
 

@@ -203,6 +203,21 @@ def test_the_tenant_page_shows_the_forecast(web, alice, bob, tenant_a, public_mo
             assert "12.00 USD a day" in page and "50 %, 80 %, 100 %" in page
 
 
+def test_the_usage_page_forecasts_the_tenant_shown(
+    web, alice, root, tenant_a, tenant_b, public_model, price
+) -> None:
+    tenant = tenant_services.update_tenant(None, tenant_a, quota_tokens=50_000_000)
+    with time_machine.travel(NOW, tick=False):
+        spend(tenant, public_model, price, NOW - timedelta(hours=1), tokens=12_000_000)
+        mine = web(alice).get(u("usage")).content.decode()  # her only tenant
+        everyone = web(root).get(u("usage")).content.decode()
+        chosen = web(root).get(u("usage") + "?tenant=acme").content.decode()
+    # 38M tokens left at 12M a day: 3 days 4 h.
+    assert "Forecast for Acme Research" in mine and "2026-11-13 16:00 UTC" in mine
+    assert "Forecast for" not in everyone
+    assert "Forecast for Acme Research" in chosen and "2026-11-13 16:00 UTC" in chosen
+
+
 def test_a_key_budget_is_set_in_the_key_form_and_shown_with_its_forecast(
     web, alice, tenant_a, public_model, price
 ) -> None:
