@@ -375,6 +375,14 @@ class Gateway:
             )
         if not isinstance(payload, dict):
             return {}, (400, error_body("The request body must be a JSON object."))
+        if shield.too_deep(body, payload):
+            return {}, (
+                400,
+                error_body(
+                    f"The JSON body nests more than {shield.JSON_MAX_DEPTH} levels deep: the "
+                    "limit on this appliance."
+                ),
+            )
         if not isinstance(payload.get("model"), str) or not payload["model"]:
             return {}, (400, error_body("You must provide a model parameter.", param="model"))
         return payload, None

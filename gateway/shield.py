@@ -36,6 +36,9 @@ Problem = tuple[int, bytes]
 # values 6 s, 100,000 over three minutes, all other requests on the engine waiting).
 ALTERNATIVES = ("enum", "anyOf", "oneOf")
 REGEX_MAX_CHARS = 4096
+# orjson reads JSON nested 1,024 levels deep but writes only 254: a body between the two
+# would fail (a 500) wherever the gateway writes it again for the engine.
+JSON_MAX_DEPTH = 254
 TEMPLATE_VALUE_MAX_CHARS = 256
 TOOLS_SCHEMA_SHARE = 4  # all of a request's tool schemas: at most this many schemas' bytes
 STRUCTURED_KEYS = frozenset(
@@ -82,6 +85,18 @@ class Bounds:
             choices=settings.TOLLGATE_SHIELD_MAX_CHOICES,
             repeat=settings.TOLLGATE_SHIELD_MAX_REPEAT,
         )
+
+
+def too_deep(body: bytes, payload: dict) -> bool:
+    """Whether a parsed body nests deeper than ``JSON_MAX_DEPTH``. Only a body with that many
+    brackets can (counted in C); only such a body is written again to find out."""
+    if body.count(b"[") + body.count(b"{") <= JSON_MAX_DEPTH:
+        return False
+    try:
+        orjson.dumps(payload)
+    except TypeError:
+        return True
+    return False
 
 
 def refuse(message: str, param: str, code: str = "invalid_value") -> Problem:

@@ -636,6 +636,13 @@ def test_regex_copies_multiplies_nested_counted_repetitions(pattern: str, copies
     assert shield.regex_copies(pattern) == copies
 
 
+def test_a_body_deeper_than_the_gateway_can_write_again_is_found() -> None:
+    deep = b'{"model":"m","user":' + b"[" * 300 + b"]" * 300 + b"}"
+    assert shield.too_deep(deep, orjson.loads(deep))
+    shallow = b'{"model":"m","messages":' + orjson.dumps(HELLO * 400) + b"}"
+    assert not shield.too_deep(shallow, orjson.loads(shallow))  # many brackets, none deep
+
+
 def test_the_docs_tables_are_the_policy() -> None:
     page = ROOT / "docs/admins/engine-shield.md"
     text = page.read_text()
@@ -805,6 +812,25 @@ def test_refusals_come_in_each_apis_shape_bill_nothing_and_are_counted(world: Wo
     assert usage_count() == before_usage  # nothing was billed
 
 
+@pytestmark_e2e
+def test_json_nested_too_deep_is_a_400_not_a_server_error(world: World) -> None:
+    """orjson reads 1,024 levels and writes 254: a stream is written again for the engine, so
+    300 levels used to end in a 500 there."""
+    for nesting in (300, 10_000):
+        body = (
+            b'{"model":"sim-chat","stream":true,"messages":[{"role":"user","content":"x"}],'
+            b'"user":' + b"[" * nesting + b"]" * nesting + b"}"
+        )
+        answer = httpx.post(
+            f"{world.v1}/chat/completions",
+            content=body,
+            headers={"Authorization": f"Bearer {world.key_a}"},
+            timeout=30,
+        )
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
 class Canary(http.server.BaseHTTPRequestHandler):
     """An "engine" that records every request reaching it."""
 
@@ -819,7 +845,12 @@ class Canary(http.server.BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         Canary.hits.append(f"{self.command} {self.path}")
-        body = b'{"id":"cmpl-1","object":"text_completion","choices":[],"usage":null}'
+        # With its usage: the gateway asks no tokenizer of its own to count the prompt.
+        body = (
+            b'{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"y",'
+            b'"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+            b'"total_tokens":2}}'
+        )
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
