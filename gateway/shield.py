@@ -6,9 +6,10 @@ dropped or passed on. A refusal is a 400 in OpenAI's shape (Anthropic's on /v1/m
 gateway/messages.py rewrites it), naming the field and the bound; it costs the tenant
 nothing and the engine never sees it.
 
-The cost for an ordinary body is one dict lookup per field; structured outputs, tools and
-template arguments are walked only when a request carries them, iteratively, stopping at
-the first bound passed (their size is measured first, in C, so a walk is bounded too).
+The cost for an ordinary body is one dict lookup per field (a few microseconds). Structured
+outputs and tools are written as JSON first (in C) and their brackets, commas and patterns
+counted: only one that could pass a bound is walked, iteratively, stopping at the first
+bound passed (its size already bounded, so the walk is too).
 
 Also here: which paths outside ``/v1`` are the engine's own routes (``engine_path``), which
 the gateway answers itself with a 404 rather than let the console answer them.
@@ -35,6 +36,7 @@ Problem = tuple[int, bytes]
 # linearly with them (vLLM 0.32 on the CPU test machine: 7,000 enum values 0.3 s, 20,000
 # values 6 s, 100,000 over three minutes, all other requests on the engine waiting).
 ALTERNATIVES = ("enum", "anyOf", "oneOf")
+KEYWORDS = frozenset((*ALTERNATIVES, "pattern", "patternProperties"))  # what the walk reads
 REGEX_MAX_CHARS = 4096
 # orjson reads JSON nested 1,024 levels deep but writes only 254: a body between the two
 # would fail (a 500) wherever the gateway writes it again for the engine.
@@ -213,11 +215,12 @@ def _template_kwargs(
 # --- Structured outputs --------------------------------------------------------------------
 
 
-def _too_big(value: Any, path: str, limit: int) -> tuple[str | None, int]:
-    size = len(orjson.dumps(value))
-    if size > limit:
-        return f"`{path}` is {size} bytes: at most {limit} are accepted on this appliance.", size
-    return None, size
+def _too_big(value: Any, path: str, limit: int) -> tuple[str | None, bytes]:
+    """(what is wrong with its size, or None; the value written as JSON)."""
+    raw = orjson.dumps(value)
+    if len(raw) > limit:
+        return f"`{path}` is {len(raw)} bytes: at most {limit} are accepted on this appliance.", raw
+    return None, raw
 
 
 def schema_problem(value: Any, path: str, bounds: Bounds) -> str | None:
@@ -229,8 +232,19 @@ def schema_problem(value: Any, path: str, bounds: Bounds) -> str | None:
             return f"`{path}` must be a JSON schema: an object, or the JSON text of one."
     if not isinstance(value, dict):
         return f"`{path}` must be a JSON schema: an object."
-    problem, _ = _too_big(value, path, bounds.schema_bytes)
-    return problem or _walk(value, path, bounds)
+    problem, raw = _too_big(value, path, bounds.schema_bytes)
+    return problem or (_walk(value, path, bounds) if _worth_walking(raw, bounds) else None)
+
+
+def _worth_walking(raw: bytes, bounds: Bounds) -> bool:
+    """Whether a schema written as ``raw`` could break a bound the walk checks: it cannot nest
+    deeper than it has brackets, list more alternatives than it has commas, or hold a pattern
+    without naming one (counted in C: most schemas need no walk at all)."""
+    return (
+        raw.count(b"{") + raw.count(b"[") > bounds.schema_depth
+        or raw.count(b",") >= bounds.choices
+        or b'"pattern' in raw
+    )
 
 
 def _walk(root: dict, path: str, bounds: Bounds) -> str | None:
@@ -255,6 +269,8 @@ def _walk(root: dict, path: str, bounds: Bounds) -> str | None:
 
 
 def _keywords(node: dict, path: str, bounds: Bounds) -> str | None:
+    if KEYWORDS.isdisjoint(node):
+        return None
     for key in ALTERNATIVES:
         listed = node.get(key)
         if isinstance(listed, list) and len(listed) > bounds.choices:
@@ -370,8 +386,8 @@ def tag_problem(tag: Any, path: str, bounds: Bounds) -> str | None:
             return f"`{path}` must be a structural tag (JSON)."
     if not isinstance(tag, (dict, list)):
         return f"`{path}` must be a structural tag (JSON)."
-    problem, _ = _too_big(tag, path, bounds.schema_bytes)
-    return problem or _walk({"": tag}, path, bounds)
+    problem, raw = _too_big(tag, path, bounds.schema_bytes)
+    return problem or (_walk({"": tag}, path, bounds) if _worth_walking(raw, bounds) else None)
 
 
 def structured_problem(value: Any, path: str, bounds: Bounds) -> str | None:
@@ -432,37 +448,42 @@ def _nested_format(key: str) -> Any:
     return check
 
 
-TOOL_SCHEMAS = (("function", "parameters"), ("parameters",), ("input_schema",))
-
-
 def tools_problem(value: Any, path: str, bounds: Bounds, responses: bool = False) -> str | None:
-    """A request's tools: how many, of which kind, and each one's schema bounded."""
+    """A request's tools: how many, of which kind, and each one's schema bounded. The tools
+    are measured together first; one by one only where that could find something."""
     if not isinstance(value, list):
         return f"`{path}` must be a list of tools."
     if len(value) > bounds.tools:
         return f"`{path}` may hold at most {bounds.tools} tools on this appliance."
-    problem, _ = _too_big(value, path, bounds.schema_bytes * TOOLS_SCHEMA_SHARE)
+    problem, raw = _too_big(value, path, bounds.schema_bytes * TOOLS_SCHEMA_SHARE)
     if problem:
         return problem
+    each = len(raw) > bounds.schema_bytes or _worth_walking(raw, bounds)
     for index, tool in enumerate(value):
-        where = f"{path}[{index}]"
         if not isinstance(tool, dict):
-            return f"`{where}` must be an object."
+            return f"`{path}[{index}]` must be an object."
         kind = tool.get("type", "function")
         if responses and kind != "function":
             return (
-                f"`{where}` is a `{kind}` tool: only function tools are accepted on this "
-                "appliance (the engines call no servers of their own)."
+                f"`{path}[{index}]` is a `{kind}` tool: only function tools are accepted on "
+                "this appliance (the engines call no servers of their own)."
             )
-        for keys in TOOL_SCHEMAS:
-            schema = tool
-            for key in keys:
-                schema = schema.get(key) if isinstance(schema, dict) else None
-            if schema is not None:
-                problem = schema_problem(schema, f"{where}.{'.'.join(keys)}", bounds)
-                if problem:
-                    return problem
+        schema, where = _tool_schema(tool)
+        if schema is not None and (each or not isinstance(schema, dict)):
+            problem = schema_problem(schema, f"{path}[{index}].{where}", bounds)
+            if problem:
+                return problem
     return None
+
+
+def _tool_schema(tool: dict) -> tuple[Any, str]:
+    """A tool's schema and where it is: OpenAI chat's, the Responses API's or Anthropic's."""
+    function = tool.get("function")
+    if isinstance(function, dict):
+        return function.get("parameters"), "function.parameters"
+    if "input_schema" in tool:
+        return tool["input_schema"], "input_schema"
+    return tool.get("parameters"), "parameters"
 
 
 def _structure(check_value: Any) -> Any:

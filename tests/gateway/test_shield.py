@@ -370,6 +370,20 @@ REFUSED = [
         "invalid_value",
     ),
     (
+        "messages",
+        {"tools": [{"name": "f", "input_schema": {"description": "x" * 70_000}}]},
+        "tools",
+        "`tools[0].input_schema` is 70018 bytes: at most 65536",
+        "invalid_value",
+    ),
+    (
+        "responses",
+        {"tools": [{"type": "function", "name": "f", "parameters": "not a schema"}]},
+        "tools",
+        "`tools[0].parameters` must be a JSON schema",
+        "invalid_value",
+    ),
+    (
         "responses",
         {"tools": [{"type": "mcp", "server_url": "http://169.254.169.254/", "server_label": "x"}]},
         "tools",
