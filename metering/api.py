@@ -5,7 +5,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
@@ -17,7 +17,12 @@ from core.api import AdminViewSetMixin, UserScopedMixin
 from deployments.models import Deployment
 from metering import bill_check, forecast, services
 from metering.models import Price, UsageEvent
-from metering.serializers import ForecastSerializer, PriceSerializer, UsageEventSerializer
+from metering.serializers import (
+    BillCheckSerializer,
+    ForecastSerializer,
+    PriceSerializer,
+    UsageEventSerializer,
+)
 from tenants import access
 from tenants.permissions import IsPlatformAdmin, PlatformAdminWrites
 
@@ -125,6 +130,10 @@ class BillCheckView(APIView):
 
     permission_classes = [IsPlatformAdmin]
 
+    @extend_schema(
+        responses=BillCheckSerializer,
+        parameters=[OpenApiParameter("hours", int, description="The window, 1 to 744 hours.")],
+    )
     def get(self, request: Request, name: str) -> Response:
         deployment = get_object_or_404(Deployment, name=name)
         try:

@@ -118,3 +118,14 @@ class ForecastSerializer(Serializer):
     at = serializers.DateTimeField()
     window_hours = serializers.IntegerField()
     forecasts = QuotaForecastSerializer(many=True)
+
+
+class BillCheckSerializer(Serializer):
+    """The bill checked against a deployment's engines (metering/bill_check.py): per
+    replica over the window, and per replica and hour."""
+
+    deployment = serializers.CharField()
+    hours = serializers.IntegerField()
+    since = serializers.DateTimeField()
+    replicas = serializers.ListField(child=serializers.DictField())
+    by_hour = serializers.ListField(child=serializers.DictField())
