@@ -7,6 +7,7 @@ events (gateway/messages.py), the Responses API's (gateway/responses.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -27,6 +28,8 @@ NO_ENGINE = error_body(
     code="model_not_ready",
 )
 ENGINE_FAILED = error_body("The engine failed while answering. Please retry.", "server_error")
+
+log = logging.getLogger("tollgate.gateway")
 
 
 class Forwarding:
@@ -201,6 +204,13 @@ class Forwarding:
         error event."""
         ex, outcome = self.ex, self.outcome
         metrics.UPSTREAM_ERRORS.labels(ex.payload["model"], exc.__class__.__name__).inc()
+        log.warning(
+            "request %s: the engine%s failed mid-request: %r%s",
+            ex.request_id,
+            f" (replica {self.chosen.replica_id})" if self.chosen else "",
+            exc,
+            f" (from {exc.__cause__!r})" if exc.__cause__ else "",
+        )
         outcome.status = "error"
         if not outcome.started:
             outcome.http_status = 502
