@@ -81,8 +81,8 @@ def _check(tenant: Tenant, key: ApiKey | None, limits: dict, now: datetime) -> i
     if not due:
         return 0
     done = set(Notice.objects.filter(dedupe_key__in=due).values_list("dedupe_key", flat=True))
-    todo = [(key_, kind, t) for key_, (kind, t) in due.items() if key_ not in done]
-    if not todo:
+    unfired = [(key_, kind, t) for key_, (kind, t) in due.items() if key_ not in done]
+    if not unfired:
         return 0
     forecasts = {
         f.kind: f
@@ -91,7 +91,7 @@ def _check(tenant: Tenant, key: ApiKey | None, limits: dict, now: datetime) -> i
         )
     }
     fired = 0
-    for key_, kind, threshold in sorted(todo, key=lambda item: (item[1], item[2])):
+    for key_, kind, threshold in sorted(unfired, key=lambda item: (item[1], item[2])):
         limit, used = limits[kind]
         notice = _fire(tenant, key, kind, threshold, limit, used, forecasts.get(kind), now, key_)
         fired += notice is not None
