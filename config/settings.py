@@ -345,6 +345,9 @@ TOLLGATE_RECONCILE_SECONDS = env_float("TOLLGATE_RECONCILE_SECONDS", 5.0)
 # A running operation's worker renews its lease; a worker killed mid-operation stops
 # renewing, and after this reconcile fails the operation and takes over.
 TOLLGATE_OPERATION_LEASE_SECONDS = env_float("TOLLGATE_OPERATION_LEASE_SECONDS", 30.0)
+# An operation still queued after this (its task message lost: Redis restarted, or was down
+# as it was queued) has its task sent again by reconcile; a delivery twice runs it once.
+TOLLGATE_OPERATION_PICKUP_SECONDS = env_float("TOLLGATE_OPERATION_PICKUP_SECONDS", 20.0)
 # A node whose worker sent no heartbeat for this long is unreachable: its replicas leave
 # routing and unpinned ones are placed on other nodes.
 TOLLGATE_NODE_HEARTBEAT_TIMEOUT = env_float("TOLLGATE_NODE_HEARTBEAT_TIMEOUT", 30.0)

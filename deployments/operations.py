@@ -10,12 +10,15 @@ module only imports the models, so every one of them can use it.
 import logging
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import httpx
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from core.keyspace import rkey
 from core.redis import get_redis
@@ -77,8 +80,53 @@ def queue_operation(
         detail=detail,
     )
     queue = node.queue if node else CONTROL_QUEUE
-    transaction.on_commit(lambda: enqueue(TASKS[kind], op.pk, queue=queue))
+    transaction.on_commit(lambda: send(op, queue))
     return op
+
+
+def send(op: Operation, queue: str) -> None:
+    """Queue the operation's task. The row is already committed: if the broker cannot take
+    the message now (Redis restarting), reconcile sends it again (``resend_unclaimed``)."""
+    try:
+        enqueue(TASKS[op.kind], op.pk, queue=queue)
+    except (OperationalError, redis.RedisError) as exc:
+        log.warning("operation %s: its task could not be queued (%s); reconcile sends it again",
+                    op.pk, exc)  # fmt: skip
+
+
+def resend_unclaimed() -> int:
+    """Send again the task of each operation no worker has claimed within
+    ``TOLLGATE_OPERATION_PICKUP_SECONDS`` (its message lost: the broker restarted, or was
+    down when the operation was queued); returns how many were sent. Extra deliveries are
+    harmless: the first claims the row, the others find it taken. One no worker took within
+    the start timeout (``TOLLGATE_ENGINE_READY_TIMEOUT`` + 120 s) fails, saying so."""
+    now = timezone.now()
+    pickup = settings.TOLLGATE_OPERATION_PICKUP_SECONDS
+    give_up = now - timedelta(seconds=settings.TOLLGATE_ENGINE_READY_TIMEOUT + 120)
+    waiting = Operation.objects.filter(
+        status=OperationStatus.QUEUED, created_at__lt=now - timedelta(seconds=pickup)
+    ).select_related("node", "deployment__node")
+    sent = 0
+    for op in waiting:
+        if op.created_at < give_up:
+            _never_picked_up(op)
+        elif get_redis().set(rkey("op", op.pk, "resent"), b"1", nx=True, px=int(pickup * 1000)):
+            node = op.node or (op.deployment.node if op.deployment else None)
+            log.warning("operation %s (%s) not picked up in %.0f s: sending it again",
+                        op.pk, op.kind, (now - op.created_at).total_seconds())  # fmt: skip
+            send(op, node.queue if node else CONTROL_QUEUE)
+            sent += 1
+    return sent
+
+
+def _never_picked_up(op: Operation) -> None:
+    waited = (timezone.now() - op.created_at).total_seconds()
+    Operation.objects.filter(pk=op.pk, status=OperationStatus.QUEUED).update(
+        status=OperationStatus.FAILED,
+        finished_at=timezone.now(),
+        error=f"No worker picked this operation up in {waited / 60:.0f} minutes; "
+        "is the node's worker running?",
+    )
 
 
 def op_node(op: Operation) -> Node:

@@ -134,6 +134,7 @@ def reconcile_all() -> None:
         reconcile_node.apply_async(args=[node.pk], queue=node.queue, expires=interval * 3)
         node_heartbeat.apply_async(args=[node.pk], queue=node.queue, expires=interval * 3)
     fleet.mark_silent_nodes()
+    operations.resend_unclaimed()
     reconcile.place_all()
     fleet.check_externals()
 

@@ -20,10 +20,11 @@ import httpx
 import orjson
 import pytest
 from django.db import connection
+from kombu.exceptions import OperationalError
 
 from core.keyspace import usage_stream
 from core.redis import get_redis
-from deployments import placement, services, tasks
+from deployments import demand, operations, placement, services, tasks
 from deployments.choices import OperationKind, OperationStatus, ReplicaState
 from deployments.models import Deployment, Node, Operation, Replica
 from tenants import services as tenant_services
@@ -213,8 +214,12 @@ def appliance_on_own_redis(
 
 
 def test_redis_restarting_while_requests_wait_for_a_start(
-    appliance_on_own_redis: tuple[Appliance, RedisServer], stack: str
+    appliance_on_own_redis: tuple[Appliance, RedisServer], stack: str, settings: object
 ) -> None:
+    """Beat runs through it as on the appliance: if Redis went down the moment the start was
+    queued, its task message is lost, and reconcile sends it again (CI1 of 2026-11-28 lost
+    it: the waiters timed out and the engine never started)."""
+    settings.TOLLGATE_OPERATION_PICKUP_SECONDS = 5.0
     app, redis_server = appliance_on_own_redis
     deployment, key = cold_model(app, "od-redis", SIM_LOAD_SECONDS="4")
     waiters = Waiters(app.url, key, "od-redis").start()
@@ -226,9 +231,40 @@ def test_redis_restarting_while_requests_wait_for_a_start(
     redis_server.kill9()
     time.sleep(3)  # Redis down for a few seconds (a restart of its container)
     redis_server.start()
-    answers = waiters.join()
+    with beat():
+        answers = waiters.join()
     settle(lambda: Replica.objects.filter(deployment=deployment, state="ready").exists(),
            120, "the engine ready")  # fmt: skip
     assert running(stack) == {str(deployment.pk)}
     no_billing_twice(answers)
     assert any(status == 200 for status, _, _ in answers), answers
+
+
+def test_a_start_whose_task_message_was_lost_is_sent_again_and_answers_the_waiters(
+    appliance: Appliance, stack: str, settings: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the Redis restart above can hit, made certain: the start is decided and
+    recorded, but the broker refuses its task (Redis down at that instant). Requests asking
+    for the model find a start under way; reconcile (beat) sends the task again after
+    TOLLGATE_OPERATION_PICKUP_SECONDS, and every waiting request gets the engine's answer."""
+    settings.TOLLGATE_OPERATION_PICKUP_SECONDS = 5.0
+    deployment, key = cold_model(appliance, "od-lost", SIM_LOAD_SECONDS="1")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(operations, "enqueue", refused)
+        demand.request_start(deployment.pk)  # the demand worker's decision, played here
+    wake = Operation.objects.get(kind=OperationKind.WAKE, deployment=deployment)
+    assert wake.status == OperationStatus.QUEUED
+    asked = time.monotonic()
+    waiters = Waiters(appliance.url, key, "od-lost").start()
+    with beat():
+        answers = waiters.join()
+    assert [status for status, _, _ in answers] == [200] * WAITERS, answers
+    assert time.monotonic() - asked < START_TIMEOUT / 2
+    wake.refresh_from_db()
+    assert wake.status == OperationStatus.SUCCEEDED
+    assert running(stack) == {str(deployment.pk)}
+    no_billing_twice(answers)

@@ -3,11 +3,14 @@ the transaction that recorded it commits (the real Celery broker, read back from
 
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import orjson
 import pytest
 import redis
 from django.db import transaction
+from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from config.celery import app
 from deployments import operations, tasks
@@ -88,3 +91,53 @@ def test_an_engine_failure_ends_in_the_row_with_its_log_tail(node: Node) -> None
     op.refresh_from_db()
     assert op.status == OperationStatus.FAILED and op.finished_at is not None
     assert op.error == "the engine exited with code 3\n--- last log lines ---\nCUDA out of memory"
+
+
+def queued_ago(op: Operation, seconds: float) -> None:
+    Operation.objects.filter(pk=op.pk).update(
+        created_at=timezone.now() - timedelta(seconds=seconds)
+    )
+
+
+def test_a_task_the_broker_refused_is_sent_again_once_no_worker_claimed_it(
+    node: Node, settings: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis restarting the moment an operation is queued: the row is saved (the caller is
+    not failed), and reconcile sends its task again after the pickup time, once per pickup
+    time; a claimed one is never sent again."""
+    settings.TOLLGATE_OPERATION_PICKUP_SECONDS = 20.0
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(operations, "enqueue", refused)
+        op = operations.queue_operation(OperationKind.STOP, None, node=node)
+    assert broker().llen(node.queue) == 0
+    assert Operation.objects.get(pk=op.pk).status == OperationStatus.QUEUED
+
+    assert operations.resend_unclaimed() == 0  # queued a moment ago: a worker may take it
+    queued_ago(op, 21)
+    assert operations.resend_unclaimed() == 1
+    (message,) = broker().lrange(node.queue, 0, -1)
+    assert orjson.loads(message)["headers"]["argsrepr"] == f"[{op.pk}]"
+    assert operations.resend_unclaimed() == 0  # not again within the pickup time
+
+    other = Operation.objects.create(kind=OperationKind.STOP, node=node)
+    operations.run_operation(other.pk, OperationKind.STOP, lambda claimed: None)
+    queued_ago(other, 60)
+    assert operations.resend_unclaimed() == 0 and broker().llen(node.queue) == 1
+
+
+def test_an_operation_no_worker_took_within_the_start_timeout_fails_saying_so(
+    node: Node, settings: object
+) -> None:
+    settings.TOLLGATE_ENGINE_READY_TIMEOUT = 600.0
+    op = Operation.objects.create(kind=OperationKind.DEPLOY, node=node)
+    queued_ago(op, 600 + 121)
+    assert operations.resend_unclaimed() == 0 and broker().llen(node.queue) == 0
+    op.refresh_from_db()
+    assert op.status == OperationStatus.FAILED and op.finished_at is not None
+    assert op.error == (
+        "No worker picked this operation up in 12 minutes; is the node's worker running?"
+    )
