@@ -3,6 +3,8 @@ gets from ``scripts/build-images vllm-cpu`` and ``scripts/make-test-model``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import docker
 import httpx
 import pytest
@@ -118,3 +120,26 @@ def test_vllm_drops_a_request_whose_client_left(shared_engine: RealEngine) -> No
     assert engine_drops_abandoned(engine.url, "tiny-llama") is True
     assert engine.metric("vllm:num_requests_running") == 0
     assert engine.metric("vllm:generation_tokens_total") - before < CHECK_TOKENS
+
+
+def test_a_second_start_loads_the_compile_cache(
+    shared_engine: RealEngine, vllm_factory: Callable[..., RealEngine]
+) -> None:
+    """An engine started again with the same flags loads the kernels the first start saved
+    in the compile cache volume instead of compiling them again (vLLM 0.32's CPU build
+    failed to, every time, until the image patched it: compose/vllm-cpu/patch_aot_load.py),
+    and the loaded model answers exactly as the one that compiled them."""
+    from tests.vllm.fidelity_scenarios import ENGINE_FLAGS
+
+    again = vllm_factory(*ENGINE_FLAGS[2:])
+    log = again.container.logs().decode(errors="replace")
+    assert "Compiling model again" not in log, log[-3000:]
+    assert "Directly load AOT compilation" in log, log[-3000:]
+    for prompt in ("Hello there", "Tell me a story about tokens"):
+        body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 40, "temperature": 0}
+        first, second = (
+            httpx.post(f"{engine.url}/v1/completions", json=body, timeout=60).json()
+            for engine in (shared_engine, again)
+        )
+        assert second["choices"][0]["text"] == first["choices"][0]["text"]
+        assert second["usage"] == first["usage"]
