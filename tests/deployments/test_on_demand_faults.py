@@ -89,6 +89,9 @@ class Waiters:
 
 
 def cold_model(app: Appliance, name: str, **env: str) -> tuple[Deployment, str]:
+    # The module's tests share the gateway's Redis prefix (tests.gateway.conftest): an
+    # earlier test's usage events must not count as this one's.
+    get_redis().delete(usage_stream())
     one = placement.rank_bytes(
         Deployment(name="probe", model=model(f"{name}-probe"), node=app.node, engine_args=ARGS),
         app.node,
