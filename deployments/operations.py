@@ -79,16 +79,17 @@ def queue_operation(
         requested_by=user,
         detail=detail,
     )
-    queue = node.queue if node else CONTROL_QUEUE
-    transaction.on_commit(lambda: send(op, queue))
+    transaction.on_commit(lambda: send(op))
     return op
 
 
-def send(op: Operation, queue: str) -> None:
-    """Queue the operation's task. The row is already committed: if the broker cannot take
-    the message now (Redis restarting), reconcile sends it again (``resend_unclaimed``)."""
+def send(op: Operation) -> None:
+    """Queue the operation's task on its node's queue (the control queue without one;
+    ``queue_operation`` recorded the deployment's node when none was given). The row is
+    already committed: if the broker cannot take the message now (Redis restarting),
+    reconcile sends it again (``resend_unclaimed``)."""
     try:
-        enqueue(TASKS[op.kind], op.pk, queue=queue)
+        enqueue(TASKS[op.kind], op.pk, queue=op.node.queue if op.node else CONTROL_QUEUE)
     except (OperationalError, redis.RedisError) as exc:
         log.warning("operation %s: its task could not be queued (%s); reconcile sends it again",
                     op.pk, exc)  # fmt: skip
@@ -105,16 +106,15 @@ def resend_unclaimed() -> int:
     give_up = now - timedelta(seconds=settings.TOLLGATE_ENGINE_READY_TIMEOUT + 120)
     waiting = Operation.objects.filter(
         status=OperationStatus.QUEUED, created_at__lt=now - timedelta(seconds=pickup)
-    ).select_related("node", "deployment__node")
+    ).select_related("node")
     sent = 0
     for op in waiting:
         if op.created_at < give_up:
             _never_picked_up(op)
         elif get_redis().set(rkey("op", op.pk, "resent"), b"1", nx=True, px=int(pickup * 1000)):
-            node = op.node or (op.deployment.node if op.deployment else None)
             log.warning("operation %s (%s) not picked up in %.0f s: sending it again",
                         op.pk, op.kind, (now - op.created_at).total_seconds())  # fmt: skip
-            send(op, node.queue if node else CONTROL_QUEUE)
+            send(op)
             sent += 1
     return sent
 
