@@ -145,13 +145,36 @@ def start_vllm(
     return engine
 
 
+def start_shared_engine() -> RealEngine:
+    """An engine with the fidelity scenarios' flags (``ENGINE_FLAGS``)."""
+    from tests.vllm.fidelity_scenarios import ENGINE_FLAGS
+
+    return start_vllm(*ENGINE_FLAGS[2:])  # start_vllm sets --max-model-len itself
+
+
+def start_lora_engine() -> RealEngine:
+    """An engine with adapters enabled (``LORA_ENGINE_FLAGS``: one adapter slot, two kept
+    read, ranks up to 8, adapter ``a`` named at start, loading at run time allowed)."""
+    from tests.vllm.lora_scenarios import LORA_ENGINE_FLAGS, LORA_ENV
+
+    return start_vllm(*LORA_ENGINE_FLAGS[2:], env=LORA_ENV)
+
+
 @pytest.fixture(scope="session")
 def shared_engine() -> Iterator[RealEngine]:
     """One engine with the fidelity scenarios' flags for every test that needs no flags of its
     own (each start costs a minute or more on two cores). It serves ``tiny-llama``."""
-    from tests.vllm.fidelity_scenarios import ENGINE_FLAGS
+    engine = start_shared_engine()
+    yield engine
+    engine.stop()
 
-    engine = start_vllm(*ENGINE_FLAGS[2:])  # start_vllm sets --max-model-len itself
+
+@pytest.fixture(scope="session")
+def lora_engine() -> Iterator[RealEngine]:
+    """One engine with adapters enabled (``start_lora_engine``) for the adapter tests and
+    the LoRA fidelity scenarios. Each of them loads or unloads what it needs first, so they
+    share it whatever their order."""
+    engine = start_lora_engine()
     yield engine
     engine.stop()
 

@@ -3,8 +3,9 @@ the adapter API, requests on adapters, the adapter slot and the worker's adapter
 
 Both engines are started with ``LORA_ENGINE_FLAGS`` and ``LORA_ENV``: the shared scenarios'
 flags plus adapters enabled (one slot, two kept read, ranks up to 8, adapter ``a`` named at
-start, loading at run time allowed). They are a pair of their own, not the shared engines:
-the scenarios here change what the engines serve (loads, unloads), and ``--enable-lora``
+start, loading at run time allowed). The real one is the session's ``lora_engine``, which
+the adapter tests (tests/vllm/test_adapters.py) use too, not the shared engine: the
+scenarios here change what the engine serves (loads, unloads), and ``--enable-lora``
 changes the real engine itself (every layer wrapped for adapters, a metric family more),
 which the shared scenarios, the image test and others sharing that engine must not see.
 

@@ -6,17 +6,16 @@
 engine with ``--max-lora-rank 8`` refuses). vLLM serves one named at start
 (``--lora-modules``) and one loaded at run time (``POST /v1/load_lora_adapter``, allowed by
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), with one adapter slot (``--max-loras 1``), so
-alternating requests swap them. These are the engine's own answers, shapes and errors that
+alternating requests swap them: the session's ``lora_engine`` (tests/vllm/conftest.py), which
+the LoRA fidelity scenarios use too. These are the engine's own answers, shapes and errors that
 Tollgate's loading, routing and the simulator follow."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
-from tests.vllm.conftest import MODEL_VOLUME, SERVED_NAME, TEST_MODEL, RealEngine, start_vllm
+from tests.vllm.conftest import MODEL_VOLUME, SERVED_NAME, TEST_MODEL, RealEngine
 from tests.vllm.test_engine_image import run_in_image
 
 pytestmark = pytest.mark.vllm
@@ -28,28 +27,10 @@ ADAPTER_DIGESTS = {
     "c": "c43926de90ac416320afee00749f4efffda6dfe0c334c1f2667598a0b63dcd2a",
 }
 MAKER = "/opt/tollgate/testmodel/make_test_model.py"
-RUNTIME_LORA = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
 def repo(name: str) -> str:
     return f"{TEST_MODEL}-lora-{name}"
-
-
-@pytest.fixture(scope="module")
-def lora_engine() -> Iterator[RealEngine]:
-    """The engine both engine tests use (a start costs a minute or more on two cores)."""
-    engine = start_vllm(
-        "--enable-lora",
-        "--max-lora-rank",
-        "8",
-        "--max-loras",
-        "1",
-        "--lora-modules",
-        f"a={repo('a')}",
-        env=RUNTIME_LORA,
-    )
-    yield engine
-    engine.stop()
 
 
 def greedy(engine: RealEngine, model: str) -> httpx.Response:

@@ -23,7 +23,7 @@ import pytest
 
 from tests import leaks
 from tests.engine_sim.conftest import free_port
-from tests.vllm.conftest import LABEL, MODEL_VOLUME, TEST_MODEL, VLLM_IMAGE, RealEngine, start_vllm
+from tests.vllm.conftest import LABEL, MODEL_VOLUME, TEST_MODEL, VLLM_IMAGE, RealEngine
 from tests.vllm.fidelity import differences, observe
 from tests.vllm.fidelity_scenarios import ENGINE_FLAGS, MODEL, SCENARIOS, Scenario
 from tests.vllm.lora_scenarios import (
@@ -61,13 +61,6 @@ def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m engine_sim`` with the real engine's flags, on a free loopback port."""
     with running_sim(tmp_path_factory.mktemp("fidelity"), ENGINE_FLAGS) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def lora_real_engine() -> Iterator[RealEngine]:
-    engine = start_vllm(*LORA_ENGINE_FLAGS[2:], env=LORA_ENV)  # it sets --max-model-len
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +145,10 @@ def test_simulator_answers_as_vllm_does(
 
 @pytest.mark.parametrize("scenario", LORA_SCENARIOS, ids=[s.name for s in LORA_SCENARIOS])
 def test_simulator_serves_adapters_as_vllm_does(
-    scenario: Scenario, lora_real_engine: RealEngine, lora_sim_engine: str
+    scenario: Scenario, lora_engine: RealEngine, lora_sim_engine: str
 ) -> None:
     """The same adapter exchange with both engines of the LoRA pair."""
-    real = observe(scenario, lora_real_engine.url)
+    real = observe(scenario, lora_engine.url)
     sim = observe(scenario, lora_sim_engine)
     found = differences(real, sim, scenario)
     assert not found, f"{scenario.name}: the simulator differs from vLLM:\n" + "\n".join(found)
