@@ -107,9 +107,11 @@ def start_vllm(
     env: dict[str, str] | None = None,
     served_name: str = SERVED_NAME,
     wait: bool = True,
+    cpus: float | None = None,
 ) -> RealEngine:
     """``vllm serve tollgate-test/tiny-llama --served-model-name … <flags>`` in a container
-    publishing port 8000 on a free loopback port; waits until /health answers 200."""
+    publishing port 8000 on a free loopback port; waits until /health answers 200.
+    ``cpus``: the container's CPU limit (``docker run --cpus``), none by default."""
     client = docker.from_env()
     args = [
         TEST_MODEL,
@@ -128,6 +130,7 @@ def start_vllm(
         labels={LABEL: leaks.RUN},
         ports={"8000/tcp": ("127.0.0.1", None)},
         shm_size="1g",
+        nano_cpus=int(cpus * 1e9) if cpus else None,
         volumes={
             MODEL_VOLUME: {"bind": "/root/.cache/huggingface", "mode": "rw"},
             COMPILE_VOLUME: {"bind": "/root/.cache/vllm", "mode": "rw"},

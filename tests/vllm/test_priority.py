@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from gateway.tuning import note_verdict
 from tenants import services as tenant_services
 from tests.engine_sim.conftest import start_sim  # noqa: F401
 from tests.gateway.conftest import (  # noqa: F401
+    ROOT,
     World,
     add_routed_model,
     engines,
@@ -50,13 +52,25 @@ pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
 
 LONG = 1900  # tokens of each P2 reply (the context is 2,048)
 SEQS = 2
+GATEWAY_LOG = ROOT / ".pytest-priority-gateway.log"  # kept for a failure's diagnosis
 FLAGS = ("--max-num-seqs", str(SEQS), "--scheduling-policy", "priority")
+
+
+# The engine may use all but half a core. Unlimited on two cores, vLLM CPU's worker holds
+# one core and its engine core busy-polls the other (sched_yield while it waits for the
+# worker), and every other process on the machine, the gateway and this test's client among
+# them, then stalls now and then for seconds: measured, a process sleeping 5 ms at a time
+# woke up 0.45-2.7 s late ten times in eight pairs of 1,900-token streams, and the streams'
+# frames reached their client in bursts (as if the engine had held them back). With
+# ``--cpus 1.5`` no wake-up was late by 0.2 s and no frame by 0.3 s; decoding took about
+# 1.7x longer (1,900 tokens in 4.2-7.7 s, not 2.4-3.5 s), which only makes the P2 replies longer.
+ENGINE_CPUS = (os.cpu_count() or 2) - 0.5
 
 
 @pytest.fixture(scope="module")
 def priority_engine() -> Iterator[RealEngine]:
     """The engine both tests use (a start costs a minute or more on two cores)."""
-    engine = start_vllm(*FLAGS)
+    engine = start_vllm(*FLAGS, cpus=ENGINE_CPUS)
     yield engine
     engine.stop()
 
@@ -68,7 +82,7 @@ def patient_gateway(gateway_url: str) -> Iterator[str]:  # noqa: F811
     here the preempted P2 stream waits to resume while the other P2 reply still decodes and
     a slot stays free for P0 (the headroom), which on a busy machine takes longer than that:
     it would be given up mid-stream, as the product does once a wait passes its timeout."""
-    proc, url = start_gateway(2, {"TOLLGATE_QUEUE_TIMEOUT_P2": "120"})
+    proc, url = start_gateway(2, {"TOLLGATE_QUEUE_TIMEOUT_P2": "120"}, log=GATEWAY_LOG)
     yield url
     stop(proc)
 
@@ -90,6 +104,7 @@ class Reply:
     status: int = 0
     error: str = ""
     request_id: str = ""  # Tollgate's (x-request-id), for the usage event
+    priority: str = ""  # the class Tollgate served it in (x-tollgate-priority)
     ids: set = field(default_factory=set)  # the stream's id(s) as its frames carry it
     seen: int = 0  # data frames arrived so far (counted as they come, not parsed)
     arrived: list = field(default_factory=list)  # (time, bytes) as they came
@@ -133,6 +148,7 @@ async def stream(
         async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
             reply.status = r.status_code
             reply.request_id = r.headers.get("x-request-id", "")
+            reply.priority = r.headers.get("x-tollgate-priority", "")
             async for data in r.aiter_bytes():
                 reply.arrived.append((time.monotonic() - t0, data))
                 reply.seen += data.count(b"data: {")
@@ -203,9 +219,9 @@ async def _p2_then_p0(
     return jobs, p0
 
 
-# On two cores the CPU engine now and then holds a stream's frames back for seconds and
-# delivers them in one burst at the end (seen with a bare socket reader too, Tollgate or
-# not): then P0 cannot be sent while the P2 replies still run, and the run says nothing.
+# Should the client still stall (a busier machine than ENGINE_CPUS allows for), the frames
+# of seconds arrive in one burst: then P0 cannot be sent while the P2 replies still run,
+# and the run says nothing.
 ATTEMPTS = 5
 
 
@@ -237,8 +253,7 @@ def as_designed(
             return jobs, p0
         print(
             f"attempt {attempt}: P0 could only be sent at {p0.sent:.2f} s, the first P2 reply "
-            f"ended at {first_done:.2f} s (the engine held its frames back): again; "
-            + describe(jobs)
+            f"ended at {first_done:.2f} s (its frames came in a burst): again; " + describe(jobs)
         )
     pytest.fail(f"the engine never streamed the P2 replies as they were made in {ATTEMPTS} runs")
 
@@ -322,9 +337,9 @@ def test_through_tollgate_p0_is_answered_while_every_p2_reply_still_runs(
             world.url, SEQS, key_p2=world.key_a, key_p0=world.key_b, engine_priority=False
         ),
         fresh_start,
-        # The CPU engine's API server, busy decoding, sometimes sends a reply's frames in one
-        # burst at its end (CI4: P0's 14 frames all at 1.75 s, 30 ms after a P2 reply ended,
-        # though it was sent 1.3 s before): that run says nothing of the order; made again.
+        # A stalled client reads seconds of frames in one burst (CI4: P0's 14 frames all at
+        # 1.75 s, 30 ms after a P2 reply ended, though it was sent 1.3 s before; see
+        # ENGINE_CPUS): that run says nothing of the order; made again.
         held_back=lambda jobs, p0: (
             p0.last >= min(j.last for j in jobs) and p0.frames > 1 and p0.last - p0.first < 0.01
         ),
@@ -335,8 +350,11 @@ def test_through_tollgate_p0_is_answered_while_every_p2_reply_still_runs(
         f"{p0.first:.2f} s, last {p0.last:.2f}"
     )
     assert p0.status == 200 and p0.tokens == 16, p0
-    assert p0.last < min(j.last for j in jobs), "P0 waited for a P2 reply to end"
-    assert preemptions(world.url, SERVED_NAME) - counts["preemptions"] == 1
+    # As the docstring says: P0's answer is whole while both P2 replies have seconds to go.
+    assert p0.last <= min(j.last for j in jobs) - 1.0, "P0 waited for a P2 reply to end"
+    assert preemptions(world.url, SERVED_NAME) - counts["preemptions"] == 1, (
+        f"P0 served as {p0.priority}, P2 as {[j.priority for j in jobs]}; " + describe(jobs)
+    )
     for j in jobs:
         assert (j.status, j.tokens, len(j.ids)) == (200, LONG, 1), j
         billed = usage_event(j.request_id)
