@@ -298,6 +298,11 @@ class Gateway:
             body = orjson.dumps(payload)
         if model.adapter_id:
             problem = adapter_problem(model)
+            if problem and model.status == "checking":
+                # Its check may have ended since this process last heard (the admin API
+                # already says ready): look again before saying it is still being checked.
+                model = await self.rt.look_again(model.served_name) or model
+                problem = adapter_problem(model)
             if problem:
                 return await respond(send, *problem)
         snap = self.rt.snapshot

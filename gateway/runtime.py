@@ -30,7 +30,7 @@ from gateway.lora import LoraTable
 from gateway.redispipe import RedisPipe
 from gateway.response_store import ResponseStore
 from gateway.routing import Router
-from gateway.state import Snapshot, load_snapshot
+from gateway.state import ModelInfo, Snapshot, load_snapshot
 from gateway.upstream import EngineClient, make_client
 
 log = logging.getLogger("tollgate.gateway")
@@ -39,6 +39,10 @@ REFRESH_SECONDS = 30.0
 DEBOUNCE_SECONDS = 0.05
 LAST_USED_FLUSH_SECONDS = 10.0
 SETTLE_RETRY_SECONDS = 1.0
+# A request that must not be answered from state loaded before a change (look_again): such
+# loads begin at most once a second per process, and none is waited for longer than this.
+LOOK_AGAIN_EVERY_SECONDS = 1.0
+LOOK_AGAIN_TIMEOUT_SECONDS = 3.0
 REDIS_CONNECTIONS = 64
 MAX_UNSETTLED = 100_000
 
@@ -94,6 +98,8 @@ class Runtime:
         self._tasks: list[asyncio.Task] = []
         self._side_tasks: set[asyncio.Task] = set()
         self._reload_requested = asyncio.Event()
+        self._fresh_load: asyncio.Future | None = None  # look_again's load, shared
+        self._fresh_load_at = 0.0
 
     async def start(self) -> None:
         # For everything but the per-request calls: a bounded pool that queues callers, so a
@@ -219,6 +225,35 @@ class Runtime:
     async def reload(self) -> None:
         self.snapshot = await asyncio.to_thread(_load_in_thread, self.snapshot)
         self.demand.snapshot_changed()  # requests waiting for an on-demand start look again
+
+    async def look_again(self, name: str) -> ModelInfo | None:
+        """The model ``name`` as the database says now, not as this process last heard: a
+        change reaches the gateway's processes a moment after the admin API shows it (the
+        invalidation, then a reload), and an answer such as "still being checked" must not
+        come from before it. Each caller waits for a load begun after it asked; callers share
+        loads, begun at most one a second (a tenant calling an adapter under check must not
+        make each request a database read). Should the load fail or take long, the state in
+        hand answers."""
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        try:
+            async with asyncio.timeout(LOOK_AGAIN_TIMEOUT_SECONDS):
+                while True:
+                    load = self._fresh_load
+                    if load is not None and (self._fresh_load_at >= asked or not load.done()):
+                        await asyncio.shield(load)
+                        if self._fresh_load_at >= asked:
+                            break
+                        continue
+                    wait = self._fresh_load_at + LOOK_AGAIN_EVERY_SECONDS - loop.time()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                        continue
+                    self._fresh_load_at = loop.time()
+                    self._fresh_load = asyncio.ensure_future(self.reload())
+        except Exception:  # noqa: BLE001 - the snapshot in hand still answers
+            log.warning("could not load the gateway's state afresh", exc_info=True)
+        return self.snapshot.models.get(name)
 
     async def _reloader(self) -> None:
         while True:

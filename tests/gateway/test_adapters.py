@@ -258,6 +258,35 @@ def test_no_worker_loads_it_in_time_a_clear_503_and_a_failed_load_says_why(
     assert "No adapter found" in answer.json()["error"]["message"], answer.text
 
 
+def test_an_adapter_whose_check_just_ended_is_served_not_still_being_checked(
+    lora: World,
+) -> None:
+    """The admin API says ready the moment the check ends; the gateway's processes hear of it
+    a moment later (CI's compose stage: a request in between was told "still being
+    checked"). A process that still knows the adapter as being checked looks again first."""
+    base = CatalogModel.objects.get(served_name=BASE)
+    create_adapter(
+        None, served_name="acme/tide", base=base, tenant=lora.tenant_a, source="acme/sea-lora"
+    )
+    wait_until_served(lora.url, lora.key_a, "acme/tide")
+    answer = chat(lora, "acme/tide")
+    assert answer.status_code == 503 and "still being checked" in answer.text
+    # The check ends and no gateway process is told yet (as if the news were on its way).
+    Adapter.objects.filter(served_name="acme/tide").update(status=AdapterStatus.READY, rank=8)
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: answers.append(chat(lora, "acme/tide")))
+    waiting.start()
+    deadline = time.monotonic() + LOAD_TIMEOUT
+    while not loads_asked(lora, "acme/tide"):
+        assert time.monotonic() < deadline, f"never asked for: {[a.text for a in answers]}"
+        time.sleep(0.05)
+    as_worker("acme/tide")
+    waiting.join(30)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "acme/tide"
+
+
 def test_an_adapter_not_yet_checked_or_failed_says_so_to_its_owner(lora: World) -> None:
     base = CatalogModel.objects.get(served_name=BASE)
     create_adapter(None, served_name="acme/new", base=base, tenant=lora.tenant_a, source="a/b")
