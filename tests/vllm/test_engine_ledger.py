@@ -183,9 +183,12 @@ def test_the_bill_equals_vllms_counters_through_a_restart_and_lost_events_raise_
         assert first["engine_prompt"] == first["billed_prompt"] > 0
         assert first["engine_cached"] == first["billed_cached"]
         assert first["engine_cached"] > 0  # the prefix cache served part of a prompt
-        # The cut streams (the engine may finish one before its cut lands: then it is whole).
+        # The cut streams. The engine may finish one before its cut lands (then it is whole):
+        # 1,900 tokens take it under 3 s on two cores, and while it decodes the client and the
+        # gateway may wait that long for a core (docs/getting-started/cpu-engine.md; CI on
+        # 2026-11-29: two of the three were whole).
         cut = UsageEvent.objects.filter(replica_id=replica.pk).exclude(status="ok").count()
-        assert first["cut_requests"] == cut >= 2
+        assert first["cut_requests"] == cut >= 1
         assert (
             first["engine_generation"] - first["billed_generation"]
             == first["undelivered_generation"]
