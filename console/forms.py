@@ -2,6 +2,7 @@
 
 import json
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -487,7 +488,17 @@ class DemandForm(forms.Form):
 class DeploymentForm(DemandForm):
     """A new deployment: what runs where (and, from DemandForm, when)."""
 
-    field_order = ["name", "model", "node", "profile", "image", "engine_args", "env", "replicas"]
+    field_order = [
+        "name",
+        "model",
+        "node",
+        "profile",
+        "image",
+        "engine_args",
+        "env",
+        "replicas",
+        "cpus",
+    ]
 
     name = forms.SlugField(
         max_length=64, help_text="Letters, digits and hyphens, e.g. qwen3-8b-main."
@@ -524,6 +535,15 @@ class DeploymentForm(DemandForm):
         help_text="NAME=value per line; allow-listed names only (VLLM_*, NCCL_*, …).",
     )
     replicas = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Replicas (engines)")
+    cpus = forms.DecimalField(
+        required=False,
+        min_value=Decimal("0.1"),
+        max_digits=6,
+        decimal_places=2,
+        label="CPU cores per engine",
+        help_text="Docker's --cpus, e.g. 1.5. Empty: the node's cores minus the profile's CPU "
+        "headroom (the cpu profile leaves half a core to Tollgate), or no limit.",
+    )
 
     def clean_engine_args(self) -> dict[str, Any]:
         return parse_flags(self.cleaned_data.get("engine_args", ""))

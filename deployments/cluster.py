@@ -148,6 +148,7 @@ def start_worker(op: Operation) -> None:
         ports=(),
         host_network=cluster["network"] == HOST_NETWORK,
         join_network=cluster["network"] != HOST_NETWORK,
+        cpus=deployment.cpu_limit(node.cpu_count or runtime.cpu_count(dc)),
     )
     update_op(op, phase="create", message=f"starting the Ray worker of {replica} on {node.name}")
     container = runtime.create_engine(dc, spec)

@@ -152,6 +152,7 @@ class Starter:
             ),
             gpus=self.node.gpu_count > 0,
             engine_host=self.node.engine_host,
+            cpus=self.deployment.cpu_limit(self.node.cpu_count or runtime.cpu_count(self.dc)),
         )
         spec = runtime.engine_spec(**{**fields, **self.group_spec()})
         self.container = runtime.create_engine(self.dc, spec)

@@ -1,5 +1,7 @@
 """The model catalogue, Docker nodes, deployments (desired state), replicas and operations."""
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
@@ -68,6 +70,7 @@ DEPLOYMENT_FIELDS = (
     "external_url",
     "upstream_key",
     "replicas",
+    "cpus",
     "mode",
     "idle_timeout_seconds",
     "start_timeout_seconds",
@@ -81,7 +84,7 @@ ADAPTER_FIELDS = (
     "pinned",
     "description",
 )
-PROFILE_FIELDS = ("name", "description", "image", "engine_args", "env")
+PROFILE_FIELDS = ("name", "description", "image", "engine_args", "env", "cpu_headroom")
 ALLOWED_IMAGE_FIELDS = ("pattern", "note")
 
 served_name_validator = RegexValidator(
@@ -366,6 +369,15 @@ class Deployment(models.Model):
         help_text="Bearer key the external engine expects (write-only, encrypted at rest).",
     )
     replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(16)])
+    cpus = models.DecimalField(
+        max_digits=6,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.1"))],
+        help_text="CPU cores each engine container may use (Docker's --cpus). Empty: the "
+        "node's cores minus the profile's CPU headroom, or no limit.",
+    )
     desired_state = models.CharField(
         max_length=16, choices=DesiredState, default=DesiredState.RUNNING
     )
@@ -446,6 +458,22 @@ class Deployment(models.Model):
     def effective_env(self) -> dict:
         base = dict(self.profile.env) if self.profile_id and self.profile else {}
         return {**base, **(self.env or {})}
+
+    def cpu_limit(self, cores: int) -> float | None:
+        """CPU cores one engine container may use on a node with ``cores`` of them (Docker's
+        --cpus); None: no limit.
+
+        The deployment's own figure (at most the node's cores: Docker refuses more), else
+        the node's cores minus the profile's headroom when that leaves at least one core.
+        """
+        if self.cpus is not None:
+            return min(float(self.cpus), cores) if cores else float(self.cpus)
+        headroom = self.profile.cpu_headroom if self.profile_id and self.profile else None
+        if headroom is None or not cores:
+            return None
+        limit = cores - float(headroom)
+        # A one-core box cannot share: a throttled engine there would barely decode.
+        return limit if limit >= 1 else None
 
 
 class Replica(models.Model):
@@ -549,6 +577,15 @@ class EngineProfile(models.Model):
     image = models.CharField(max_length=255)
     engine_args = models.JSONField(default=dict, blank=True)
     env = models.JSONField(default=dict, blank=True)
+    cpu_headroom = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="CPU cores kept free on the engine's node for Tollgate and the host: an "
+        "engine may use the node's cores minus this (Docker's --cpus). Empty: no limit.",
+    )
     cluster = models.JSONField(
         default=dict,
         blank=True,

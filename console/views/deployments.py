@@ -192,6 +192,7 @@ def _detail_page(deployment: Deployment, demand_form: DemandForm) -> dict[str, A
         "deployment": deployment,
         **_live(deployment),
         "args": deployment.effective_args,
+        "cpu_limit": "" if external else cpu_limit_text(deployment, node),
         "actions": _actions(deployment),
         "scale_form": ScaleForm(initial={"replicas": deployment.replicas}),
         "demand_form": demand_form,
@@ -202,6 +203,26 @@ def _detail_page(deployment: Deployment, demand_form: DemandForm) -> dict[str, A
         "bill_checks": bill_check.replica_checks([deployment]),
         "bill_hours": bill_check.hours_of(deployment),
     }
+
+
+def cpu_limit_text(deployment: Deployment, node: Node | None) -> str:
+    """What the engines may use of the CPU, in the admin's terms."""
+    if deployment.cpus is not None:
+        return f"{deployment.cpus.normalize():f} cores per engine (--cpus)"
+    profile = deployment.profile
+    headroom = profile.cpu_headroom if profile else None
+    if headroom is None:
+        return "no limit: the node's every core"
+    leave = f"{headroom.normalize():f}"
+    if node is None or not node.cpu_count:
+        return f"the node's cores minus the {leave} profile {profile} leaves to Tollgate"
+    limit = deployment.cpu_limit(node.cpu_count)
+    if limit is None:
+        return f"no limit: {node} has {node.cpu_count} core, too few to leave {leave} free"
+    return (
+        f"{limit:g} of {node}'s {node.cpu_count} cores per engine "
+        f"(profile {profile} leaves {leave} to Tollgate)"
+    )
 
 
 def _replica_node(deployment: Deployment) -> Node | None:

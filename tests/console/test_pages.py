@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from deployments import joining
 from deployments import services as deployment_services
-from deployments.models import Deployment, Node, Operation
+from deployments.models import Deployment, EngineProfile, Node, Operation
+from deployments.profiles import ensure_builtin_profiles
 from metering import services as metering_services
 from metering.models import UsageRollup
 from tenants import services
@@ -584,6 +585,38 @@ def test_deployment_with_bad_flags_is_refused_keeping_the_form(
         and "--max-num-seqs expects" in page
     )
     assert "max-num-seqs=lots" in page and not Deployment.objects.exists()
+
+
+def test_a_deployment_s_cpu_limit_is_a_form_field_and_shown_on_its_page(
+    web: object, root: object, public_model: object, local_node: object
+) -> None:
+    """The admin gives the engines' CPU cores (Docker's --cpus); too many for the node is a
+    form error that keeps what was typed. Without a figure, the page says what the cpu
+    profile leaves to Tollgate on this node."""
+    local_node.cpu_count = 4
+    local_node.save()
+    client = web(root)
+    too_many = client.post(u("deployment-new"), _deploy_form(public_model, local_node, cpus="6"))
+    page = too_many.content.decode()
+    assert too_many.status_code == 400 and "Node spark-1 has 4 CPU cores; give at most 4." in page
+    assert 'value="6"' in page and not Deployment.objects.exists()
+
+    assert (
+        client.post(
+            u("deployment-new"), _deploy_form(public_model, local_node, cpus="2.5")
+        ).status_code
+        == 302
+    )
+    assert Deployment.objects.get(name="qwen-main").cpus == Decimal("2.5")
+    page = client.get(u("deployment-detail", "qwen-main")).content.decode()
+    assert "2.5 cores per engine (--cpus)" in page
+
+    ensure_builtin_profiles()
+    cpu = EngineProfile.objects.get(name="cpu")
+    form = _deploy_form(public_model, local_node, name="on-cpu", profile=cpu.pk, image="")
+    assert client.post(u("deployment-new"), form).status_code == 302
+    page = client.get(u("deployment-detail", "on-cpu")).content.decode()
+    assert "3.5 of spark-1&#x27;s 4 cores per engine (profile cpu leaves 0.5 to Tollgate)" in page
 
 
 def test_memory_fit_preview_before_submitting(

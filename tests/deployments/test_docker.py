@@ -4,6 +4,7 @@
 import threading
 import time
 from collections.abc import Callable
+from decimal import Decimal
 
 import docker
 import httpx
@@ -91,6 +92,7 @@ def test_deploy_serves_then_stop_drains_and_removes(
     assert host_config["RestartPolicy"]["Name"] in ("", "no")  # Tollgate supervises
     # This node has no GPU: no device request, no GPU ulimits (CPU-only hosts refuse them).
     assert not host_config.get("DeviceRequests") and not host_config.get("Ulimits")
+    assert not host_config.get("NanoCpus")  # no figure, no profile headroom: every core
     assert "SIM_LOAD_SECONDS=0.4" in attrs["Config"]["Env"]
 
     # Cold-start profile per phase and a real progress bar from the shard lines.
@@ -391,6 +393,45 @@ def test_scale_up_and_down_through_the_api(
     assert [c.labels[runtime.LABEL_REPLICA] for c in containers(stack)] == ["0"]
     # The simulator profile's flags reached the engine.
     assert "--max-num-seqs" in containers(stack)[0].attrs["Args"]
+
+
+def test_an_engine_gets_the_node_s_cores_minus_its_profile_s_headroom_or_its_own_cpus(
+    docker_node: Node,
+    sim_model: object,
+    stack: str,
+    root: object,
+    client_for: Callable,
+    eager_tasks: None,
+) -> None:
+    """What the cpu profile does on a small box, with the simulator's image: the worker asks
+    Docker for the node's cores (no heartbeat came yet) and leaves the headroom free; a
+    figure given through the API replaces the engine with one under that limit."""
+    cores = docker.from_env().info()["NCPU"]
+    profile = EngineProfile.objects.create(
+        name="sim-capped", image=SIM_IMAGE, cpu_headroom=Decimal("0.5")
+    )
+    assert Node.objects.get(pk=docker_node.pk).cpu_count == 0
+    deployment = deploy(docker_node, sim_model, profile=profile)
+    (container,) = containers(stack)
+    expected = round((cores - 0.5) * 1e9) if cores >= 1.5 else 0
+    assert (container.attrs["HostConfig"]["NanoCpus"] or 0) == expected
+
+    api = client_for(root)
+    answer = api.patch("/api/v1/deployments/tiny/", {"cpus": 1}, format="json")
+    assert answer.status_code == 200, answer.content[:300]
+    (replaced,) = wait_for(
+        lambda: [c for c in containers(stack) if c.id != container.id and c.status == "running"]
+    )
+    assert replaced.attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
+    replica = wait_for(
+        lambda: Replica.objects.filter(deployment=deployment, state=ReplicaState.READY).first()
+    )
+    reply = httpx.post(
+        f"{replica.base_url}/v1/chat/completions",
+        timeout=10,
+        json={"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert reply.status_code == 200
 
 
 def test_missing_image_with_pulls_disabled_fails_the_operation_clearly(

@@ -10,7 +10,7 @@ from deployments import engine, lifecycle, planner, progress, runtime, services
 from deployments.choices import ReplicaState
 from deployments.engine_args import to_argv, validate_engine_args
 from deployments.engine_env import validate_engine_env
-from deployments.models import CatalogModel, Deployment
+from deployments.models import CatalogModel, Deployment, EngineProfile
 
 # --- memory fit --------------------------------------------------------------------------------
 
@@ -138,6 +138,28 @@ def test_the_fit_preview_checks_flags_as_a_deployment_would_and_saves_nothing(
 
 
 # --- container state ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cpus", "headroom", "cores", "limit"),
+    [
+        (None, None, 8, None),  # no figure, no headroom: the engine may use every core
+        (None, "0.5", 2, 1.5),  # the cpu profile on a two-core box
+        (None, "0.5", 20, 19.5),
+        (None, "1.5", 2, None),  # less than one core left: a throttled engine barely decodes
+        (None, "0.5", 0, None),  # the node's cores are unknown
+        ("1.5", None, 8, 1.5),  # the deployment's own figure wins
+        ("1.5", "0.5", 8, 1.5),
+        ("4", "0.5", 2, 2.0),  # at most the node's cores: Docker refuses more
+        ("1.5", None, 0, 1.5),
+    ],
+)
+def test_cpu_limit_is_the_deployment_s_or_the_node_s_cores_minus_the_profile_s_headroom(
+    cpus: str | None, headroom: str | None, cores: int, limit: float | None
+) -> None:
+    profile = EngineProfile(pk=1, name="p", cpu_headroom=Decimal(headroom) if headroom else None)
+    deployment = Deployment(profile=profile, cpus=Decimal(cpus) if cpus else None)
+    assert deployment.cpu_limit(cores) == limit
 
 
 @pytest.mark.parametrize(

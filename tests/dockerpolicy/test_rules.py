@@ -105,6 +105,7 @@ def test_an_engine_create_passes_and_is_forwarded_as_decoded() -> None:
     [
         {"NetworkMode": "st-net"},  # the engine network (the appliance: no published port)
         {"NetworkMode": "bridge", "ShmSize": 0},
+        {"NanoCpus": 1_500_000_000},  # the cpu profile on a two-core node
         {
             "DeviceRequests": [
                 {
@@ -320,6 +321,8 @@ def test_host_networking_passes_only_where_allowed() -> None:
         ({"PortBindings": {"8000/udp": [{}]}}, "only <port>/tcp"),
         ({"PortBindings": {"8000/tcp": [{"HostIp": "localhost"}]}}, "HostIp must be an IP address"),
         ({"ShmSize": -1}, "must not be negative"),
+        ({"NanoCpus": -1}, "HostConfig.NanoCpus must not be negative"),
+        ({"CpuQuota": 50000}, "HostConfig.CpuQuota is not allowed"),
     ],
 )
 def test_host_config_refusals_name_the_field(host: dict, why: str) -> None:

@@ -165,6 +165,11 @@ def check_deployed(app: Appliance) -> Replica:
     assert (replica.state, replica.healthy, replica.restart_count) == (ReplicaState.READY, True, 0)
     (container,) = containers(app.stack)
     assert container.image.tags == ["tollgate/vllm-cpu:0.32.0"]
+    # The cpu profile leaves half a core of the node (its heartbeat said how many) to the
+    # appliance: 1.5 of two cores (docs/getting-started/cpu-engine.md).
+    cores = Node.objects.get(pk=app.node.pk).cpu_count
+    limit = round((cores - 0.5) * 1e9) if cores >= 1.5 else 0
+    assert (container.attrs["HostConfig"]["NanoCpus"] or 0) == limit
     wait_until_served(app.url, app.key_a, SERVED_NAME, timeout=30)
     return replica
 
