@@ -24,7 +24,8 @@ import pytest
 from django.utils import timezone
 
 from deployments import services as deployment_services
-from deployments.models import CatalogModel, Node, StagedModel
+from deployments.models import CatalogModel, Deployment, EngineProfile, Node, StagedModel
+from deployments.profiles import BUILTIN_PROFILES
 from tests import leaks
 from tests.deployments.conftest import docker_node, eager_tasks, stack  # noqa: F401
 
@@ -41,6 +42,14 @@ START_TIMEOUT = 600.0
 # What every engine of these tests is given: a small KV cache in host memory, the model
 # cache read offline.
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+# The CPU limit the built-in cpu profile gives an engine on this machine (the node's cores
+# minus its headroom: 1.5 on two cores), for the engines these tests start themselves.
+# Unlimited on two cores, vLLM CPU's engine loop busy-polls the core its worker leaves and
+# the gateway and the tests' clients stall for seconds (docs/getting-started/cpu-engine.md).
+CPU_HEADROOM = next(p["cpu_headroom"] for p in BUILTIN_PROFILES if p["name"] == "cpu")
+ENGINE_CPUS = Deployment(profile=EngineProfile(pk=1, cpu_headroom=CPU_HEADROOM)).cpu_limit(
+    os.cpu_count() or 1
+)
 LABEL = "tollgate.test.vllm"
 
 
@@ -107,11 +116,12 @@ def start_vllm(
     env: dict[str, str] | None = None,
     served_name: str = SERVED_NAME,
     wait: bool = True,
-    cpus: float | None = None,
+    cpus: float | None = ENGINE_CPUS,
 ) -> RealEngine:
     """``vllm serve tollgate-test/tiny-llama --served-model-name … <flags>`` in a container
     publishing port 8000 on a free loopback port; waits until /health answers 200.
-    ``cpus``: the container's CPU limit (``docker run --cpus``), none by default."""
+    ``cpus``: the container's CPU limit (``docker run --cpus``), by default the cpu
+    profile's (``ENGINE_CPUS``)."""
     client = docker.from_env()
     args = [
         TEST_MODEL,

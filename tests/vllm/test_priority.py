@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -56,21 +55,21 @@ GATEWAY_LOG = ROOT / ".pytest-priority-gateway.log"  # kept for a failure's diag
 FLAGS = ("--max-num-seqs", str(SEQS), "--scheduling-policy", "priority")
 
 
-# The engine may use all but half a core. Unlimited on two cores, vLLM CPU's worker holds
-# one core and its engine core busy-polls the other (sched_yield while it waits for the
-# worker), and every other process on the machine, the gateway and this test's client among
-# them, then stalls now and then for seconds: measured, a process sleeping 5 ms at a time
-# woke up 0.45-2.7 s late ten times in eight pairs of 1,900-token streams, and the streams'
-# frames reached their client in bursts (as if the engine had held them back). With
-# ``--cpus 1.5`` no wake-up was late by 0.2 s and no frame by 0.3 s; decoding took about
-# 1.7x longer (1,900 tokens in 4.2-7.7 s, not 2.4-3.5 s), which only makes the P2 replies longer.
-ENGINE_CPUS = (os.cpu_count() or 2) - 0.5
+# The engine gets the cpu profile's CPU limit (all but half a core: ENGINE_CPUS), as every
+# engine of this stage. Unlimited on two cores, vLLM CPU's worker holds one core and its
+# engine core busy-polls the other (sched_yield while it waits for the worker), and every
+# other process on the machine, the gateway and this test's client among them, then stalls
+# now and then for seconds: measured, a process sleeping 5 ms at a time woke up 0.45-2.7 s
+# late ten times in eight pairs of 1,900-token streams, and the streams' frames reached their
+# client in bursts (as if the engine had held them back). With ``--cpus 1.5`` no wake-up was
+# late by 0.2 s and no frame by 0.3 s; decoding took about 1.7x longer (1,900 tokens in
+# 4.2-7.7 s, not 2.4-3.5 s), which only makes the P2 replies longer.
 
 
 @pytest.fixture(scope="module")
 def priority_engine() -> Iterator[RealEngine]:
     """The engine both tests use (a start costs a minute or more on two cores)."""
-    engine = start_vllm(*FLAGS, cpus=ENGINE_CPUS)
+    engine = start_vllm(*FLAGS)
     yield engine
     engine.stop()
 
