@@ -1,6 +1,5 @@
 """Admin API representations of catalogue models, nodes, deployments and operations."""
 
-from decimal import Decimal
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -162,16 +161,6 @@ class DeploymentSerializer(ModelSerializer):
         required=False,
         help_text='Extra engine environment (allow-listed names), e.g. {"NCCL_DEBUG": "INFO"}.',
     )
-    cpus = serializers.DecimalField(
-        max_digits=6,
-        decimal_places=2,
-        min_value=Decimal("0.1"),
-        coerce_to_string=False,
-        required=False,
-        allow_null=True,
-        help_text="CPU cores each engine container may use (Docker's --cpus), e.g. 1.5. "
-        "Null: the node's cores minus the profile's cpu_headroom, or no limit.",
-    )
     upstream_key = serializers.CharField(
         required=False,
         allow_blank=True,
@@ -217,6 +206,7 @@ class DeploymentSerializer(ModelSerializer):
             "image": {"required": False},
             "idle_timeout_seconds": {"max_value": MAX_TIMEOUT_SECONDS},
             "start_timeout_seconds": {"max_value": MAX_TIMEOUT_SECONDS},
+            "cpus": {"coerce_to_string": False},  # a number of cores, as Docker's --cpus
         }
 
     def get_has_upstream_key(self, deployment: Deployment) -> bool:
@@ -254,21 +244,11 @@ class OperationSerializer(ModelSerializer):
 
 
 class EngineProfileSerializer(ModelSerializer):
-    cpu_headroom = serializers.DecimalField(
-        max_digits=5,
-        decimal_places=2,
-        min_value=Decimal("0"),
-        coerce_to_string=False,
-        required=False,
-        allow_null=True,
-        help_text="CPU cores kept free on the engine's node for Tollgate and the host: an "
-        "engine may use the node's cores minus this (Docker's --cpus). Null: no limit.",
-    )
-
     class Meta:
         model = EngineProfile
         fields = ["id", *PROFILE_FIELDS, "builtin", "created_at"]
         read_only_fields = ["builtin", "created_at"]
+        extra_kwargs = {"cpu_headroom": {"coerce_to_string": False}}
 
 
 class AllowedImageSerializer(ModelSerializer):
